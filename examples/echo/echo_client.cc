@@ -1,0 +1,164 @@
+// echo_client --connect HOST:PORT [--count N] [--size BYTES] [--outstanding K]
+//
+// Keeps K calls in flight until N have completed, checks every byte of
+// every reply, and prints the latency distribution.
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "echo_service.h"
+
+namespace {
+
+using slotrpc::examples::EchoReply;
+using slotrpc::examples::EchoRequest;
+
+bool parse(const char* text, uint64_t min, uint64_t max, uint64_t& out) {
+  std::string_view s(text);
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && p == s.data() + s.size() && out >= min && out <= max;
+}
+
+struct Run {
+  slotrpc::Channel* channel = nullptr;
+  uint64_t count = 0;
+  uint64_t size = 0;
+  // The first window is issued from main(), the rest from reply callbacks
+  // on the channel's event loop: sequence numbers are claimed atomically,
+  // and each slot of the arrays below belongs to one call.
+  std::atomic<uint64_t> issued{0};
+  std::atomic<uint64_t> completed{0};
+  uint64_t failed = 0;  // event loop only
+  std::string first_error;
+  std::vector<uint32_t> latency_ns;
+  std::vector<std::chrono::steady_clock::time_point> started;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+
+  void issue() {
+    const uint64_t seq = issued.fetch_add(1);
+    if (seq >= count) return;
+    started[seq] = std::chrono::steady_clock::now();
+    const uint64_t size_bytes = size;
+    channel->call(
+        echo::kEchoMethod,
+        [seq, size_bytes](flatbuffers::FlatBufferBuilder& fbb) {
+          uint8_t* bytes = nullptr;
+          auto payload = fbb.CreateUninitializedVector(size_bytes, &bytes);
+          for (size_t i = 0; i < size_bytes; ++i) bytes[i] = echo::pattern(seq, i);
+          fbb.Finish(slotrpc::examples::CreateEchoRequest(fbb, seq, payload));
+        },
+        {}, [this, seq](slotrpc::RawReply&& raw) { on_reply(seq, slotrpc::Reply<EchoReply>(std::move(raw))); });
+  }
+
+  void on_reply(uint64_t seq, const slotrpc::Reply<EchoReply>& reply) {
+    latency_ns[seq] = static_cast<uint32_t>(std::min<int64_t>(
+        UINT32_MAX, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now() - started[seq]).count()));
+    std::string error;
+    if (!reply.ok()) {
+      error = reply.status().to_string();
+    } else if (reply->seq() != seq) {
+      error = "reply carries seq " + std::to_string(reply->seq()) + ", expected " + std::to_string(seq);
+    } else if (reply->payload() == nullptr || reply->payload()->size() != size) {
+      error = "reply payload has the wrong size";
+    } else {
+      const auto* p = reply->payload();
+      for (size_t i = 0; i < size; ++i) {
+        if (p->Get(static_cast<flatbuffers::uoffset_t>(i)) != echo::pattern(seq, i)) {
+          error = "reply payload differs at byte " + std::to_string(i);
+          break;
+        }
+      }
+    }
+    if (!error.empty()) {
+      if (failed++ == 0) first_error = "call " + std::to_string(seq) + ": " + error;
+    }
+    const uint64_t n = completed.fetch_add(1) + 1;
+    issue();
+    if (n == count) {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+      cv.notify_all();
+    }
+  }
+};
+
+double percentile_us(std::vector<uint32_t> v, double q) {
+  if (v.empty()) return 0;
+  const size_t k = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k] / 1000.0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string address = "127.0.0.1:7000";
+  uint64_t count = 10000, size = 64, outstanding = 8;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    bool ok = i + 1 < argc;
+    if (ok && a == "--connect") {
+      address = argv[++i];
+    } else if (ok && a == "--count") {
+      ok = parse(argv[++i], 1, 100'000'000, count);
+    } else if (ok && a == "--size") {
+      ok = parse(argv[++i], 0, 64u << 20, size);
+    } else if (ok && a == "--outstanding") {
+      ok = parse(argv[++i], 1, 4096, outstanding);
+    } else {
+      ok = false;
+    }
+    if (!ok) {
+      std::fprintf(stderr,
+                   "usage: echo_client [--connect HOST:PORT] [--count 1..100000000] "
+                   "[--size 0..67108864] [--outstanding 1..4096]\n");
+      return 2;
+    }
+  }
+
+  auto channel = slotrpc::Channel::connect(address);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "echo_client: %s\n", channel.status().to_string().c_str());
+    return 1;
+  }
+  Run run;
+  run.channel = channel->get();
+  run.count = count;
+  run.size = size;
+  run.latency_ns.resize(count);
+  run.started.resize(count);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  for (uint64_t i = 0; i < std::min(outstanding, count); ++i) run.issue();
+  {
+    std::unique_lock<std::mutex> lock(run.mu);
+    run.cv.wait(lock, [&] { return run.done; });
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  std::printf("echo_client: %llu calls of %llu B, %llu outstanding, over %s to %s\n",
+              static_cast<unsigned long long>(count), static_cast<unsigned long long>(size),
+              static_cast<unsigned long long>(outstanding),
+              std::string(slotrpc::to_string((*channel)->transport())).c_str(),
+              (*channel)->peer().c_str());
+  std::printf("echo_client: %llu ok, %llu failed; p50 %.1f us, p99 %.1f us; %.0f calls/s\n",
+              static_cast<unsigned long long>(count - run.failed),
+              static_cast<unsigned long long>(run.failed), percentile_us(run.latency_ns, 0.50),
+              percentile_us(run.latency_ns, 0.99), static_cast<double>(count) / seconds);
+  if (run.failed != 0) {
+    std::fprintf(stderr, "echo_client: first failure: %s\n", run.first_error.c_str());
+    return 1;
+  }
+  std::printf("echo_client: every reply payload verified\n");
+  return 0;
+}

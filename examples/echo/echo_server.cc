@@ -1,0 +1,55 @@
+// echo_server --listen HOST:PORT [--port-file FILE]
+// Serves slotrpc.examples.Echo until SIGINT or SIGTERM.
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "echo_service.h"
+
+int main(int argc, char** argv) {
+  std::string listen = "127.0.0.1:7000";
+  std::string port_file;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--listen" && i + 1 < argc) {
+      listen = argv[++i];
+    } else if (a == "--port-file" && i + 1 < argc) {
+      port_file = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: echo_server [--listen HOST:PORT] [--port-file FILE]\n");
+      return 2;
+    }
+  }
+
+  // Block the signals before any thread starts, then wait for them here.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  slotrpc::Server server;
+  if (auto st = server.add_service(echo::make_service()); !st.ok()) {
+    std::fprintf(stderr, "echo_server: %s\n", st.to_string().c_str());
+    return 1;
+  }
+  if (auto st = server.start(listen); !st.ok()) {
+    std::fprintf(stderr, "echo_server: %s\n", st.to_string().c_str());
+    return 1;
+  }
+  std::printf("echo_server: listening on port %u\n", server.port());
+  std::fflush(stdout);
+  if (!port_file.empty()) {
+    // Written whole under a temporary name, so a reader never sees half of it.
+    const std::string tmp = port_file + ".tmp";
+    std::ofstream(tmp) << server.port() << "\n";
+    std::rename(tmp.c_str(), port_file.c_str());
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::printf("echo_server: %s, stopping\n", strsignal(sig));
+  server.stop();
+  return 0;
+}

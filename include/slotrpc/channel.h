@@ -1,0 +1,89 @@
+// Channel: a client's session with one server.
+//
+//   auto ch = slotrpc::Channel::connect("10.0.0.2:7000").value();
+//   auto reply = ch->call_typed<demo::EchoReply>(kEchoId, [](auto& fbb) {
+//     fbb.Finish(demo::CreateEchoRequest(fbb, fbb.CreateString("hi")));
+//   }).get();
+//   if (reply.ok()) use(reply->text());
+//
+// A Channel owns one event-loop thread and one slot-ring session.  Calls
+// may be made from any thread, from handlers, and from reply callbacks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "slotrpc/call.h"
+#include "slotrpc/config.h"
+#include "slotrpc/future.h"
+#include "slotrpc/reply.h"
+#include "slotrpc/result.h"
+
+namespace slotrpc {
+
+// Cancels a callback-form call.  Cheap to copy; harmless after completion.
+class CallHandle {
+ public:
+  CallHandle() = default;
+  explicit CallHandle(std::function<void()> cancel) : cancel_(std::move(cancel)) {}
+  void cancel() const {
+    if (cancel_) cancel_();
+  }
+
+ private:
+  std::function<void()> cancel_;
+};
+
+class Channel {
+ public:
+  // Connects, agrees on the ring geometry with the server and starts the
+  // channel's event loop.  `config` (after SLOTRPC_* overrides) is validated.
+  static Result<std::unique_ptr<Channel>> connect(const std::string& address, Config config = {});
+  // Fails every outstanding call with CANCELLED and closes the session.
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  // Future form.
+  Future<RawReply> call(uint32_t method_id, RequestWriter writer, CallOptions options = {});
+  // Callback form: `sink` runs on the channel's event loop.
+  CallHandle call(uint32_t method_id, RequestWriter writer, CallOptions options, ReplySink sink);
+  // Future form with the reply verified as Resp.
+  template <class Resp>
+  Future<Reply<Resp>> call_typed(uint32_t method_id, RequestWriter writer, CallOptions options = {}) {
+    auto state = std::make_shared<detail::SharedState<Reply<Resp>>>();
+    CallHandle handle = call(method_id, std::move(writer), std::move(options),
+                             [state](RawReply&& raw) { state->set(Reply<Resp>(std::move(raw))); });
+    std::lock_guard<std::mutex> lock(state->mu);
+    if (!state->value) state->cancel = [handle] { handle.cancel(); };
+    return Future<Reply<Resp>>(state);
+  }
+
+  TransportKind transport() const;
+  const std::string& peer() const;
+  const Config& config() const;  // after environment overrides
+  uint32_t slot_count() const;
+  uint32_t slot_size() const;
+
+  // A snapshot taken on the event loop (for tests and monitoring).
+  struct Stats {
+    uint32_t free_slots = 0;
+    uint32_t in_flight = 0;
+    uint32_t zombies = 0;       // abandoned calls whose reply has not come yet
+    uint32_t held_replies = 0;  // replies the application still holds
+    uint32_t queued = 0;        // calls waiting for a credit
+    uint64_t late_replies_dropped = 0;
+    uint64_t messages_sent = 0;
+    bool closed = false;
+  };
+  Stats stats() const;
+
+  struct Impl;
+
+ private:
+  explicit Channel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace slotrpc

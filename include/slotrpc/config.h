@@ -1,0 +1,61 @@
+// Config: every tunable setting of a Server or Channel.
+//
+// Each field has a SLOTRPC_* environment variable.  When a Server or Channel
+// is created, set variables override the struct (operators tune deployed
+// binaries without a rebuild), and the result is validated: an invalid value
+// is an error naming the setting, the value and the allowed range.
+// docs/tuning.md lists every setting; lib/core/settings.h is the one table
+// the parser, validator and docs are written from.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "slotrpc/result.h"
+
+namespace slotrpc {
+
+enum class PollMode : uint8_t {
+  kBusy,      // never sleep: lowest latency, one core per reactor at 100 %
+  kBlocking,  // sleep in epoll as soon as a turn finds no work
+  kAdaptive,  // spin for `spin_us`, then sleep (default)
+};
+
+enum class TransportKind : uint8_t {
+  kAuto,   // verbs when both ends have an RDMA device, TCP otherwise
+  kTcp,
+  kVerbs,
+};
+
+struct Config {
+  // Slot ring geometry, per session and direction.  A message (32-byte
+  // header + payload) must fit one slot.  A Channel proposes its geometry;
+  // a Server accepts up to its own values.
+  uint32_t slot_count = 64;          // SLOTRPC_SLOT_COUNT
+  uint32_t slot_size = 64 * 1024;    // SLOTRPC_SLOT_SIZE (bytes, multiple of 64)
+
+  PollMode poll_mode = PollMode::kAdaptive;  // SLOTRPC_POLL_MODE busy|blocking|adaptive
+  uint32_t spin_us = 200;            // SLOTRPC_SPIN_US: adaptive spin before sleeping
+  uint32_t poll_batch = 32;          // SLOTRPC_POLL_BATCH: completions per poll
+
+  uint32_t connect_timeout_ms = 5000;  // SLOTRPC_CONNECT_TIMEOUT_MS
+  uint32_t keepalive_ms = 1000;        // SLOTRPC_KEEPALIVE_MS: ping an idle peer this often
+  uint32_t peer_timeout_ms = 5000;     // SLOTRPC_PEER_TIMEOUT_MS: silent peer is dead after
+
+  uint32_t fiber_stack_kb = 256;     // SLOTRPC_FIBER_STACK_KB: handler fiber stack
+  uint32_t reactor_threads = 1;      // SLOTRPC_REACTOR_THREADS: server event loops
+  uint32_t max_queued_calls = 65536; // SLOTRPC_MAX_QUEUED_CALLS: calls waiting for a credit
+
+  TransportKind transport = TransportKind::kAuto;  // SLOTRPC_TRANSPORT auto|tcp|verbs
+  std::string log_level = "info";  // SLOTRPC_LOG_LEVEL trace|debug|info|warn|error|critical|off
+
+  // Checks every field; the error names the first bad setting.
+  Status validate() const;
+  // Applies set SLOTRPC_* variables on top of `*this`, then validates.
+  Result<Config> with_environment() const;
+};
+
+std::string_view to_string(PollMode mode);
+std::string_view to_string(TransportKind kind);
+
+}  // namespace slotrpc

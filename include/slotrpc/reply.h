@@ -1,0 +1,113 @@
+// Replies read in place in their receive slot.
+//
+// A RawReply (and the typed Reply<T> over it) points into the Channel's
+// receive ring: no copy is made.  While it lives, its slot stays reserved,
+// which costs the Channel one credit; destroy it (or call release()) once
+// you are done.  Holding every reply of a channel therefore stalls new
+// calls, which then wait in the channel's queue.
+#pragma once
+
+#include <flatbuffers/flatbuffers.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <utility>
+
+#include "slotrpc/status.h"
+
+namespace slotrpc {
+
+namespace detail {
+// Implemented by the client session; returns a slot when a reply is dropped.
+class ReplyOwner;
+void release_reply(const std::shared_ptr<ReplyOwner>& owner, uint16_t slot, uint32_t generation);
+}  // namespace detail
+
+class RawReply {
+ public:
+  RawReply() = default;
+  explicit RawReply(Status status) : status_(std::move(status)) {}
+  RawReply(Status status, std::span<const std::byte> payload,
+           std::shared_ptr<detail::ReplyOwner> owner, uint16_t slot, uint32_t generation)
+      : status_(std::move(status)),
+        payload_(payload),
+        owner_(std::move(owner)),
+        slot_(slot),
+        generation_(generation) {}
+  RawReply(RawReply&& o) noexcept { *this = std::move(o); }
+  RawReply& operator=(RawReply&& o) noexcept {
+    if (this != &o) {
+      release();
+      status_ = std::move(o.status_);
+      payload_ = o.payload_;
+      owner_ = std::move(o.owner_);
+      slot_ = o.slot_;
+      generation_ = o.generation_;
+      o.payload_ = {};
+    }
+    return *this;
+  }
+  RawReply(const RawReply&) = delete;
+  RawReply& operator=(const RawReply&) = delete;
+  ~RawReply() { release(); }
+
+  const Status& status() const { return status_; }
+  bool ok() const { return status_.ok(); }
+  // The reply FlatBuffer (empty unless ok()).
+  std::span<const std::byte> payload() const { return payload_; }
+  const uint8_t* data() const { return reinterpret_cast<const uint8_t*>(payload_.data()); }
+  size_t size() const { return payload_.size(); }
+
+  // Gives the slot back now; payload() is empty afterwards.
+  void release() {
+    if (owner_) {
+      detail::release_reply(owner_, slot_, generation_);
+      owner_.reset();
+    }
+    payload_ = {};
+  }
+
+ private:
+  Status status_;
+  std::span<const std::byte> payload_;
+  std::shared_ptr<detail::ReplyOwner> owner_;
+  uint16_t slot_ = 0;
+  uint32_t generation_ = 0;
+};
+
+// A RawReply whose payload passed flatbuffers::Verifier for T.
+template <class T>
+class Reply {
+ public:
+  Reply() = default;
+  // Verifies `raw`; a reply that fails becomes an INTERNAL status.
+  explicit Reply(RawReply raw) : raw_(std::move(raw)) {
+    if (!raw_.ok()) return;
+    flatbuffers::Verifier verifier(raw_.data(), raw_.size());
+    if (!verifier.VerifyBuffer<T>(nullptr)) {
+      raw_ = RawReply(Status(StatusCode::kInternal, "reply failed FlatBuffers verification"));
+      return;
+    }
+    message_ = flatbuffers::GetRoot<T>(raw_.data());
+  }
+
+  const Status& status() const { return raw_.status(); }
+  bool ok() const { return raw_.ok(); }
+  // Null unless ok().
+  const T* message() const { return message_; }
+  const T* operator->() const { return message_; }
+  const T& operator*() const { return *message_; }
+  const RawReply& raw() const { return raw_; }
+  void release() {
+    message_ = nullptr;
+    raw_.release();
+  }
+
+ private:
+  RawReply raw_;
+  const T* message_ = nullptr;
+};
+
+}  // namespace slotrpc

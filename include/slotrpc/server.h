@@ -1,0 +1,48 @@
+// Server: listens on a TCP address, accepts sessions, and dispatches their
+// requests to registered services on `Config::reactor_threads` event loops.
+//
+//   slotrpc::Server server;
+//   server.add_service(std::move(echo_service));
+//   if (auto st = server.start("0.0.0.0:7000"); !st.ok()) die(st);
+//   ...
+//   server.stop();
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "slotrpc/config.h"
+#include "slotrpc/service.h"
+#include "slotrpc/status.h"
+
+namespace slotrpc {
+
+class Server {
+ public:
+  // `config` (after SLOTRPC_* overrides) is validated by start().  Its
+  // slot_count and slot_size are the largest ring a client may ask for.
+  explicit Server(Config config = {});
+  ~Server();  // stop()
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Before start().  Fails on a method id already registered.
+  Status add_service(ServiceDefinition service);
+
+  // Binds "host:port" (port 0 picks a free one) and starts serving.
+  Status start(const std::string& listen_address);
+  // Closes every session (running handlers finish first) and joins threads.
+  void stop();
+
+  uint16_t port() const;            // after start()
+  const Config& config() const;     // after start(): with environment overrides
+  size_t session_count() const;     // open sessions, for tests and monitoring
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace slotrpc

@@ -1,0 +1,143 @@
+// Services: the method table a Server dispatches on.
+//
+// This table is what the IDL compiler's generated code targets; until then
+// it is also how services are registered by hand:
+//
+//   slotrpc::ServiceDefinition svc("demo.Echo");
+//   svc.add_unary<demo::EchoRequest>("Echo",
+//       [](const demo::EchoRequest& req, flatbuffers::FlatBufferBuilder& out,
+//          slotrpc::ServerCall& call) -> slotrpc::Status {
+//         out.Finish(demo::CreateEchoReply(out, out.CreateVector(...)));
+//         return {};
+//       });
+//   server.add_service(std::move(svc));
+#pragma once
+
+#include <flatbuffers/flatbuffers.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "slotrpc/status.h"
+
+namespace slotrpc {
+
+namespace core {
+class ServerSession;
+}
+
+// Method ids: FNV-1a (32 bit) of the fully qualified method name,
+// "<namespace>.<Service>.<Method>", so separately built binaries agree
+// without coordination.  0 is reserved.  See docs/protocol.md.
+constexpr uint32_t method_id(std::string_view full_name) {
+  uint32_t h = 2166136261u;
+  for (char c : full_name) {
+    h ^= static_cast<uint8_t>(c);
+    h *= 16777619u;
+  }
+  return h == 0 ? 1 : h;
+}
+
+// What a handler sees of its call.  Valid only during the handler.
+class ServerCall {
+ public:
+  // The request FlatBuffer, in place in the receive slot (verified when the
+  // method has a verifier).
+  std::span<const std::byte> request() const { return request_; }
+  template <class T>
+  const T& request_as() const {
+    return *flatbuffers::GetRoot<T>(request_.data());
+  }
+  // Builder over the registered send slot; call Finish() before returning OK.
+  flatbuffers::FlatBufferBuilder& reply() { return *reply_; }
+
+  // True once the client cancelled the call or its deadline passed.
+  bool cancelled() const;
+  // The caller's deadline, if it sent one.
+  std::optional<std::chrono::steady_clock::time_point> deadline() const { return deadline_; }
+  const std::string& method_name() const { return *method_name_; }
+  uint32_t method_id() const { return method_id_; }
+  const std::string& peer() const { return *peer_; }
+
+ private:
+  friend class core::ServerSession;
+  ServerCall() = default;
+  std::span<const std::byte> request_;
+  flatbuffers::FlatBufferBuilder* reply_ = nullptr;
+  const bool* cancelled_ = nullptr;
+  std::optional<std::chrono::steady_clock::time_point> deadline_;
+  const std::string* method_name_ = nullptr;
+  uint32_t method_id_ = 0;
+  const std::string* peer_ = nullptr;
+};
+
+inline bool ServerCall::cancelled() const {
+  return *cancelled_ ||
+         (deadline_.has_value() && std::chrono::steady_clock::now() >= *deadline_);
+}
+
+// A handler runs on a fiber of the server's event loop: it may wait for
+// other RPCs (Future::get suspends only the fiber) but should not block the
+// thread.  A thrown exception becomes an INTERNAL reply.
+using Handler = std::function<Status(ServerCall&)>;
+// True if `data` holds a valid request FlatBuffer.
+using Verifier = bool (*)(const uint8_t* data, size_t size);
+
+struct MethodDescriptor {
+  std::string full_name;  // "demo.Echo.Echo"
+  uint32_t id = 0;
+  Handler handler;
+  Verifier verify = nullptr;
+};
+
+class ServiceDefinition {
+ public:
+  explicit ServiceDefinition(std::string full_name) : name_(std::move(full_name)) {}
+
+  const std::string& name() const { return name_; }
+  const std::vector<MethodDescriptor>& methods() const { return methods_; }
+
+  // Raw form: the handler gets the request bytes unverified unless
+  // `verify` is given.
+  ServiceDefinition& add_method(std::string_view method, Handler handler,
+                                Verifier verify = nullptr) {
+    MethodDescriptor m;
+    m.full_name = name_ + "." + std::string(method);
+    m.id = method_id(m.full_name);
+    m.handler = std::move(handler);
+    m.verify = verify;
+    methods_.push_back(std::move(m));
+    return *this;
+  }
+
+  // Typed form: the request is verified as Req before the handler runs;
+  // one that fails is answered with INVALID_ARGUMENT.
+  template <class Req, class Fn>
+  ServiceDefinition& add_unary(std::string_view method, Fn fn) {
+    return add_method(
+        method,
+        [fn = std::move(fn)](ServerCall& call) -> Status {
+          return fn(call.request_as<Req>(), call.reply(), call);
+        },
+        &verify_as<Req>);
+  }
+
+  template <class T>
+  static bool verify_as(const uint8_t* data, size_t size) {
+    flatbuffers::Verifier v(data, size);
+    return v.VerifyBuffer<T>(nullptr);
+  }
+
+ private:
+  std::string name_;
+  std::vector<MethodDescriptor> methods_;
+};
+
+}  // namespace slotrpc

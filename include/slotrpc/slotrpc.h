@@ -1,0 +1,13 @@
+// Everything a slotrpc user includes.
+#pragma once
+
+#include "slotrpc/call.h"
+#include "slotrpc/channel.h"
+#include "slotrpc/config.h"
+#include "slotrpc/fiber.h"
+#include "slotrpc/future.h"
+#include "slotrpc/reply.h"
+#include "slotrpc/result.h"
+#include "slotrpc/server.h"
+#include "slotrpc/service.h"
+#include "slotrpc/status.h"

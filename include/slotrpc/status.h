@@ -1,0 +1,51 @@
+// Status: the outcome of a call or an operation, carried on the wire in replies.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace slotrpc {
+
+// Codes use gRPC's numbering so that logs and dashboards read the same
+// across both systems.  Only the codes slotrpc produces are listed.
+enum class StatusCode : uint16_t {
+  kOk = 0,
+  kCancelled = 1,
+  kInvalidArgument = 3,
+  kDeadlineExceeded = 4,
+  kResourceExhausted = 8,
+  kUnimplemented = 12,
+  kInternal = 13,
+  kUnavailable = 14,
+};
+
+// Name of a code ("OK", "DEADLINE_EXCEEDED", ...).
+std::string_view status_code_name(StatusCode code);
+// True when `raw` is one of the codes above (used when decoding replies).
+bool is_known_status_code(uint16_t raw);
+
+class [[nodiscard]] Status {
+ public:
+  Status() = default;  // OK
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+
+  static Status ok_status() { return {}; }
+
+  bool ok() const { return code_ == StatusCode::kOk; }
+  StatusCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+  // "DEADLINE_EXCEEDED: call to echo.Echo/Echo exceeded 10 ms"
+  std::string to_string() const;
+
+  friend bool operator==(const Status& a, const Status& b) {
+    return a.code_ == b.code_ && a.message_ == b.message_;
+  }
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+}  // namespace slotrpc

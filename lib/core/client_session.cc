@@ -1,0 +1,433 @@
+#include "core/client_session.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <cassert>
+#include <string_view>
+
+namespace slotrpc::detail {
+void release_reply(const std::shared_ptr<ReplyOwner>& owner, uint16_t slot, uint32_t generation) {
+  owner->release(slot, generation);
+}
+}  // namespace slotrpc::detail
+
+namespace slotrpc::core {
+namespace {
+
+uint32_t remaining_us(const std::optional<Clock::time_point>& deadline, Clock::time_point now) {
+  if (!deadline) return 0;
+  auto left = std::chrono::duration_cast<std::chrono::microseconds>(*deadline - now).count();
+  if (left < 1) return 1;  // 0 means "no deadline" on the wire
+  if (left > UINT32_MAX) return UINT32_MAX;
+  return static_cast<uint32_t>(left);
+}
+
+}  // namespace
+
+ClientSession::ClientSession(reactor::Reactor& loop, std::unique_ptr<transport::Link> link,
+                             Geometry g, std::string peer)
+    : loop_(loop),
+      link_(std::move(link)),
+      geometry_(g),
+      peer_(std::move(peer)),
+      send_ring_(g.slot_count, g.slot_size),
+      recv_ring_(g.slot_count, g.slot_size),
+      slots_(g.slot_count),
+      last_rx_(Clock::now()) {
+  on_completion = &ClientSession::on_completion_thunk;
+  SessionBase::flush = &ClientSession::flush_thunk;
+  builders_.reserve(g.slot_count);
+  free_.reserve(g.slot_count);
+  for (uint32_t i = 0; i < g.slot_count; ++i) {
+    builders_.push_back(std::make_unique<SlotBuilder>(send_ring_.slot(i), g.slot_size));
+  }
+  // Lowest slot on top of the stack.
+  for (uint32_t i = g.slot_count; i-- > 0;) free_.push_back(static_cast<uint16_t>(i));
+  // Bounded: at most one request per slot plus one control message per
+  // slot (a cancel) and a few keepalives are outstanding per turn.
+  outbox_.reserve(2 * size_t{g.slot_count} + 8);
+  control_bytes_.resize(size_t{g.slot_count} + 8);
+}
+
+Result<std::shared_ptr<ClientSession>> ClientSession::create(reactor::Reactor& loop,
+                                                             transport::Transport& transport,
+                                                             std::unique_ptr<transport::Link> link,
+                                                             Geometry g, std::string peer) {
+  std::shared_ptr<ClientSession> s(new ClientSession(loop, std::move(link), g, std::move(peer)));
+  Status st = s->send_ring_.register_with(transport, transport::Access::kLocalSend);
+  if (st.ok()) st = s->recv_ring_.register_with(transport, transport::Access::kRemoteWrite);
+  if (st.ok())
+    st = s->link_->attach(s->recv_ring_.region(), s->send_ring_.region(), g.slot_count,
+                          g.slot_size, static_cast<SessionBase*>(s.get()));
+  if (!st.ok()) return st;
+  s->arm_keepalive();
+  return s;
+}
+
+// The owner shuts the session down on its loop first; what is left here is
+// memory only (rings held alive by replies the application still keeps).
+ClientSession::~ClientSession() { assert(closed_); }
+
+void ClientSession::on_completion_thunk(SessionBase* s, const transport::Completion& c) {
+  auto* self = static_cast<ClientSession*>(s);
+  switch (c.kind) {
+    case transport::Completion::Kind::kMessage:
+      self->on_message(c);
+      break;
+    case transport::Completion::Kind::kControl:
+      self->on_control(c);
+      break;
+    case transport::Completion::Kind::kLinkDown:
+      self->shutdown(Status(StatusCode::kUnavailable,
+                            fmt::format("connection to {} lost: {}", self->peer_,
+                                        c.link != nullptr ? c.link->down_reason() : "")));
+      break;
+  }
+}
+
+void ClientSession::flush_thunk(SessionBase* s) { static_cast<ClientSession*>(s)->flush(); }
+
+void ClientSession::submit(PendingCall* call) {
+  assert(loop_.on_this_thread());
+  if (closed_) return fail(call, close_status_);
+  if (call->request_id == 0) call->request_id = next_request_id();
+  if (call->deadline && *call->deadline <= Clock::now()) {
+    return fail(call, Status(StatusCode::kDeadlineExceeded, "deadline passed before the call was sent"));
+  }
+  if (!free_.empty() && queued_ == 0) {
+    const uint16_t slot = free_.back();
+    free_.pop_back();
+    if (call->deadline) {
+      call->timer = loop_.timers().add(*call->deadline, &ClientSession::on_deadline, this,
+                                       reinterpret_cast<uint64_t>(call));
+    }
+    return send_on(slot, call);
+  }
+  const uint32_t limit = loop_.config().max_queued_calls;
+  if (queued_ >= limit) {
+    return fail(call, Status(StatusCode::kResourceExhausted,
+                             fmt::format("{} calls already wait for a credit on the channel to "
+                                         "{} (max_queued_calls = {})",
+                                         queued_, peer_, limit)));
+  }
+  if (call->deadline) {
+    call->timer = loop_.timers().add(*call->deadline, &ClientSession::on_deadline, this,
+                                     reinterpret_cast<uint64_t>(call));
+  }
+  enqueue(call);
+}
+
+void ClientSession::enqueue(PendingCall* call) {
+  call->slot = -1;
+  call->next = nullptr;
+  call->prev = queue_tail_;
+  if (queue_tail_ != nullptr) queue_tail_->next = call; else queue_head_ = call;
+  queue_tail_ = call;
+  ++queued_;
+}
+
+void ClientSession::dequeue(PendingCall* call) {
+  if (call->prev != nullptr) call->prev->next = call->next; else queue_head_ = call->next;
+  if (call->next != nullptr) call->next->prev = call->prev; else queue_tail_ = call->prev;
+  call->prev = call->next = nullptr;
+  --queued_;
+}
+
+void ClientSession::send_on(uint16_t slot, PendingCall* call) {
+  Slot& s = slots_[slot];
+  SlotBuilder& b = *builders_[slot];
+  b.Clear();
+  Status error;
+  try {
+    call->writer(b);
+  } catch (const SlotOverflow&) {
+    error = Status(StatusCode::kResourceExhausted,
+                   fmt::format("request does not fit a slot: payload capacity is {} bytes "
+                               "(slot_size {} minus the {}-byte header)",
+                               b.payload_capacity(), geometry_.slot_size, kHeaderSize));
+  } catch (const std::exception& e) {
+    error = Status(StatusCode::kInternal, fmt::format("request writer threw: {}", e.what()));
+  }
+  if (error.ok() && !b.is_finished()) {
+    error = Status(StatusCode::kInvalidArgument, "request writer did not call Finish()");
+  }
+  call->writer = nullptr;  // release captures now
+  if (!error.ok()) {
+    b.Clear();
+    free_.push_back(slot);
+    loop_.timers().cancel(call->timer);
+    call->timer = 0;
+    return fail(call, std::move(error));
+  }
+
+  ++s.generation;
+  s.state = SlotState::kInFlight;
+  s.request_id = call->request_id;
+  s.call = call;
+  call->slot = slot;
+
+  Header h;
+  h.flags = static_cast<uint8_t>(Kind::kRequest);
+  h.method_id = call->method_id;
+  h.request_id = call->request_id;
+  h.payload_len = b.GetSize();
+  h.slot = slot;
+  h.generation = s.generation;
+  h.timeout_us = remaining_us(call->deadline, Clock::now());
+  std::byte* msg = b.message_begin();
+  encode_header(h, msg);
+
+  link_->arm(slot);  // the reply may now land in our receive slot
+  outbox_.push_back(transport::Outgoing{msg, static_cast<uint32_t>(kHeaderSize + h.payload_len),
+                                        make_imm(slot, s.generation), transport::Lane::kSlot});
+  loop_.request_flush(this);
+}
+
+void ClientSession::send_control(Kind kind, uint16_t slot, uint32_t generation,
+                                 uint64_t request_id) {
+  if (closed_) return;
+  if (control_used_ == control_bytes_.size()) flush();
+  Header h;
+  h.flags = static_cast<uint8_t>(kind);
+  h.slot = slot;
+  h.generation = generation;
+  h.request_id = request_id;
+  std::byte* bytes = control_bytes_[control_used_++].data();
+  encode_header(h, bytes);
+  outbox_.push_back(transport::Outgoing{bytes, static_cast<uint32_t>(kHeaderSize),
+                                        make_imm(slot, generation), transport::Lane::kControl});
+  loop_.request_flush(this);
+}
+
+void ClientSession::flush() {
+  if (!outbox_.empty() && !closed_) {
+    link_->post(outbox_);
+    messages_sent_ += outbox_.size();
+  }
+  outbox_.clear();
+  control_used_ = 0;
+}
+
+void ClientSession::on_message(const transport::Completion& c) {
+  last_rx_ = Clock::now();
+  const std::byte* bytes = recv_ring_.slot(c.slot);
+  const Header h = decode_header(bytes);
+  HeaderError e = validate_header(h, c.length, geometry_.slot_count, geometry_.slot_size, c.slot);
+  if (e != HeaderError::kOk) {
+    return protocol_error(fmt::format("malformed reply header in slot {}: {}", c.slot, to_string(e)));
+  }
+  if (h.kind() != Kind::kReply && h.kind() != Kind::kError) {
+    return protocol_error(fmt::format("unexpected message kind 0x{:02x} in slot {}", h.flags, c.slot));
+  }
+  Slot& s = slots_[h.slot];
+  const bool outstanding = s.state == SlotState::kInFlight || s.state == SlotState::kZombie;
+  if (!outstanding || h.generation != s.generation || h.request_id != s.request_id ||
+      imm_generation(c.imm) != static_cast<uint16_t>(s.generation)) {
+    return protocol_error(fmt::format(
+        "reply for slot {} generation {} request {} matches no outstanding call", h.slot,
+        h.generation, h.request_id));
+  }
+  if (h.kind() == Kind::kError && (h.status == 0 || !is_known_status_code(h.status))) {
+    return protocol_error(fmt::format("error reply with invalid status {}", h.status));
+  }
+  if (s.state == SlotState::kZombie) {
+    // The caller already gave up on this call: drop the late reply here, so
+    // the next user of the slot can never see it.
+    ++late_replies_dropped_;
+    return free_slot(h.slot);
+  }
+  PendingCall* call = s.call;
+  s.call = nullptr;
+  loop_.timers().cancel(call->timer);
+  const std::span<const std::byte> payload(bytes + kHeaderSize, h.payload_len);
+  if (h.kind() == Kind::kError) {
+    std::string message(reinterpret_cast<const char*>(payload.data()), payload.size());
+    free_slot(h.slot);
+    return finish(call, RawReply(Status(static_cast<StatusCode>(h.status), std::move(message))));
+  }
+  s.state = SlotState::kHeld;  // until the application drops the reply
+  finish(call, RawReply(Status(), payload, shared_from_this(), h.slot, h.generation));
+}
+
+void ClientSession::on_control(const transport::Completion& c) {
+  last_rx_ = Clock::now();
+  const Header h = decode_header(c.control.data());
+  HeaderError e = validate_header(h, kHeaderSize, geometry_.slot_count, geometry_.slot_size, h.slot);
+  if (e != HeaderError::kOk) {
+    return protocol_error(fmt::format("malformed control header: {}", to_string(e)));
+  }
+  switch (h.kind()) {
+    case Kind::kPing:
+      return send_control(Kind::kPong, 0, 0, h.request_id);
+    case Kind::kPong:
+      return;
+    default:
+      return protocol_error(fmt::format("unexpected control kind 0x{:02x}", h.flags));
+  }
+}
+
+void ClientSession::release(uint16_t slot, uint32_t generation) {
+  // After shutdown the loop may be gone; nothing is waiting for credits.
+  if (closed_.load(std::memory_order_acquire)) return;
+  if (!loop_.on_this_thread()) {
+    // A reply dropped on another thread: the slot state belongs to the loop.
+    std::weak_ptr<ClientSession> weak = weak_from_this();
+    loop_.post([weak, slot, generation] {
+      if (auto self = weak.lock()) self->release(slot, generation);
+    });
+    return;
+  }
+  if (slot >= slots_.size()) return;
+  Slot& s = slots_[slot];
+  if (s.state != SlotState::kHeld || s.generation != generation) return;
+  free_slot(slot);
+}
+
+void ClientSession::free_slot(uint16_t slot) {
+  Slot& s = slots_[slot];
+  s.state = SlotState::kFree;
+  s.call = nullptr;
+  free_.push_back(slot);
+  pump_queue();
+}
+
+void ClientSession::pump_queue() {
+  while (!free_.empty() && queue_head_ != nullptr && !closed_) {
+    PendingCall* call = queue_head_;
+    dequeue(call);
+    const uint16_t slot = free_.back();
+    free_.pop_back();
+    send_on(slot, call);
+  }
+}
+
+void ClientSession::finish(PendingCall* call, RawReply reply) {
+  ReplySink sink = std::move(call->sink);
+  delete call;
+  if (sink) sink(std::move(reply));
+}
+
+void ClientSession::fail(PendingCall* call, Status status) {
+  finish(call, RawReply(std::move(status)));
+}
+
+void ClientSession::on_deadline(void* self_ptr, uint64_t call_ptr) {
+  auto* self = static_cast<ClientSession*>(self_ptr);
+  auto* call = reinterpret_cast<PendingCall*>(call_ptr);
+  call->timer = 0;
+  Status status(StatusCode::kDeadlineExceeded,
+                fmt::format("deadline exceeded (call {} to {}, method id 0x{:08x})",
+                            call->request_id, self->peer_, call->method_id));
+  if (call->slot < 0) {
+    self->dequeue(call);
+    return self->fail(call, std::move(status));
+  }
+  const uint16_t slot = static_cast<uint16_t>(call->slot);
+  Slot& s = self->slots_[slot];
+  s.state = SlotState::kZombie;
+  s.call = nullptr;
+  self->send_control(Kind::kCancel, slot, s.generation, s.request_id);
+  self->fail(call, std::move(status));
+}
+
+void ClientSession::cancel(uint64_t request_id, Status status) {
+  for (PendingCall* c = queue_head_; c != nullptr; c = c->next) {
+    if (c->request_id == request_id) {
+      dequeue(c);
+      loop_.timers().cancel(c->timer);
+      return fail(c, std::move(status));
+    }
+  }
+  for (uint16_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    if (s.state == SlotState::kInFlight && s.request_id == request_id) {
+      PendingCall* call = s.call;
+      s.state = SlotState::kZombie;
+      s.call = nullptr;
+      loop_.timers().cancel(call->timer);
+      send_control(Kind::kCancel, i, s.generation, s.request_id);
+      return fail(call, std::move(status));
+    }
+  }
+}
+
+void ClientSession::protocol_error(std::string reason) {
+  spdlog::error("slotrpc: closing session with {}: {}", peer_, reason);
+  shutdown(Status(StatusCode::kUnavailable,
+                  fmt::format("session with {} closed: protocol error: {}", peer_, reason)));
+}
+
+void ClientSession::shutdown(Status status) {
+  if (closed_) return;
+  close_status_ = status;
+  closed_.store(true, std::memory_order_release);
+  loop_.timers().cancel(keepalive_timer_);
+  keepalive_timer_ = 0;
+  outbox_.clear();
+  control_used_ = 0;
+  loop_.forget(this);
+  link_->close(status.message());
+  // Sinks may run user code that submits again; closed_ makes that fail fast.
+  for (Slot& s : slots_) {
+    if (s.state == SlotState::kInFlight && s.call != nullptr) {
+      PendingCall* call = s.call;
+      s.call = nullptr;
+      s.state = SlotState::kZombie;  // never reused: the session is gone
+      loop_.timers().cancel(call->timer);
+      fail(call, status);
+    }
+  }
+  while (queue_head_ != nullptr) {
+    PendingCall* call = queue_head_;
+    dequeue(call);
+    loop_.timers().cancel(call->timer);
+    fail(call, status);
+  }
+  // Drop queued completions that point at this session (destroying the link
+  // purges them from its transport) and unregister the rings while the
+  // transport still exists; held replies keep the memory itself mapped.
+  link_.reset();
+  send_ring_.deregister();
+  recv_ring_.deregister();
+}
+
+void ClientSession::arm_keepalive() {
+  const auto period = std::chrono::milliseconds(loop_.config().keepalive_ms);
+  keepalive_timer_ = loop_.timers().add(Clock::now() + period, &ClientSession::on_keepalive, this, 0);
+}
+
+void ClientSession::on_keepalive(void* self_ptr, uint64_t) {
+  auto* self = static_cast<ClientSession*>(self_ptr);
+  self->keepalive_timer_ = 0;
+  if (self->closed_) return;
+  const Config& cfg = self->loop_.config();
+  const auto silent = Clock::now() - self->last_rx_;
+  if (silent >= std::chrono::milliseconds(cfg.peer_timeout_ms)) {
+    return self->shutdown(Status(
+        StatusCode::kUnavailable,
+        fmt::format("peer {} silent for {} ms (peer_timeout_ms = {})", self->peer_,
+                    std::chrono::duration_cast<std::chrono::milliseconds>(silent).count(),
+                    cfg.peer_timeout_ms)));
+  }
+  if (silent >= std::chrono::milliseconds(cfg.keepalive_ms)) {
+    self->send_control(Kind::kPing, 0, 0, 0);
+  }
+  self->arm_keepalive();
+}
+
+ClientSession::Counters ClientSession::counters() const {
+  Counters c;
+  c.free_slots = static_cast<uint32_t>(free_.size());
+  for (const Slot& s : slots_) {
+    if (s.state == SlotState::kInFlight) ++c.in_flight;
+    if (s.state == SlotState::kZombie) ++c.zombies;
+    if (s.state == SlotState::kHeld) ++c.held;
+  }
+  c.queued = queued_;
+  c.late_replies_dropped = late_replies_dropped_;
+  c.messages_sent = messages_sent_;
+  return c;
+}
+
+}  // namespace slotrpc::core

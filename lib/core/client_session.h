@@ -1,0 +1,161 @@
+// The client side of one slot-ring session.
+//
+// Credits: the client owns one credit per slot of the ring.  A call takes a
+// free slot, writes its request into that slot of the local send ring, and
+// posts it into the same slot of the server's receive ring; the reply comes
+// back into the same slot of the client's receive ring.  The slot returns
+// to the free list only when that reply has arrived and been released, so
+// neither side can ever be written to while it still reads a slot.  Calls
+// beyond the credits wait in a FIFO without blocking the reactor.
+//
+// Generations: every reuse of a slot bumps its generation, carried in the
+// header and the immediate.  A call abandoned at its deadline keeps its
+// slot as a "zombie" until the late reply arrives; that reply's generation
+// and request id identify it, it is dropped, and only then does the slot
+// serve the next call.  A late reply can never reach the next user.
+//
+// Everything here runs on the session's reactor thread.  Hot path (submit,
+// reply): no locks, no virtual calls but the batched Link::post, and no
+// allocation besides the caller-owned PendingCall.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/session_base.h"
+#include "core/slot_builder.h"
+#include "core/slot_ring.h"
+#include "reactor/reactor.h"
+#include "slotrpc/call.h"
+
+namespace slotrpc::detail {
+// The part of a client session that outlives its channel while replies are
+// held: the receive ring they point into.
+class ReplyOwner {
+ public:
+  virtual ~ReplyOwner() = default;
+  virtual void release(uint16_t slot, uint32_t generation) = 0;
+};
+}  // namespace slotrpc::detail
+
+namespace slotrpc::core {
+
+struct PendingCall {
+  uint32_t method_id = 0;
+  RequestWriter writer;
+  ReplySink sink;
+  std::optional<Clock::time_point> deadline;
+  uint64_t request_id = 0;
+  // Session-owned state.
+  reactor::TimerHeap::TimerId timer = 0;
+  int32_t slot = -1;  // -1 while queued
+  PendingCall* prev = nullptr;
+  PendingCall* next = nullptr;
+};
+
+class ClientSession final : public SessionBase,
+                            public ::slotrpc::detail::ReplyOwner,
+                            public std::enable_shared_from_this<ClientSession> {
+ public:
+  struct Geometry {
+    uint32_t slot_count;
+    uint32_t slot_size;
+  };
+
+  // Loop thread.  Registers both rings with `transport` and attaches `link`.
+  static Result<std::shared_ptr<ClientSession>> create(reactor::Reactor& loop,
+                                                       transport::Transport& transport,
+                                                       std::unique_ptr<transport::Link> link,
+                                                       Geometry geometry, std::string peer);
+  ~ClientSession() override;
+
+  // Loop thread.  Takes ownership of `call`; its sink runs exactly once.
+  void submit(PendingCall* call);
+  // Loop thread.  Cancels the call with this id, wherever it is.
+  void cancel(uint64_t request_id, Status status);
+  // Loop thread.  Fails everything with `status` and closes the link.
+  void shutdown(Status status);
+
+  // Any thread: returns a slot whose reply was held by the application.
+  void release(uint16_t slot, uint32_t generation) override;
+
+  // Any thread.
+  uint64_t next_request_id() { return last_request_id_.fetch_add(1, std::memory_order_relaxed) + 1; }
+
+  // Introspection for tests (loop thread).
+  struct Counters {
+    uint32_t free_slots = 0;
+    uint32_t in_flight = 0;
+    uint32_t zombies = 0;
+    uint32_t held = 0;
+    uint32_t queued = 0;
+    uint64_t late_replies_dropped = 0;
+    uint64_t messages_sent = 0;
+  };
+  Counters counters() const;
+  bool closed() const { return closed_; }
+  const Status& close_status() const { return close_status_; }
+  const std::string& peer() const { return peer_; }
+  reactor::Reactor& loop() { return loop_; }
+
+ private:
+  enum class SlotState : uint8_t { kFree, kInFlight, kZombie, kHeld };
+  struct Slot {
+    SlotState state = SlotState::kFree;
+    uint32_t generation = 0;
+    uint64_t request_id = 0;
+    PendingCall* call = nullptr;
+  };
+
+  ClientSession(reactor::Reactor& loop, std::unique_ptr<transport::Link> link, Geometry g,
+                std::string peer);
+
+  static void on_completion_thunk(SessionBase* s, const transport::Completion& c);
+  static void flush_thunk(SessionBase* s);
+  static void on_deadline(void* self, uint64_t call);
+  static void on_keepalive(void* self, uint64_t);
+
+  void on_message(const transport::Completion& c);
+  void on_control(const transport::Completion& c);
+  void send_on(uint16_t slot, PendingCall* call);
+  void free_slot(uint16_t slot);
+  void pump_queue();
+  void finish(PendingCall* call, RawReply reply);
+  void fail(PendingCall* call, Status status);
+  void send_control(Kind kind, uint16_t slot, uint32_t generation, uint64_t request_id);
+  void protocol_error(std::string reason);
+  void flush();
+  void enqueue(PendingCall* call);
+  void dequeue(PendingCall* call);
+  void arm_keepalive();
+
+  reactor::Reactor& loop_;
+  std::unique_ptr<transport::Link> link_;
+  Geometry geometry_;
+  std::string peer_;
+  SlotRing send_ring_;
+  SlotRing recv_ring_;
+  std::vector<std::unique_ptr<SlotBuilder>> builders_;
+  std::vector<Slot> slots_;
+  std::vector<uint16_t> free_;  // credits (a stack: hot slots stay in cache)
+  PendingCall* queue_head_ = nullptr;
+  PendingCall* queue_tail_ = nullptr;
+  uint32_t queued_ = 0;
+  std::atomic<uint64_t> last_request_id_{0};
+  uint64_t late_replies_dropped_ = 0;
+  uint64_t messages_sent_ = 0;
+
+  std::vector<transport::Outgoing> outbox_;
+  std::vector<std::array<std::byte, kHeaderSize>> control_bytes_;
+  size_t control_used_ = 0;
+
+  Clock::time_point last_rx_;
+  reactor::TimerHeap::TimerId keepalive_timer_ = 0;
+  std::atomic<bool> closed_{false};
+  Status close_status_;
+};
+
+}  // namespace slotrpc::core

@@ -1,0 +1,158 @@
+// Strict parsing and validation of Config and SLOTRPC_* variables.
+//
+// No atoi: a value must be all digits, fit in 64 bits and lie in its range,
+// otherwise the error says which setting, which value and what is allowed.
+#include <charconv>
+#include <cstdlib>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "core/settings.h"
+#include "slotrpc/config.h"
+
+namespace slotrpc {
+namespace core {
+
+std::span<const UintSetting> uint_settings() {
+  static constexpr UintSetting kTable[] = {
+      {"SLOTRPC_SLOT_COUNT", "slot_count", &Config::slot_count, 1, kMaxSlotCount,
+       "slots per ring and direction; a Channel's credits"},
+      {"SLOTRPC_SLOT_SIZE", "slot_size", &Config::slot_size, kMinSlotSize, kMaxSlotSize,
+       "bytes per slot (32-byte header + payload), multiple of 64"},
+      {"SLOTRPC_SPIN_US", "spin_us", &Config::spin_us, 0, 10'000'000,
+       "adaptive mode: microseconds a reactor spins idle before sleeping"},
+      {"SLOTRPC_POLL_BATCH", "poll_batch", &Config::poll_batch, 1, 1024,
+       "completions taken per poll call"},
+      {"SLOTRPC_CONNECT_TIMEOUT_MS", "connect_timeout_ms", &Config::connect_timeout_ms, 1,
+       600'000, "TCP connect plus handshake"},
+      {"SLOTRPC_KEEPALIVE_MS", "keepalive_ms", &Config::keepalive_ms, 10, 600'000,
+       "a session silent this long sends a ping"},
+      {"SLOTRPC_PEER_TIMEOUT_MS", "peer_timeout_ms", &Config::peer_timeout_ms, 20, 3'600'000,
+       "a peer silent this long is dead: its calls fail with UNAVAILABLE"},
+      {"SLOTRPC_FIBER_STACK_KB", "fiber_stack_kb", &Config::fiber_stack_kb, 16, 65536,
+       "stack of each handler fiber"},
+      {"SLOTRPC_REACTOR_THREADS", "reactor_threads", &Config::reactor_threads, 1, 256,
+       "event-loop threads of a Server"},
+      {"SLOTRPC_MAX_QUEUED_CALLS", "max_queued_calls", &Config::max_queued_calls, 0,
+       1u << 24, "calls that may wait for a credit; more fail with RESOURCE_EXHAUSTED"},
+  };
+  return kTable;
+}
+
+namespace {
+
+Status out_of_range(std::string_view setting, std::string_view value, std::string_view allowed) {
+  return Status(StatusCode::kInvalidArgument,
+                fmt::format("invalid setting {}={}: allowed {}", setting, value, allowed));
+}
+
+Result<uint64_t> parse_uint(std::string_view setting, std::string_view text, uint64_t min,
+                            uint64_t max) {
+  const std::string allowed = fmt::format("a whole number from {} to {}", min, max);
+  uint64_t value = 0;
+  const char* first = text.data();
+  const char* last = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(first, last, value);
+  if (text.empty() || ec != std::errc() || ptr != last) {
+    return out_of_range(setting, fmt::format("'{}'", text), allowed);
+  }
+  if (value < min || value > max) return out_of_range(setting, text, allowed);
+  return value;
+}
+
+template <class Enum, size_t N>
+Result<Enum> parse_name(std::string_view setting, std::string_view text,
+                        const std::pair<std::string_view, Enum> (&names)[N]) {
+  std::string allowed = "one of";
+  for (const auto& [name, value] : names) {
+    if (name == text) return value;
+    allowed += " ";
+    allowed += name;
+  }
+  return out_of_range(setting, fmt::format("'{}'", text), allowed);
+}
+
+constexpr std::pair<std::string_view, PollMode> kPollModes[] = {
+    {"busy", PollMode::kBusy}, {"blocking", PollMode::kBlocking}, {"adaptive", PollMode::kAdaptive}};
+constexpr std::pair<std::string_view, TransportKind> kTransports[] = {
+    {"auto", TransportKind::kAuto}, {"tcp", TransportKind::kTcp}, {"verbs", TransportKind::kVerbs}};
+constexpr std::pair<std::string_view, int> kLogLevels[] = {
+    {"trace", 0}, {"debug", 1}, {"info", 2}, {"warn", 3}, {"error", 4}, {"critical", 5}, {"off", 6}};
+
+}  // namespace
+}  // namespace core
+
+std::string_view to_string(PollMode mode) {
+  for (const auto& [name, value] : core::kPollModes)
+    if (value == mode) return name;
+  return "?";
+}
+
+std::string_view to_string(TransportKind kind) {
+  for (const auto& [name, value] : core::kTransports)
+    if (value == kind) return name;
+  return "?";
+}
+
+Status Config::validate() const {
+  using namespace core;
+  for (const UintSetting& s : uint_settings()) {
+    const uint64_t v = this->*s.member;
+    if (v < s.min || v > s.max) {
+      return out_of_range(fmt::format("Config.{} ({})", s.field, s.env), std::to_string(v),
+                          fmt::format("a whole number from {} to {}", s.min, s.max));
+    }
+  }
+  if (slot_size % kSlotSizeAlign != 0) {
+    return out_of_range("Config.slot_size (SLOTRPC_SLOT_SIZE)", std::to_string(slot_size),
+                        fmt::format("a multiple of {} from {} to {}", kSlotSizeAlign,
+                                    kMinSlotSize, kMaxSlotSize));
+  }
+  if (uint64_t{slot_count} * slot_size > kMaxRingBytes) {
+    return out_of_range("Config.slot_count * Config.slot_size",
+                        fmt::format("{} * {}", slot_count, slot_size),
+                        fmt::format("at most {} bytes per ring", kMaxRingBytes));
+  }
+  if (peer_timeout_ms <= keepalive_ms) {
+    return out_of_range("Config.peer_timeout_ms (SLOTRPC_PEER_TIMEOUT_MS)",
+                        std::to_string(peer_timeout_ms),
+                        fmt::format("greater than keepalive_ms ({})", keepalive_ms));
+  }
+  if (!parse_name("Config.log_level (SLOTRPC_LOG_LEVEL)", log_level, kLogLevels).ok()) {
+    return parse_name("Config.log_level (SLOTRPC_LOG_LEVEL)", log_level, kLogLevels).status();
+  }
+  return {};
+}
+
+Result<Config> Config::with_environment() const {
+  using namespace core;
+  Config out = *this;
+  for (const UintSetting& s : uint_settings()) {
+    const char* text = std::getenv(std::string(s.env).c_str());
+    if (text == nullptr) continue;
+    auto v = parse_uint(s.env, text, s.min, s.max);
+    if (!v.ok()) return v.status();
+    out.*s.member = static_cast<uint32_t>(v.value());
+  }
+  if (const char* text = std::getenv("SLOTRPC_POLL_MODE")) {
+    auto v = parse_name("SLOTRPC_POLL_MODE", text, kPollModes);
+    if (!v.ok()) return v.status();
+    out.poll_mode = v.value();
+  }
+  if (const char* text = std::getenv("SLOTRPC_TRANSPORT")) {
+    auto v = parse_name("SLOTRPC_TRANSPORT", text, kTransports);
+    if (!v.ok()) return v.status();
+    out.transport = v.value();
+  }
+  if (const char* text = std::getenv("SLOTRPC_LOG_LEVEL")) {
+    auto v = parse_name("SLOTRPC_LOG_LEVEL", text, kLogLevels);
+    if (!v.ok()) return v.status();
+    out.log_level = text;
+  }
+  Status st = out.validate();
+  if (!st.ok()) return st;
+  return out;
+}
+
+}  // namespace slotrpc

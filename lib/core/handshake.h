@@ -1,0 +1,47 @@
+// The connection handshake: one Hello from the client, one HelloReply from
+// the server, on the TCP connection before any slot message.  It fixes the
+// ring geometry (both sides allocate S x B per direction) and, for
+// transports that need it, carries an extension block (the verbs transport
+// puts its QP number, GID and ring keys there).  docs/protocol.md describes
+// the layout.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "slotrpc/result.h"
+
+namespace slotrpc::core {
+
+inline constexpr size_t kHelloSize = 32;
+inline constexpr uint32_t kHelloMagic = 0x48505253;       // "SRPH"
+inline constexpr uint32_t kHelloReplyMagic = 0x41505253;  // "SRPA"
+inline constexpr uint16_t kHandshakeVersion = 1;
+inline constexpr uint32_t kMaxHandshakeExtension = 4096;
+inline constexpr uint32_t kMaxHandshakeMessage = 1024;
+
+enum class WireTransport : uint16_t { kTcp = 1, kVerbs = 2 };
+
+struct Hello {
+  WireTransport transport = WireTransport::kTcp;
+  uint32_t slot_count = 0;
+  uint32_t slot_size = 0;
+  uint32_t extension_len = 0;
+};
+
+struct HelloReply {
+  uint16_t status = 0;  // StatusCode; non-zero rejects, `message` says why
+  uint32_t slot_count = 0;
+  uint32_t slot_size = 0;
+  uint32_t extension_len = 0;
+  uint32_t message_len = 0;
+};
+
+void encode_hello(const Hello& h, std::byte* out);
+Result<Hello> decode_hello(const std::byte* in);
+void encode_hello_reply(const HelloReply& r, std::byte* out);
+Result<HelloReply> decode_hello_reply(const std::byte* in);
+
+}  // namespace slotrpc::core

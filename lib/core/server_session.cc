@@ -1,0 +1,275 @@
+#include "core/server_session.h"
+
+#include <boost/context/fiber.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+namespace slotrpc::core {
+
+ServerSession::ServerSession(reactor::Reactor& loop, std::unique_ptr<transport::Link> link,
+                             Geometry g, const MethodTable& methods, std::string peer,
+                             ClosedFn on_closed)
+    : loop_(loop),
+      link_(std::move(link)),
+      geometry_(g),
+      methods_(methods),
+      peer_(std::move(peer)),
+      on_closed_(std::move(on_closed)),
+      recv_ring_(g.slot_count, g.slot_size),
+      send_ring_(g.slot_count, g.slot_size),
+      slots_(g.slot_count),
+      last_rx_(Clock::now()) {
+  on_completion = &ServerSession::on_completion_thunk;
+  SessionBase::flush = &ServerSession::flush_thunk;
+  builders_.reserve(g.slot_count);
+  for (uint32_t i = 0; i < g.slot_count; ++i) {
+    builders_.push_back(std::make_unique<SlotBuilder>(send_ring_.slot(i), g.slot_size));
+  }
+  outbox_.reserve(2 * size_t{g.slot_count} + 8);
+  control_bytes_.resize(size_t{g.slot_count} + 8);
+}
+
+Result<std::unique_ptr<ServerSession>> ServerSession::create(
+    reactor::Reactor& loop, transport::Transport& transport, std::unique_ptr<transport::Link> link,
+    Geometry g, const MethodTable& methods, std::string peer, ClosedFn on_closed) {
+  std::unique_ptr<ServerSession> s(
+      new ServerSession(loop, std::move(link), g, methods, std::move(peer), std::move(on_closed)));
+  Status st = s->send_ring_.register_with(transport, transport::Access::kLocalSend);
+  if (st.ok()) st = s->recv_ring_.register_with(transport, transport::Access::kRemoteWrite);
+  if (st.ok())
+    st = s->link_->attach(s->recv_ring_.region(), s->send_ring_.region(), g.slot_count,
+                          g.slot_size, static_cast<SessionBase*>(s.get()));
+  if (!st.ok()) return st;
+  for (uint32_t i = 0; i < g.slot_count; ++i) s->link_->arm(static_cast<uint16_t>(i));
+  s->arm_keepalive();
+  return s;
+}
+
+ServerSession::~ServerSession() {
+  loop_.timers().cancel(keepalive_timer_);
+  loop_.forget(this);
+  link_.reset();
+}
+
+void ServerSession::on_completion_thunk(SessionBase* s, const transport::Completion& c) {
+  auto* self = static_cast<ServerSession*>(s);
+  switch (c.kind) {
+    case transport::Completion::Kind::kMessage:
+      self->on_message(c);
+      break;
+    case transport::Completion::Kind::kControl:
+      self->on_control(c);
+      break;
+    case transport::Completion::Kind::kLinkDown:
+      self->close(c.link != nullptr ? c.link->down_reason() : "link down");
+      break;
+  }
+}
+
+void ServerSession::flush_thunk(SessionBase* s) { static_cast<ServerSession*>(s)->flush(); }
+
+void ServerSession::on_message(const transport::Completion& c) {
+  if (closed_) return;
+  last_rx_ = Clock::now();
+  const std::byte* bytes = recv_ring_.slot(c.slot);
+  const Header h = decode_header(bytes);
+  HeaderError e = validate_header(h, c.length, geometry_.slot_count, geometry_.slot_size, c.slot);
+  if (e != HeaderError::kOk) {
+    return protocol_error(fmt::format("malformed request header in slot {}: {}", c.slot, to_string(e)));
+  }
+  if (h.kind() != Kind::kRequest) {
+    return protocol_error(fmt::format("unexpected message kind 0x{:02x} in slot {}", h.flags, h.slot));
+  }
+  if (imm_generation(c.imm) != static_cast<uint16_t>(h.generation)) {
+    return protocol_error(fmt::format("slot {}: immediate and header disagree on the generation", h.slot));
+  }
+  Slot& s = slots_[h.slot];
+  if (s.state != SlotState::kIdle) {
+    return protocol_error(fmt::format("request written into slot {} while it is still busy", h.slot));
+  }
+  s.state = SlotState::kRunning;
+  s.cancelled = false;
+  s.generation = h.generation;
+  s.request_id = h.request_id;
+  s.payload_len = h.payload_len;
+  s.timeout_us = h.timeout_us;
+  s.received = last_rx_;
+  s.method = methods_.find(h.method_id);
+
+  if (s.method == nullptr) {
+    return send_reply(h.slot, Status(StatusCode::kUnimplemented,
+                                     fmt::format("no method with id 0x{:08x} on this server", h.method_id)));
+  }
+  if (s.method->verify != nullptr &&
+      !s.method->verify(reinterpret_cast<const uint8_t*>(bytes + kHeaderSize), h.payload_len)) {
+    return send_reply(h.slot, Status(StatusCode::kInvalidArgument,
+                                     fmt::format("request to {} failed FlatBuffers verification",
+                                                 s.method->full_name)));
+  }
+  ++running_;
+  loop_.spawn(&ServerSession::run_handler, this, h.slot);
+}
+
+void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
+  auto* self = static_cast<ServerSession*>(self_ptr);
+  const auto slot = static_cast<uint16_t>(slot_index);
+  Slot& s = self->slots_[slot];
+  SlotBuilder& b = *self->builders_[slot];
+  b.Clear();
+
+  ServerCall call;
+  call.request_ = {self->recv_ring_.slot(slot) + kHeaderSize, s.payload_len};
+  call.reply_ = &b;
+  call.cancelled_ = &s.cancelled;
+  if (s.timeout_us != 0) call.deadline_ = s.received + std::chrono::microseconds(s.timeout_us);
+  call.method_name_ = &s.method->full_name;
+  call.method_id_ = s.method->id;
+  call.peer_ = &self->peer_;
+
+  Status status;
+  try {
+    status = s.method->handler(call);
+    if (status.ok() && !b.is_finished()) {
+      status = Status(StatusCode::kInternal,
+                      fmt::format("{} returned OK without finishing its reply", s.method->full_name));
+    }
+  } catch (const boost::context::detail::forced_unwind&) {
+    throw;  // the fiber is being destroyed at shutdown
+  } catch (const SlotOverflow&) {
+    status = Status(StatusCode::kResourceExhausted,
+                    fmt::format("reply of {} does not fit a slot ({} bytes of payload)",
+                                s.method->full_name, b.payload_capacity()));
+  } catch (const std::exception& e) {
+    status = Status(StatusCode::kInternal,
+                    fmt::format("{} threw: {}", s.method->full_name, e.what()));
+  }
+  --self->running_;
+  if (self->closed_) return self->maybe_finished();
+  self->send_reply(slot, std::move(status));
+}
+
+void ServerSession::send_reply(uint16_t slot, Status status) {
+  Slot& s = slots_[slot];
+  SlotBuilder& b = *builders_[slot];
+  Header h;
+  h.request_id = s.request_id;
+  h.slot = slot;
+  h.generation = s.generation;
+  if (status.ok()) {
+    h.flags = static_cast<uint8_t>(Kind::kReply);
+    h.payload_len = b.GetSize();
+  } else {
+    // The message travels as the payload, cut to what fits the slot.
+    b.Clear();
+    const std::string& text = status.message();
+    const size_t n = std::min(text.size(), b.payload_capacity());
+    b.PushFlatBuffer(reinterpret_cast<const uint8_t*>(text.data()), n);
+    h.flags = static_cast<uint8_t>(Kind::kError);
+    h.status = static_cast<uint16_t>(status.code());
+    h.payload_len = static_cast<uint32_t>(n);
+  }
+  std::byte* msg = b.message_begin();
+  encode_header(h, msg);
+  s.state = SlotState::kIdle;
+  s.method = nullptr;
+  link_->arm(slot);  // the client may write this slot again once it has the reply
+  outbox_.push_back(transport::Outgoing{msg, static_cast<uint32_t>(kHeaderSize + h.payload_len),
+                                        make_imm(slot, s.generation), transport::Lane::kSlot});
+  loop_.request_flush(this);
+}
+
+void ServerSession::on_control(const transport::Completion& c) {
+  if (closed_) return;
+  last_rx_ = Clock::now();
+  const Header h = decode_header(c.control.data());
+  HeaderError e = validate_header(h, kHeaderSize, geometry_.slot_count, geometry_.slot_size, h.slot);
+  if (e != HeaderError::kOk) {
+    return protocol_error(fmt::format("malformed control header: {}", to_string(e)));
+  }
+  switch (h.kind()) {
+    case Kind::kCancel: {
+      Slot& s = slots_[h.slot];
+      // A cancel may cross the reply on the wire; then there is nothing to do.
+      if (s.state == SlotState::kRunning && s.generation == h.generation) s.cancelled = true;
+      return;
+    }
+    case Kind::kPing:
+      return send_control(Kind::kPong, 0, 0, h.request_id);
+    case Kind::kPong:
+      return;
+    default:
+      return protocol_error(fmt::format("unexpected control kind 0x{:02x}", h.flags));
+  }
+}
+
+void ServerSession::send_control(Kind kind, uint16_t slot, uint32_t generation,
+                                 uint64_t request_id) {
+  if (closed_) return;
+  if (control_used_ == control_bytes_.size()) flush();
+  Header h;
+  h.flags = static_cast<uint8_t>(kind);
+  h.slot = slot;
+  h.generation = generation;
+  h.request_id = request_id;
+  std::byte* bytes = control_bytes_[control_used_++].data();
+  encode_header(h, bytes);
+  outbox_.push_back(transport::Outgoing{bytes, static_cast<uint32_t>(kHeaderSize),
+                                        make_imm(slot, generation), transport::Lane::kControl});
+  loop_.request_flush(this);
+}
+
+void ServerSession::flush() {
+  if (!outbox_.empty() && !closed_) link_->post(outbox_);
+  outbox_.clear();
+  control_used_ = 0;
+}
+
+void ServerSession::protocol_error(std::string reason) {
+  spdlog::error("slotrpc: closing session with {}: protocol error: {}", peer_, reason);
+  close("protocol error: " + reason);
+}
+
+void ServerSession::close(std::string reason) {
+  if (closed_) return;
+  closed_ = true;
+  spdlog::info("slotrpc: session with {} closed: {}", peer_, reason);
+  loop_.timers().cancel(keepalive_timer_);
+  keepalive_timer_ = 0;
+  outbox_.clear();
+  control_used_ = 0;
+  loop_.forget(this);
+  link_->close(reason);
+  // Tell the running handlers their calls are over.
+  for (Slot& s : slots_) s.cancelled = true;
+  maybe_finished();
+}
+
+void ServerSession::maybe_finished() {
+  if (!closed_ || running_ != 0 || close_reported_) return;
+  close_reported_ = true;
+  // Destroyed by the owner from a fresh task: never from inside our own frames.
+  ClosedFn fn = on_closed_;
+  loop_.post([fn, this] { fn(this); });
+}
+
+void ServerSession::arm_keepalive() {
+  const auto period = std::chrono::milliseconds(loop_.config().keepalive_ms);
+  keepalive_timer_ = loop_.timers().add(Clock::now() + period, &ServerSession::on_keepalive, this, 0);
+}
+
+void ServerSession::on_keepalive(void* self_ptr, uint64_t) {
+  auto* self = static_cast<ServerSession*>(self_ptr);
+  self->keepalive_timer_ = 0;
+  if (self->closed_) return;
+  const Config& cfg = self->loop_.config();
+  const auto silent = Clock::now() - self->last_rx_;
+  if (silent >= std::chrono::milliseconds(cfg.peer_timeout_ms)) {
+    return self->close(fmt::format(
+        "peer silent for {} ms (peer_timeout_ms = {})",
+        std::chrono::duration_cast<std::chrono::milliseconds>(silent).count(), cfg.peer_timeout_ms));
+  }
+  if (silent >= std::chrono::milliseconds(cfg.keepalive_ms)) self->send_control(Kind::kPing, 0, 0, 0);
+  self->arm_keepalive();
+}
+
+}  // namespace slotrpc::core

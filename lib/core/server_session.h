@@ -1,0 +1,102 @@
+// The server side of one slot-ring session.
+//
+// A request arrives in slot i of this session's receive ring.  Its header
+// is validated against the ring and the slot's state (a client may only
+// write a slot whose previous reply it has received), the method is looked
+// up, the FlatBuffer is verified in place, and the handler runs on a fiber
+// with a builder over send slot i.  The reply goes back into slot i of the
+// client's ring, after which slot i may receive again.
+//
+// A malformed message closes this session only, with a logged reason; the
+// server's other sessions are not affected.  A session whose link is gone
+// stays alive until its last running handler returns (handlers read the
+// rings in place), then asks its owner to destroy it.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/method_table.h"
+#include "core/session_base.h"
+#include "core/slot_builder.h"
+#include "core/slot_ring.h"
+#include "reactor/reactor.h"
+
+namespace slotrpc::core {
+
+class ServerSession final : public SessionBase {
+ public:
+  struct Geometry {
+    uint32_t slot_count;
+    uint32_t slot_size;
+  };
+  using ClosedFn = std::function<void(ServerSession*)>;
+
+  // Loop thread.  `on_closed` runs (on the loop) once the session is closed
+  // and idle; the owner destroys the session then.
+  static Result<std::unique_ptr<ServerSession>> create(reactor::Reactor& loop,
+                                                       transport::Transport& transport,
+                                                       std::unique_ptr<transport::Link> link,
+                                                       Geometry geometry, const MethodTable& methods,
+                                                       std::string peer, ClosedFn on_closed);
+  ~ServerSession();
+
+  // Loop thread.
+  void close(std::string reason);
+  bool closed() const { return closed_; }
+  const std::string& peer() const { return peer_; }
+  uint32_t running_handlers() const { return running_; }
+
+ private:
+  enum class SlotState : uint8_t { kIdle, kRunning };
+  struct Slot {
+    SlotState state = SlotState::kIdle;
+    bool cancelled = false;
+    uint32_t generation = 0;
+    uint64_t request_id = 0;
+    uint32_t payload_len = 0;
+    uint32_t timeout_us = 0;
+    Clock::time_point received;
+    const MethodDescriptor* method = nullptr;
+  };
+
+  ServerSession(reactor::Reactor& loop, std::unique_ptr<transport::Link> link, Geometry g,
+                const MethodTable& methods, std::string peer, ClosedFn on_closed);
+
+  static void on_completion_thunk(SessionBase* s, const transport::Completion& c);
+  static void flush_thunk(SessionBase* s);
+  static void run_handler(void* self, uint64_t slot);
+  static void on_keepalive(void* self, uint64_t);
+
+  void on_message(const transport::Completion& c);
+  void on_control(const transport::Completion& c);
+  void send_reply(uint16_t slot, Status status);
+  void send_control(Kind kind, uint16_t slot, uint32_t generation, uint64_t request_id);
+  void protocol_error(std::string reason);
+  void flush();
+  void maybe_finished();
+  void arm_keepalive();
+
+  reactor::Reactor& loop_;
+  std::unique_ptr<transport::Link> link_;
+  Geometry geometry_;
+  const MethodTable& methods_;
+  std::string peer_;
+  ClosedFn on_closed_;
+  SlotRing recv_ring_;
+  SlotRing send_ring_;
+  std::vector<std::unique_ptr<SlotBuilder>> builders_;
+  std::vector<Slot> slots_;
+  std::vector<transport::Outgoing> outbox_;
+  std::vector<std::array<std::byte, kHeaderSize>> control_bytes_;
+  size_t control_used_ = 0;
+  uint32_t running_ = 0;
+  bool closed_ = false;
+  bool close_reported_ = false;
+  Clock::time_point last_rx_;
+  reactor::TimerHeap::TimerId keepalive_timer_ = 0;
+};
+
+}  // namespace slotrpc::core

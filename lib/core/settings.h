@@ -1,0 +1,37 @@
+// The table of every SLOTRPC_* setting: name, field, allowed range.
+//
+// Config parsing, validation and docs/tuning.md are all written from this
+// one table, so a new setting is added here and nowhere else (eRPC keeps its
+// tuning constants in one place for the same reason).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "slotrpc/config.h"
+
+namespace slotrpc::core {
+
+struct UintSetting {
+  std::string_view env;         // "SLOTRPC_SLOT_COUNT"
+  std::string_view field;       // "slot_count"
+  uint32_t Config::*member;
+  uint64_t min;
+  uint64_t max;
+  std::string_view meaning;
+};
+
+// Whole-number settings.  Enumerated ones (poll mode, transport, log level)
+// are parsed by name in config.cc.
+std::span<const UintSetting> uint_settings();
+
+// Largest ring geometry: a slot index travels in 16 bits of the immediate,
+// and slot_count * slot_size is one registered region per direction.
+inline constexpr uint32_t kMaxSlotCount = 4096;
+inline constexpr uint32_t kMinSlotSize = 256;
+inline constexpr uint32_t kMaxSlotSize = 64u << 20;
+inline constexpr uint64_t kMaxRingBytes = 4ull << 30;
+inline constexpr uint32_t kSlotSizeAlign = 64;
+
+}  // namespace slotrpc::core

@@ -1,0 +1,83 @@
+#include "core/wire_format.h"
+
+#include <cstring>
+
+namespace slotrpc::core {
+namespace {
+
+// Explicit little-endian stores: the wire order does not depend on the host.
+template <class T>
+void store_le(std::byte* p, T v) {
+  for (size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+}
+template <class T>
+T load_le(const std::byte* p) {
+  T v = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<T>(static_cast<T>(p[i]) << (8 * i));
+  return v;
+}
+
+bool is_single_kind(uint8_t flags) {
+  const uint8_t k = flags & kKindMask;
+  return (flags & ~kKindMask) == 0 && k != 0 && (k & (k - 1)) == 0;
+}
+
+}  // namespace
+
+void encode_header(const Header& h, std::byte* out) {
+  store_le<uint16_t>(out + 0, h.magic);
+  store_le<uint8_t>(out + 2, h.version);
+  store_le<uint8_t>(out + 3, h.flags);
+  store_le<uint32_t>(out + 4, h.method_id);
+  store_le<uint64_t>(out + 8, h.request_id);
+  store_le<uint32_t>(out + 16, h.payload_len);
+  store_le<uint16_t>(out + 20, h.slot);
+  store_le<uint16_t>(out + 22, h.status);
+  store_le<uint32_t>(out + 24, h.generation);
+  store_le<uint32_t>(out + 28, h.timeout_us);
+}
+
+Header decode_header(const std::byte* in) {
+  Header h;
+  h.magic = load_le<uint16_t>(in + 0);
+  h.version = load_le<uint8_t>(in + 2);
+  h.flags = load_le<uint8_t>(in + 3);
+  h.method_id = load_le<uint32_t>(in + 4);
+  h.request_id = load_le<uint64_t>(in + 8);
+  h.payload_len = load_le<uint32_t>(in + 16);
+  h.slot = load_le<uint16_t>(in + 20);
+  h.status = load_le<uint16_t>(in + 22);
+  h.generation = load_le<uint32_t>(in + 24);
+  h.timeout_us = load_le<uint32_t>(in + 28);
+  return h;
+}
+
+std::string_view to_string(HeaderError e) {
+  switch (e) {
+    case HeaderError::kOk: return "ok";
+    case HeaderError::kTooShort: return "message shorter than the 32-byte header";
+    case HeaderError::kBadMagic: return "bad magic";
+    case HeaderError::kBadVersion: return "unsupported protocol version";
+    case HeaderError::kBadKind: return "flags name no single known message kind";
+    case HeaderError::kBadLength: return "payload length disagrees with the bytes received or exceeds the slot";
+    case HeaderError::kBadSlot: return "slot index outside the ring";
+    case HeaderError::kSlotMismatch: return "header slot differs from the slot written";
+  }
+  return "?";
+}
+
+HeaderError validate_header(const Header& h, size_t received_bytes, uint32_t slot_count,
+                            uint32_t slot_size, uint16_t placed_slot) {
+  if (received_bytes < kHeaderSize) return HeaderError::kTooShort;
+  if (h.magic != kWireMagic) return HeaderError::kBadMagic;
+  if (h.version != kWireVersion) return HeaderError::kBadVersion;
+  if (!is_single_kind(h.flags)) return HeaderError::kBadKind;
+  if (uint64_t{h.payload_len} + kHeaderSize != received_bytes ||
+      uint64_t{h.payload_len} + kHeaderSize > slot_size)
+    return HeaderError::kBadLength;
+  if (h.slot >= slot_count) return HeaderError::kBadSlot;
+  if (h.slot != placed_slot) return HeaderError::kSlotMismatch;
+  return HeaderError::kOk;
+}
+
+}  // namespace slotrpc::core

@@ -1,0 +1,81 @@
+// The slotrpc message header: 32 bytes, little-endian, at the start of every
+// slot.  docs/protocol.md is the normative description; this file and that
+// one change together.
+//
+// Encoding and decoding never allocate and never throw: they run once per
+// message on the reactor's hot path.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+namespace slotrpc::core {
+
+inline constexpr uint16_t kWireMagic = 0x5253;  // bytes 'S' 'R' on the wire
+inline constexpr uint8_t kWireVersion = 1;
+inline constexpr size_t kHeaderSize = 32;
+
+// Exactly one kind bit is set in `flags`.
+enum class Kind : uint8_t {
+  kRequest = 0x01,  // client -> server, into the server's receive slot
+  kReply = 0x02,    // server -> client, OK, into the client's receive slot
+  kError = 0x04,    // server -> client, `status` != OK, payload = UTF-8 message
+  kCancel = 0x08,   // control: client abandons the call in `slot`/`generation`
+  kPing = 0x10,     // control: keepalive probe
+  kPong = 0x20,     // control: keepalive answer
+};
+inline constexpr uint8_t kKindMask = 0x3f;
+
+struct Header {
+  uint16_t magic = kWireMagic;
+  uint8_t version = kWireVersion;
+  uint8_t flags = 0;         // a Kind
+  uint32_t method_id = 0;    // see docs/protocol.md "Method ids"
+  uint64_t request_id = 0;   // unique per session and direction, never reused
+  uint32_t payload_len = 0;  // bytes after the header
+  uint16_t slot = 0;         // slot index in the receiver's ring
+  uint16_t status = 0;       // StatusCode of a kError message, else 0
+  uint32_t generation = 0;   // bumped by the client each time it reuses a slot
+  uint32_t timeout_us = 0;   // kRequest: time left before the caller's deadline, 0 = none
+
+  Kind kind() const { return static_cast<Kind>(flags & kKindMask); }
+};
+
+// Writes `h` into `out[0..32)`.
+void encode_header(const Header& h, std::byte* out);
+// Reads 32 bytes.  Performs no validation: see validate_header.
+Header decode_header(const std::byte* in);
+
+// Why a received header was refused.  kOk means well-formed.
+enum class HeaderError : uint8_t {
+  kOk,
+  kTooShort,
+  kBadMagic,
+  kBadVersion,
+  kBadKind,
+  kBadLength,
+  kBadSlot,
+  kSlotMismatch,
+};
+std::string_view to_string(HeaderError e);
+
+// Checks what can be checked without session state: magic, version, a single
+// known kind, payload_len against the received byte count and the slot size,
+// slot index against the ring and against the slot the transport placed the
+// bytes in.  Session-state checks (is that slot expecting this message?) are
+// done by the sessions.
+HeaderError validate_header(const Header& h, size_t received_bytes, uint32_t slot_count,
+                            uint32_t slot_size, uint16_t placed_slot);
+
+// Immediate data (RDMA WRITE_WITH_IMM, and the TCP frame prefix): the low
+// 16 bits are the slot index the bytes were written to, the high 16 the low
+// bits of the generation.  Transports read only the slot.
+constexpr uint32_t make_imm(uint16_t slot, uint32_t generation) {
+  return uint32_t{slot} | (generation << 16);
+}
+constexpr uint16_t imm_slot(uint32_t imm) { return static_cast<uint16_t>(imm & 0xffff); }
+constexpr uint16_t imm_generation(uint32_t imm) { return static_cast<uint16_t>(imm >> 16); }
+
+}  // namespace slotrpc::core

@@ -1,0 +1,160 @@
+#include "reactor/fiber_pool.h"
+
+#include <boost/context/protected_fixedsize_stack.hpp>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cassert>
+#include <exception>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define SLOTRPC_ASAN_FIBERS 1
+#endif
+
+namespace slotrpc::reactor {
+namespace {
+
+thread_local Fiber* tls_current = nullptr;
+
+// Boost.Context switches stacks behind AddressSanitizer's back; these tell
+// it which stack is live, or it reports false stack-buffer overflows.
+inline void asan_start_switch(void** fake_save, const void* bottom, size_t size) {
+#ifdef SLOTRPC_ASAN_FIBERS
+  __sanitizer_start_switch_fiber(fake_save, bottom, size);
+#else
+  (void)fake_save, (void)bottom, (void)size;
+#endif
+}
+inline void asan_finish_switch(void* fake_save, const void** bottom_old, size_t* size_old) {
+#ifdef SLOTRPC_ASAN_FIBERS
+  __sanitizer_finish_switch_fiber(fake_save, bottom_old, size_old);
+#else
+  (void)fake_save, (void)bottom_old, (void)size_old;
+#endif
+}
+
+// A protected stack (guard page below it: an overflow faults instead of
+// silently corrupting a neighbour) that remembers its bounds for ASan.
+class RecordingStack {
+ public:
+  RecordingStack(size_t size, Fiber* f) : inner_(size), fiber_(f) {}
+  boost::context::stack_context allocate() {
+    boost::context::stack_context sc = inner_.allocate();
+    fiber_->stack_size = sc.size;
+    fiber_->stack_bottom = static_cast<char*>(sc.sp) - sc.size;
+    return sc;
+  }
+  void deallocate(boost::context::stack_context& sc) noexcept { inner_.deallocate(sc); }
+
+ private:
+  boost::context::protected_fixedsize_stack inner_;
+  Fiber* fiber_;
+};
+
+}  // namespace
+
+FiberPool::FiberPool(size_t stack_bytes) : stack_bytes_(stack_bytes) {}
+
+FiberPool::~FiberPool() {
+  // Idle fibers wait at the bottom of fiber_main: let them return.
+  for (Fiber* f : all_) {
+    f->stopping = true;
+    if (f->self) {
+      // A fiber still suspended inside a task is unwound by Boost when its
+      // continuation is destroyed; an idle one simply returns.
+      if (std::find(idle_.begin(), idle_.end(), f) != idle_.end()) switch_into(f);
+    }
+  }
+  for (Fiber* f : all_) delete f;  // destroys (unwinds) anything still suspended
+}
+
+Fiber* FiberPool::current() { return tls_current; }
+
+void FiberPool::fiber_main(Fiber* f) {
+  for (;;) {
+    if (f->stopping) return;
+    try {
+      if (f->fn != nullptr) {
+        f->fn(f->ctx, f->arg);
+      } else if (f->task) {
+        f->task();
+      }
+    } catch (const boost::context::detail::forced_unwind&) {
+      throw;  // Boost unwinding a destroyed fiber: must propagate
+    } catch (const std::exception& e) {
+      // Tasks catch their own errors (handlers turn them into INTERNAL
+      // replies); reaching here is a bug, but must not kill the reactor.
+      spdlog::error("slotrpc: uncaught exception in fiber task: {}", e.what());
+    }
+    f->fn = nullptr;
+    f->task = nullptr;
+    FiberPool* pool = f->pool;
+    --pool->busy_;
+    pool->idle_.push_back(f);
+    suspend();
+  }
+}
+
+Fiber* FiberPool::acquire() {
+  if (!idle_.empty()) {
+    Fiber* f = idle_.back();
+    idle_.pop_back();
+    return f;
+  }
+  Fiber* f = new Fiber;
+  f->pool = this;
+  f->self = boost::context::fiber(
+      std::allocator_arg, RecordingStack(stack_bytes_, f),
+      [f](boost::context::fiber&& reactor) {
+        f->reactor = std::move(reactor);
+        asan_finish_switch(nullptr, &f->reactor_stack_bottom, &f->reactor_stack_size);
+        fiber_main(f);
+        // Final switch back; this stack is about to be released.
+        asan_start_switch(nullptr, f->reactor_stack_bottom, f->reactor_stack_size);
+        return std::move(f->reactor);
+      });
+  all_.push_back(f);
+  return f;
+}
+
+void FiberPool::switch_into(Fiber* f) {
+  Fiber* outer = tls_current;
+  assert(outer == nullptr && "fibers are resumed from the reactor, not from other fibers");
+  tls_current = f;
+  void* fake = nullptr;
+  asan_start_switch(&fake, f->stack_bottom, f->stack_size);
+  f->self = std::move(f->self).resume();
+  asan_finish_switch(fake, nullptr, nullptr);
+  tls_current = outer;
+}
+
+void FiberPool::start(Entry fn, void* ctx, uint64_t arg) {
+  Fiber* f = acquire();
+  f->fn = fn;
+  f->ctx = ctx;
+  f->arg = arg;
+  ++busy_;
+  switch_into(f);
+}
+
+void FiberPool::start(std::function<void()> task) {
+  Fiber* f = acquire();
+  f->fn = nullptr;
+  f->task = std::move(task);
+  ++busy_;
+  switch_into(f);
+}
+
+void FiberPool::resume(Fiber* f) { switch_into(f); }
+
+void FiberPool::suspend() {
+  Fiber* f = tls_current;
+  assert(f != nullptr && "suspend() outside a fiber");
+  void* fake = nullptr;
+  asan_start_switch(&fake, f->reactor_stack_bottom, f->reactor_stack_size);
+  f->reactor = std::move(f->reactor).resume();
+  asan_finish_switch(fake, &f->reactor_stack_bottom, &f->reactor_stack_size);
+}
+
+}  // namespace slotrpc::reactor

@@ -1,0 +1,195 @@
+#include "reactor/reactor.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include <spdlog/spdlog.h>
+
+namespace slotrpc::reactor {
+namespace {
+thread_local Reactor* tls_reactor = nullptr;
+}
+
+Reactor::Reactor(const Config& config, std::string name)
+    : config_(config),
+      name_(std::move(name)),
+      fibers_(size_t{config.fiber_stack_kb} * 1024) {
+  event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  if (event_fd_ < 0 || epoll_fd_ < 0) {
+    throw std::runtime_error(std::string("slotrpc reactor: ") + std::strerror(errno));
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = event_fd_;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, event_fd_, &ev);
+  ev.data.fd = tcp_.wait_fd();
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, tcp_.wait_fd(), &ev);
+  completions_.resize(config.poll_batch);
+}
+
+Reactor::~Reactor() {
+  stop();
+  // Tasks never run (posted after the loop ended) are destroyed here.
+  Task t;
+  while (inbox_.pop(t)) {
+  }
+  ::close(event_fd_);
+  ::close(epoll_fd_);
+}
+
+Reactor* Reactor::current() { return tls_reactor; }
+
+void Reactor::start() {
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Reactor::stop() {
+  if (!thread_.joinable()) return;
+  stop_.store(true);
+  ::eventfd_write(event_fd_, 1);
+  thread_.join();
+}
+
+void Reactor::post(Task task) {
+  inbox_.push(std::move(task));
+  wake();
+}
+
+void Reactor::run_or_post(Task task) {
+  if (on_this_thread()) {
+    task();
+  } else {
+    post(std::move(task));
+  }
+}
+
+void Reactor::wake() {
+  // Pairs with the fence in sleep_until_work(): either the loop sees the
+  // new task before sleeping, or we see that it sleeps and wake it.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (sleeping_.load(std::memory_order_relaxed)) ::eventfd_write(event_fd_, 1);
+}
+
+void Reactor::forget(core::SessionBase* s) {
+  if (!s->flush_queued) return;
+  s->flush_queued = false;
+  for (auto& p : flush_list_)
+    if (p == s) p = nullptr;
+  for (auto& p : flushing_)  // forgotten while another session flushes
+    if (p == s) p = nullptr;
+}
+
+void Reactor::loop() {
+  thread_id_.store(std::this_thread::get_id());
+  tls_reactor = this;
+  pthread_setname_np(pthread_self(), name_.substr(0, 15).c_str());
+  Clock::time_point idle_since = Clock::now();
+  while (!stop_.load(std::memory_order_relaxed)) {
+    if (run_turn()) {
+      idle_since = Clock::now();
+      continue;
+    }
+    switch (config_.poll_mode) {
+      case PollMode::kBusy:
+        break;
+      case PollMode::kBlocking:
+        sleep_until_work();
+        break;
+      case PollMode::kAdaptive:
+        if (Clock::now() - idle_since >= std::chrono::microseconds(config_.spin_us)) {
+          sleep_until_work();
+          idle_since = Clock::now();
+        }
+        break;
+    }
+  }
+  // Run what was posted before stop (e.g. session shutdowns), boundedly.
+  for (int i = 0; i < 100 && run_turn(); ++i) {
+  }
+  tls_reactor = nullptr;
+}
+
+bool Reactor::run_turn() {
+  bool worked = false;
+  ++stats_.turns;
+
+  // Cross-thread tasks; bounded so a flood cannot starve the network.
+  Task task;
+  for (int i = 0; i < 1024 && inbox_.pop(task); ++i) {
+    task();
+    task = nullptr;
+    worked = true;
+  }
+
+  // One batch of completions per transport.
+  const size_t n = tcp_.poll(completions_);
+  for (size_t i = 0; i < n; ++i) {
+    const transport::Completion& c = completions_[i];
+    auto* session = static_cast<core::SessionBase*>(c.context);
+    if (session != nullptr) session->on_completion(session, c);
+  }
+  stats_.completions += n;
+  worked |= n > 0;
+
+  if (timers_.live() != 0) {
+    const Clock::time_point now = Clock::now();
+    if (timers_.next_deadline() <= now) {
+      timers_.run_expired(now);
+      worked = true;
+    }
+  }
+
+  // Fibers woken during this turn (their awaited result arrived).
+  while (!ready_fibers_.empty()) {
+    running_fibers_.swap(ready_fibers_);
+    for (Fiber* f : running_fibers_) fibers_.resume(f);
+    running_fibers_.clear();
+    worked = true;
+  }
+
+  // One post per link for everything this turn produced.
+  while (!flush_list_.empty()) {
+    flushing_.swap(flush_list_);
+    for (core::SessionBase* s : flushing_) {
+      if (s == nullptr) continue;
+      s->flush_queued = false;
+      s->flush(s);
+    }
+    flushing_.clear();
+  }
+  return worked;
+}
+
+void Reactor::sleep_until_work() {
+  sleeping_.store(true, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!inbox_.empty() || !ready_fibers_.empty() || !tcp_.prepare_sleep() ||
+      stop_.load(std::memory_order_relaxed)) {
+    sleeping_.store(false, std::memory_order_relaxed);
+    return;
+  }
+  int timeout_ms = -1;
+  const Clock::time_point next = timers_.next_deadline();
+  if (next != Clock::time_point::max()) {
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now()).count();
+    timeout_ms = left < 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 60'000));
+  }
+  epoll_event events[4];
+  ++stats_.sleeps;
+  const int n = ::epoll_wait(epoll_fd_, events, 4, timeout_ms);
+  sleeping_.store(false, std::memory_order_relaxed);
+  for (int i = 0; i < n; ++i) {
+    if (events[i].data.fd == event_fd_) {
+      eventfd_t ignored;
+      ::eventfd_read(event_fd_, &ignored);
+    }
+  }
+}
+
+}  // namespace slotrpc::reactor

@@ -1,0 +1,110 @@
+// Reactor: one event loop on one thread.
+//
+// A turn: run tasks posted from other threads, poll every transport for a
+// batch of completions and hand each to its session, run due timers, then
+// let every session that queued messages flush them as one batch per link
+// (one writev / one doorbell).  Handlers run on pooled fibers, so a handler
+// that waits (for a nested RPC, a sleep) suspends its fiber, not the loop.
+//
+// Idle policy (Config::poll_mode): busy spins forever; blocking sleeps in
+// epoll as soon as a turn finds nothing; adaptive spins for spin_us first.
+// Other threads wake a sleeping reactor through an eventfd, written only
+// when the reactor has announced that it sleeps.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/session_base.h"
+#include "reactor/fiber_pool.h"
+#include "reactor/mpsc_queue.h"
+#include "reactor/timer_heap.h"
+#include "slotrpc/config.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace slotrpc::reactor {
+
+class Reactor {
+ public:
+  using Task = std::function<void()>;
+
+  Reactor(const Config& config, std::string name);
+  ~Reactor();  // stops and joins the thread
+  Reactor(const Reactor&) = delete;
+  Reactor& operator=(const Reactor&) = delete;
+
+  // Starts the loop on a new thread.
+  void start();
+  // Asks the loop to finish; joins.  Tasks already posted still run.
+  void stop();
+
+  const std::string& name() const { return name_; }
+  const Config& config() const { return config_; }
+  bool on_this_thread() const { return std::this_thread::get_id() == thread_id_.load(); }
+  // The reactor whose loop runs on the calling thread, or nullptr.
+  static Reactor* current();
+
+  // Any thread.  Runs `task` on the loop thread, in order.
+  void post(Task task);
+  // Runs `task` on the loop now if called on the loop thread, else posts it.
+  void run_or_post(Task task);
+
+  // Loop thread.  Runs `task` on a fiber (it may suspend).
+  void spawn(Task task) { fibers_.start(std::move(task)); }
+  void spawn(FiberPool::Entry fn, void* ctx, uint64_t arg) { fibers_.start(fn, ctx, arg); }
+  // Loop thread.  Schedules a suspended fiber to continue in this turn.
+  void make_ready(Fiber* f) { ready_fibers_.push_back(f); }
+
+  TimerHeap& timers() { return timers_; }
+  transport::TcpTransport& tcp() { return tcp_; }
+
+  // Loop thread.  The session's flush() runs at the end of this turn.
+  void request_flush(core::SessionBase* s) {
+    if (!s->flush_queued) {
+      s->flush_queued = true;
+      flush_list_.push_back(s);
+    }
+  }
+  // Loop thread.  Drops a session from the flush list (it is going away).
+  void forget(core::SessionBase* s);
+
+  // Counters for tests and benchmarks (loop thread or after stop()).
+  struct Stats {
+    uint64_t turns = 0;
+    uint64_t sleeps = 0;
+    uint64_t completions = 0;
+  };
+  const Stats& stats() const { return stats_; }
+
+ private:
+  void loop();
+  bool run_turn();  // true if it did any work
+  void sleep_until_work();
+  void wake();
+
+  Config config_;
+  std::string name_;
+  std::thread thread_;
+  std::atomic<std::thread::id> thread_id_{};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> sleeping_{false};
+  int event_fd_ = -1;
+  int epoll_fd_ = -1;
+
+  MpscQueue<Task> inbox_;
+  TimerHeap timers_;
+  FiberPool fibers_;
+  std::vector<Fiber*> ready_fibers_;
+  std::vector<Fiber*> running_fibers_;
+  std::vector<core::SessionBase*> flush_list_;
+  std::vector<core::SessionBase*> flushing_;
+  std::vector<transport::Completion> completions_;
+  transport::TcpTransport tcp_;
+  Stats stats_;
+};
+
+}  // namespace slotrpc::reactor

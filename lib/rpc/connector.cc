@@ -1,0 +1,171 @@
+#include "rpc/connector.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+
+namespace slotrpc::rpc {
+namespace {
+
+int ms_left(Deadline deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  deadline - std::chrono::steady_clock::now())
+                  .count();
+  return left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 1 << 30));
+}
+
+// Waits for `events` on fd; false on timeout.
+bool wait_fd(int fd, short events, Deadline deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    int r = ::poll(&p, 1, ms_left(deadline));
+    if (r > 0) return true;
+    if (r == 0) return false;
+    if (errno != EINTR) return false;
+  }
+}
+
+std::string endpoint_name(const sockaddr_storage& ss) {
+  namespace ip = boost::asio::ip;
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    ip::address_v4 addr(ntohl(a->sin_addr.s_addr));
+    return fmt::format("{}:{}", addr.to_string(), ntohs(a->sin_port));
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    ip::address_v6::bytes_type b;
+    std::memcpy(b.data(), &a->sin6_addr, 16);
+    return fmt::format("[{}]:{}", ip::address_v6(b).to_string(), ntohs(a->sin6_port));
+  }
+  return "?";
+}
+
+}  // namespace
+
+Result<Endpoint> parse_address(std::string_view address) {
+  auto invalid = [&](std::string_view why) {
+    return Status(StatusCode::kInvalidArgument,
+                  fmt::format("invalid address '{}': {} (expected host:port or [v6]:port)", address, why));
+  };
+  Endpoint ep;
+  std::string_view port_text;
+  if (!address.empty() && address.front() == '[') {
+    const size_t close = address.find(']');
+    if (close == std::string_view::npos || close + 1 >= address.size() || address[close + 1] != ':')
+      return invalid("unterminated [v6] address");
+    ep.host = std::string(address.substr(1, close - 1));
+    port_text = address.substr(close + 2);
+  } else {
+    const size_t colon = address.rfind(':');
+    if (colon == std::string_view::npos) return invalid("no port");
+    ep.host = std::string(address.substr(0, colon));
+    port_text = address.substr(colon + 1);
+  }
+  if (ep.host.empty()) return invalid("empty host");
+  unsigned port = 0;
+  auto [p, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (port_text.empty() || ec != std::errc() || p != port_text.data() + port_text.size() || port > 65535)
+    return invalid("port must be a number from 0 to 65535");
+  ep.port = static_cast<uint16_t>(port);
+  return ep;
+}
+
+Result<int> connect_tcp(const Endpoint& to, Deadline deadline) {
+  namespace asio = boost::asio;
+  using asio::ip::tcp;
+  asio::io_context io;
+  boost::system::error_code ec;
+  tcp::resolver resolver(io);
+  auto results = resolver.resolve(to.host, std::to_string(to.port), ec);
+  if (ec) {
+    return Status(StatusCode::kUnavailable,
+                  fmt::format("cannot resolve {}: {}", to.host, ec.message()));
+  }
+  std::string last_error = "no addresses";
+  for (const auto& entry : results) {
+    tcp::socket sock(io);
+    sock.open(entry.endpoint().protocol(), ec);
+    if (ec) {
+      last_error = ec.message();
+      continue;
+    }
+    sock.non_blocking(true, ec);
+    sock.connect(entry.endpoint(), ec);
+    if (ec == asio::error::in_progress || ec == asio::error::would_block) {
+      if (!wait_fd(sock.native_handle(), POLLOUT, deadline)) {
+        last_error = "connect timed out";
+        continue;
+      }
+      int err = 0;
+      socklen_t len = sizeof err;
+      ::getsockopt(sock.native_handle(), SOL_SOCKET, SO_ERROR, &err, &len);
+      ec = err == 0 ? boost::system::error_code()
+                    : boost::system::error_code(err, boost::system::system_category());
+    }
+    if (ec) {
+      last_error = ec.message();
+      continue;
+    }
+    sock.non_blocking(false, ec);
+    sock.set_option(tcp::no_delay(true), ec);
+    return sock.release();
+  }
+  return Status(StatusCode::kUnavailable,
+                fmt::format("cannot connect to {}:{}: {}", to.host, to.port, last_error));
+}
+
+Status write_all(int fd, std::span<const std::byte> data, Deadline deadline) {
+  size_t done = 0;
+  while (done < data.size()) {
+    if (!wait_fd(fd, POLLOUT, deadline)) return Status(StatusCode::kUnavailable, "handshake write timed out");
+    ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return Status(StatusCode::kUnavailable, fmt::format("handshake write: {}", std::strerror(errno)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return {};
+}
+
+Status read_exact(int fd, std::span<std::byte> data, Deadline deadline) {
+  size_t done = 0;
+  while (done < data.size()) {
+    if (!wait_fd(fd, POLLIN, deadline)) return Status(StatusCode::kUnavailable, "handshake read timed out");
+    ssize_t n = ::recv(fd, data.data() + done, data.size() - done, MSG_DONTWAIT);
+    if (n == 0) return Status(StatusCode::kUnavailable, "peer closed the connection during the handshake");
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return Status(StatusCode::kUnavailable, fmt::format("handshake read: {}", std::strerror(errno)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return {};
+}
+
+std::string peer_name(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+  return endpoint_name(ss);
+}
+
+std::string local_name(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+  return endpoint_name(ss);
+}
+
+}  // namespace slotrpc::rpc

@@ -1,0 +1,136 @@
+// TCP transport: slot-ring frames over a stream socket (Boost.Asio socket,
+// non-blocking, TCP_NODELAY), for hosts without an RDMA device.
+//
+// Frame on the wire (little-endian):
+//   u32 word   bit 31 = lane (0 slot, 1 control), bits 0..30 = body length
+//   u32 imm    core::make_imm(slot, generation)
+//   body       `length` bytes: header + payload (slot lane, written straight
+//              into the receive slot) or one 32-byte header (control lane)
+//
+// Copies, for docs/design.md: sending is writev() straight from the send
+// slot (the kernel copies into the socket buffer).  Receiving, recv() fills a
+// per-link staging buffer and the body is copied into the slot; a body
+// larger than kDirectReadThreshold that has not arrived yet is read by recv()
+// straight into the slot instead.
+//
+// Busy-poll vs blocking is the reactor's business: poll() never blocks, and
+// wait_fd() is this transport's epoll fd, which the reactor sleeps on.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <array>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace slotrpc::transport {
+
+class TcpTransport;
+
+class TcpLink final : public Link {
+ public:
+  ~TcpLink() override;  // deregisters from the transport, drops queued completions
+
+  // send_ring is not needed: sendmsg reads slot bodies from any memory.
+  Status attach(const MemoryRegion& receive_ring, const MemoryRegion& send_ring,
+                uint32_t slot_count, uint32_t slot_size, void* context) override;
+  void post(std::span<const Outgoing> batch) override;
+  void close(std::string reason) override;
+  std::string describe() const override { return description_; }
+
+ private:
+  friend class TcpTransport;
+  TcpLink(TcpTransport& owner, boost::asio::ip::tcp::socket socket, std::string description);
+
+  // Both are called by TcpTransport::poll when epoll reports the socket.
+  // drain_all: keep reading past the fairness budget (the socket reported
+  // an error or hang-up, so what is still buffered must be taken now).
+  void on_readable(bool drain_all = false);
+  void on_writable();
+  void flush_pending();
+  void fail(std::string reason);
+  void update_epoll_interest();
+  // Receive state machine helpers; return false once the link has failed.
+  bool parse_staging();
+  bool begin_frame(uint32_t word, uint32_t imm);
+  void finish_frame();
+
+  struct PendingWrite {
+    // The 8-byte prefix, followed (control lane) by the 32-byte body, so a
+    // control frame is one contiguous iovec.
+    std::array<std::byte, 8 + core::kHeaderSize> head;
+    uint32_t head_len = 0;             // 8 (slot lane) or 40 (control lane)
+    const std::byte* body = nullptr;   // slot lane body, not copied
+    uint32_t body_len = 0;
+    uint32_t sent = 0;  // bytes of head + body already written
+  };
+
+  TcpTransport& owner_;
+  boost::asio::ip::tcp::socket socket_;
+  std::string description_;
+  void* context_ = nullptr;
+  MemoryRegion ring_{};
+  uint32_t slot_count_ = 0;
+  uint32_t slot_size_ = 0;
+  bool attached_ = false;
+  bool down_ = false;
+  bool want_write_ = false;  // EPOLLOUT currently requested
+  bool in_epoll_ = false;
+
+  // Outgoing frames not yet fully written; head_ is the first unsent one.
+  std::vector<PendingWrite> pending_;
+  size_t pending_head_ = 0;
+
+  // Receive state machine.
+  std::vector<std::byte> staging_;  // bytes read but not consumed
+  size_t staging_begin_ = 0;
+  size_t staging_end_ = 0;
+  bool in_body_ = false;
+  uint32_t body_len_ = 0;
+  uint32_t body_got_ = 0;
+  uint32_t body_imm_ = 0;
+  bool body_control_ = false;
+  std::byte* body_dest_ = nullptr;  // slot memory or control_body_
+  std::array<std::byte, core::kHeaderSize> control_body_{};
+};
+
+class TcpTransport final : public Transport {
+ public:
+  TcpTransport();
+  ~TcpTransport() override;
+
+  // Takes ownership of a connected socket (handshake already done on it).
+  // Sets O_NONBLOCK and TCP_NODELAY and watches it with epoll.
+  Result<std::unique_ptr<TcpLink>> adopt(int fd, std::string description);
+
+  std::string_view name() const override { return "tcp"; }
+  Result<MemoryRegion> register_memory(std::span<std::byte> memory, Access access) override;
+  void deregister(MemoryRegion& region) override;
+  size_t poll(std::span<Completion> out) override;
+  int wait_fd() const override { return epoll_fd_; }
+  bool prepare_sleep() override { return ready_head_ == ready_.size(); }
+
+  static constexpr size_t kStagingBytes = 256 * 1024;
+  static constexpr uint32_t kDirectReadThreshold = 16 * 1024;
+  static constexpr uint32_t kControlLaneBit = 0x8000'0000u;
+
+ private:
+  friend class TcpLink;
+  void push_completion(const Completion& c) { ready_.push_back(c); }
+  void forget(TcpLink* link);  // purge queued completions of a dying link
+
+  boost::asio::io_context io_;  // owns the sockets; never run (we poll with epoll)
+  int epoll_fd_ = -1;
+  int epoll_errno_ = 0;  // why epoll_create1 failed, reported by adopt()
+  size_t live_links_ = 0;  // links must not outlive the transport (they use io_)
+  std::vector<iovec> iov_;  // writev scratch shared by all links (one thread)
+  std::vector<Completion> ready_;
+  size_t ready_head_ = 0;
+};
+
+}  // namespace slotrpc::transport

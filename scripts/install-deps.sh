@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Install the Debian packages slotrpc needs to build and test.
+#
+# Idempotent: queries dpkg for each package and, only if something is missing,
+# runs `apt-get update` followed by an install of just the missing packages.
+# When everything is already installed it touches nothing (no apt-get at all).
+# Only Debian's package mirrors are used; nothing else is downloaded.
+set -euo pipefail
+
+# ---------------------------------------------------------------------------
+# Required Debian packages (the single source of truth for dependencies).
+# ---------------------------------------------------------------------------
+PACKAGES=(
+  # Toolchain / build system
+  g++
+  meson
+  ninja-build
+  pkg-config
+  # RDMA verbs (transport/verbs) and tools (ibv_devices, ibv_devinfo, ...)
+  libibverbs-dev
+  rdma-core
+  ibverbs-utils
+  # Libraries
+  libboost-dev
+  libboost-context-dev
+  libflatbuffers-dev
+  flatbuffers-compiler
+  libspdlog-dev
+  libfmt-dev
+  # Tests
+  doctest-dev
+  # --- VM-based RDMA/soft-RoCE test environment (added by a later issue) ---
+  # Add here: qemu-system-x86 busybox-static cpio perftest <kernel package>
+)
+
+log() { printf 'install-deps: %s\n' "$*"; }
+die() { printf 'install-deps: error: %s\n' "$*" >&2; exit 1; }
+
+command -v dpkg-query >/dev/null 2>&1 \
+  || die "dpkg-query not found; this script supports Debian/Ubuntu only"
+
+# A package counts as installed when dpkg reports status "<want> ok installed"
+# (e.g. "install ok installed" or "hold ok installed"). One status per line so
+# that Multi-Arch packages installed for several architectures are handled.
+is_installed() {
+  local status
+  status=$(dpkg-query -W -f='${Status}\n' "$1" 2>/dev/null) || return 1
+  grep -q ' ok installed$' <<<"$status"
+}
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  is_installed "$pkg" || missing+=("$pkg")
+done
+
+if ((${#missing[@]} == 0)); then
+  log "all ${#PACKAGES[@]} required packages are already installed"
+  exit 0
+fi
+
+log "missing packages: ${missing[*]}"
+
+SUDO=()
+if ((EUID != 0)); then
+  if command -v sudo >/dev/null 2>&1; then
+    SUDO=(sudo)
+  else
+    die "not running as root and sudo is not available; install as root: apt-get install ${missing[*]}"
+  fi
+fi
+
+"${SUDO[@]}" apt-get update
+# `env` so the variable survives sudo's environment reset.
+"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y --no-install-recommends "${missing[@]}"
+
+still_missing=()
+for pkg in "${missing[@]}"; do
+  is_installed "$pkg" || still_missing+=("$pkg")
+done
+((${#still_missing[@]} == 0)) \
+  || die "packages still not installed after apt-get: ${still_missing[*]}"
+
+log "installed: ${missing[*]}"

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The complete slotrpc test suite (this is what CI runs via .ci/run).
+#
+#   ./scripts/test.sh
+#
+# Phases, each failing fast with a non-zero exit:
+#   1. install dependencies        (scripts/install-deps.sh)
+#   2. build/      debugoptimized  -> meson setup, compile, test
+#   3. build-asan/ debug + ASan/UBSan -> meson setup, compile, test
+# and finally prints one line "N passed, N failed[, N skipped]" summed over
+# both meson test runs.
+#
+# Environment:
+#   SLOTRPC_TEST_SKIP_ASAN=1  skip phase 3 for quick local iteration.
+#                             CI never sets this: CI always runs both phases.
+set -euo pipefail
+
+ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+TEST_PROCESSES=2
+
+TOTAL_PASSED=0
+TOTAL_FAILED=0
+TOTAL_SKIPPED=0
+
+banner() {
+  printf '\n'
+  printf '=%.0s' {1..78}
+  printf '\n==== %s\n' "$*"
+  printf '=%.0s' {1..78}
+  printf '\n'
+}
+
+die() { printf 'test.sh: error: %s\n' "$*" >&2; exit 1; }
+
+print_summary() {
+  local line="$TOTAL_PASSED passed, $TOTAL_FAILED failed"
+  ((TOTAL_SKIPPED > 0)) && line+=", $TOTAL_SKIPPED skipped"
+  printf '%s\n' "$line"
+}
+
+# meson_setup DIR ARGS...: configure DIR, or reconfigure it if it already is.
+meson_setup() {
+  local dir=$1; shift
+  if [[ -f "$dir/meson-private/coredata.dat" ]]; then
+    meson setup --reconfigure "$dir" "$@"
+  else
+    meson setup "$dir" "$@"
+  fi
+}
+
+# summary_count LOG LABEL: the number on meson's last "LABEL: N" summary line
+# in LOG (empty if absent). Anchored at line start, so "Fail:" does not match
+# "Expected Fail:"; the last match wins, so test output printed by
+# --print-errorlogs cannot shadow the real summary at the end.
+summary_count() {
+  sed -e 's/\x1b\[[0-9;]*[A-Za-z]//g' -e 's/\r$//' "$1" \
+    | grep -E "^$2:[[:space:]]+[0-9]+[[:space:]]*$" \
+    | tail -n 1 | awk '{print $NF}' || true
+}
+
+# run_meson_tests DIR: run meson test in DIR, streaming output and teeing it
+# to a log, add its summary to the totals, and fail fast if it failed.
+run_meson_tests() {
+  local dir=$1
+  local log="$dir/meson-logs/test-sh-output.log"
+  mkdir -p "$dir/meson-logs"
+
+  local rc=0
+  meson test -C "$dir" --print-errorlogs --num-processes "$TEST_PROCESSES" 2>&1 \
+    | tee "$log" || rc=$?
+
+  local ok xfail fail upass skipped timeout
+  ok=$(summary_count "$log" 'Ok')
+  xfail=$(summary_count "$log" 'Expected Fail')
+  fail=$(summary_count "$log" 'Fail')
+  upass=$(summary_count "$log" 'Unexpected Pass')
+  skipped=$(summary_count "$log" 'Skipped')
+  timeout=$(summary_count "$log" 'Timeout')
+
+  if [[ -z "$ok" || -z "$fail" ]]; then
+    if ((rc != 0)); then
+      printf 'test.sh: meson test in %s failed (exit %d) without a summary\n' "$dir" "$rc" >&2
+      print_summary
+      exit "$rc"
+    fi
+    if grep -q 'No tests defined' "$log"; then
+      printf 'test.sh: WARNING: no tests are defined in %s\n' "$dir" >&2
+      return 0
+    fi
+    die "could not parse meson test summary from $log"
+  fi
+
+  TOTAL_PASSED=$((TOTAL_PASSED + ok + ${xfail:-0}))
+  TOTAL_FAILED=$((TOTAL_FAILED + fail + ${upass:-0} + ${timeout:-0}))
+  TOTAL_SKIPPED=$((TOTAL_SKIPPED + ${skipped:-0}))
+
+  if ((rc != 0)); then
+    printf 'test.sh: meson test in %s failed (exit %d)\n' "$dir" "$rc" >&2
+    print_summary
+    exit "$rc"
+  fi
+}
+
+# build_and_test DIR SETUP_ARGS...
+build_and_test() {
+  local dir=$1; shift
+  banner "[$dir] meson setup $*"
+  meson_setup "$dir" "$@"
+  banner "[$dir] meson compile"
+  meson compile -C "$dir"
+  banner "[$dir] meson test"
+  run_meson_tests "$dir"
+}
+
+# --- 1. dependencies ---------------------------------------------------------
+banner "Installing dependencies"
+./scripts/install-deps.sh
+
+# --- 2. regular build --------------------------------------------------------
+build_and_test build --buildtype=debugoptimized
+
+# --- 3. sanitizer build ------------------------------------------------------
+# SLOTRPC_TEST_SKIP_ASAN=1 is for local iteration only; CI never sets it.
+if [[ "${SLOTRPC_TEST_SKIP_ASAN:-0}" == 1 ]]; then
+  banner "Skipping ASan/UBSan phase (SLOTRPC_TEST_SKIP_ASAN=1)"
+else
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  build_and_test build-asan --buildtype=debug \
+    -Db_sanitize=address,undefined -Db_lundef=false
+fi
+
+banner "Summary"
+print_summary
