@@ -5,7 +5,7 @@
 #
 # Phases, each failing fast with a non-zero exit:
 #   1. install dependencies        (scripts/install-deps.sh)
-#   2. build/      debugoptimized  -> meson setup, compile, test
+#   2. build-test/ debugoptimized  -> meson setup, compile, test
 #   3. build-asan/ debug + ASan/UBSan -> meson setup, compile, test
 # and finally prints one line "N passed, N failed[, N skipped]" summed over
 # both meson test runs.
@@ -119,7 +119,7 @@ banner "Installing dependencies"
 ./scripts/install-deps.sh
 
 # --- 2. regular build --------------------------------------------------------
-build_and_test build --buildtype=debugoptimized
+build_and_test build-test --buildtype=debugoptimized
 
 # --- 3. sanitizer build ------------------------------------------------------
 # SLOTRPC_TEST_SKIP_ASAN=1 is for local iteration only; CI never sets it.

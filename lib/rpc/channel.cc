@@ -15,6 +15,7 @@
 #include "core/logging.h"
 #include "reactor/reactor.h"
 #include "rpc/connector.h"
+#include "transport/verbs/device_probe.h"
 
 namespace slotrpc {
 
@@ -87,8 +88,9 @@ Result<std::unique_ptr<Channel>> Channel::connect(const std::string& address, Co
   impl->kind = TransportKind::kTcp;
   impl->slot_count = cfg->slot_count;
   impl->slot_size = cfg->slot_size;
-  spdlog::info("slotrpc: channel to {} uses tcp ({}; auto chose tcp: no verbs transport in this build)",
-               impl->peer, to_string(cfg->transport));
+  spdlog::info("slotrpc: channel to {} uses tcp (transport={}; RDMA devices here: {}; this build "
+               "has no verbs transport yet)",
+               impl->peer, to_string(cfg->transport), transport::verbs::describe_devices());
   impl->loop = std::make_unique<reactor::Reactor>(*cfg, "slotrpc-chan");
   impl->loop->start();
 
@@ -98,10 +100,7 @@ Result<std::unique_ptr<Channel>> Channel::connect(const std::string& address, Co
   p->loop->post([p, sock, &ready] {
     const std::string description = fmt::format("tcp {} -> {}", rpc::local_name(sock), p->peer);
     auto link = p->loop->tcp().adopt(sock, description);
-    if (!link.ok()) {
-      ::close(sock);
-      return ready.set_value(link.status());
-    }
+    if (!link.ok()) return ready.set_value(link.status());  // adopt() closed the fd
     auto session = core::ClientSession::create(
         *p->loop, p->loop->tcp(), std::move(link.value()),
         core::ClientSession::Geometry{p->slot_count, p->slot_size}, p->peer);

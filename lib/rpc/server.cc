@@ -193,9 +193,8 @@ void Server::Impl::adopt(size_t index, int fd, core::ServerSession::Geometry g, 
     return;
   }
   auto link = loop.tcp().adopt(fd, fmt::format("tcp {} -> {}", rpc::local_name(fd), peer));
-  if (!link.ok()) {
+  if (!link.ok()) {  // adopt() has closed the fd
     spdlog::warn("slotrpc: cannot serve {}: {}", peer, link.status().message());
-    ::close(fd);
     return;
   }
   auto session = core::ServerSession::create(

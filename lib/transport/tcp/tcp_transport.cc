@@ -1,6 +1,5 @@
 #include "transport/tcp/tcp_transport.h"
 
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>

@@ -1,0 +1,3 @@
+// PLACEHOLDER: being written; must be replaced before commit.
+#include <doctest/doctest.h>
+TEST_CASE("placeholder ${n}") { CHECK(true); }
