@@ -132,6 +132,14 @@ Reply<Pong> get_pong(Future<RawReply>& f, uint64_t expect_seq) {
   return r;
 }
 
+// Verifies a raw reply as Pong and returns its seq.
+uint64_t seq_of(const RawReply& r) {
+  REQUIRE(r.ok());
+  flatbuffers::Verifier v(r.data(), r.size());
+  REQUIRE(v.VerifyBuffer<Pong>(nullptr));
+  return flatbuffers::GetRoot<Pong>(r.data())->seq();
+}
+
 bool all_free(const Channel::Stats& s) {
   return s.free_slots == kSlots && s.in_flight == 0 && s.queued == 0 && s.held_replies == 0 &&
          s.zombies == 0;
@@ -154,8 +162,12 @@ TEST_CASE("credits: held replies consume credits; a release lets a queued call g
   Harness h;
   std::vector<Future<RawReply>> futures;
   for (uint64_t i = 0; i < kSlots; ++i) futures.push_back(h.echo(100 + i));
-  std::vector<Reply<Pong>> held;
-  for (uint64_t i = 0; i < kSlots; ++i) held.push_back(get_pong(futures[i], 100 + i));
+  std::vector<RawReply> held;
+  for (uint64_t i = 0; i < kSlots; ++i) {
+    held.push_back(get_within(futures[i]));
+    REQUIRE_MESSAGE(held.back().ok(), held.back().status().to_string());
+    CHECK(seq_of(held.back()) == 100 + i);
+  }
 
   auto s = h.channel->stats();
   CHECK(s.free_slots == 0);
@@ -176,27 +188,45 @@ TEST_CASE("credits: held replies consume credits; a release lets a queued call g
   CHECK(h.channel->stats().queued == 1);
 
   // The held replies are intact: nothing overwrote their slots.
-  for (uint64_t i = 0; i < kSlots; ++i) CHECK(held[i]->seq() == 100 + i);
+  for (uint64_t i = 0; i < kSlots; ++i) CHECK(seq_of(held[i]) == 100 + i);
 
-  SUBCASE("release() frees the credit") {
+  SUBCASE("RawReply::release() frees the credit") {
     held[1].release();
-    CHECK(held[1].message() == nullptr);
-    CHECK(held[1].raw().payload().empty());
+    CHECK(held[1].payload().empty());
+    CHECK(held[1].ok());  // the status stays
+    held[1].release();    // twice is harmless
   }
-  SUBCASE("destroying the reply frees the credit") {
+  SUBCASE("destroying the RawReply frees the credit") {
     held.erase(held.begin() + 1);
   }
-  SUBCASE("RawReply::release() frees the credit") {
-    RawReply raw = get_within(futures.emplace_back(h.echo(0)), 1ms);  // placeholder, never used
-    (void)raw;
+  SUBCASE("move-assigning over the RawReply frees the credit") {
+    held[1] = RawReply();
+  }
+  SUBCASE("Reply<T>::release() frees the credit") {
+    Reply<Pong> typed(std::move(held[1]));
+    REQUIRE(typed.ok());
+    CHECK(typed->seq() == 101);
+    typed.release();
+    CHECK(typed.message() == nullptr);
   }
 
   Reply<Pong> fifth_reply = get_pong(fifth, 999);
   CHECK(h.handled.load() == static_cast<int>(kSlots) + 1);
   s = h.wait_stats([](const Channel::Stats& st) { return st.queued == 0 && st.in_flight == 0; });
   CHECK(s.queued == 0);
+  CHECK(s.in_flight == 0);
   CHECK(s.free_slots == 0);
   CHECK(s.held_replies == kSlots);  // three old ones plus the fifth
+
+  // The replies still held were not disturbed by the fifth call.
+  for (const RawReply& r : held) {
+    if (!r.payload().empty()) {
+      const uint64_t seq = seq_of(r);
+      CHECK(seq >= 100);
+      CHECK(seq < 100 + kSlots);
+      CHECK(seq != 101);
+    }
+  }
 
   // Everything dropped: all credits come back.
   held.clear();
@@ -206,4 +236,173 @@ TEST_CASE("credits: held replies consume credits; a release lets a queued call g
   CHECK(s.held_replies == 0);
   CHECK(s.in_flight == 0);
   CHECK(s.queued == 0);
+  CHECK(s.zombies == 0);
+}
+
+TEST_CASE("credits: 200 calls through 4 slots all complete (future form)") {
+  Harness h;
+  constexpr uint64_t kCalls = 200;
+  std::vector<Future<RawReply>> futures;
+  futures.reserve(kCalls);
+  // Submitted all at once: at most 4 are in flight, the rest queue.
+  for (uint64_t i = 0; i < kCalls; ++i) futures.push_back(h.echo(i, i % 3 == 0 ? 1 : 0));
+  // No reply has been taken out of its future yet, so no credit can have
+  // come back: 4 calls hold the slots (in flight or answered) and 196 wait.
+  const auto during = h.channel->stats();
+  CHECK(during.free_slots == 0);
+  CHECK(during.in_flight + during.held_replies == kSlots);
+  CHECK(during.queued == kCalls - kSlots);
+
+  for (uint64_t i = 0; i < kCalls; ++i) {
+    CAPTURE(i);
+    Reply<Pong> r = get_pong(futures[i], i);  // dropped at once: its credit returns
+  }
+  CHECK(h.handled.load() == static_cast<int>(kCalls));
+  const auto s = h.wait_stats(all_free);
+  CHECK(s.free_slots == kSlots);
+  CHECK(s.in_flight == 0);
+  CHECK(s.queued == 0);
+  CHECK(s.held_replies == 0);
+  CHECK(s.zombies == 0);
+  CHECK_FALSE(s.closed);
+}
+
+TEST_CASE("credits: 200 calls through 4 slots all complete (callback form)") {
+  Harness h;
+  constexpr uint64_t kCalls = 200;
+  std::atomic<uint64_t> done{0};
+  std::atomic<uint64_t> wrong{0};
+  std::vector<std::atomic<int>> seen(kCalls);
+  for (uint64_t i = 0; i < kCalls; ++i) {
+    h.channel->call(
+        kEcho,
+        [i](flatbuffers::FlatBufferBuilder& fbb) {
+          fbb.Finish(slotrpc::test::CreatePing(fbb, i, 0, 0, i % 5 == 0 ? 1 : 0));
+        },
+        {},
+        [&, i](RawReply&& raw) {
+          // Dropping the reply here (on the loop) returns its credit at once.
+          Reply<Pong> r(std::move(raw));
+          if (!r.ok() || r->seq() != i) wrong.fetch_add(1);
+          if (r.ok() && r->seq() < kCalls) seen[r->seq()].fetch_add(1);
+          done.fetch_add(1);
+        });
+  }
+  {
+    // Sinks drop their replies at once, so nothing is held between turns;
+    // every slot is either free or carries a call.
+    const auto s = h.channel->stats();
+    CHECK(s.held_replies == 0);
+    CHECK(s.free_slots + s.in_flight == kSlots);
+    CHECK(s.queued <= kCalls - kSlots);
+  }
+  const auto give_up = std::chrono::steady_clock::now() + kWait;
+  while (done.load() < kCalls && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(1ms);
+  }
+  REQUIRE(done.load() == kCalls);
+  CHECK(wrong.load() == 0);
+  for (uint64_t i = 0; i < kCalls; ++i) {
+    CAPTURE(i);
+    CHECK(seen[i].load() == 1);
+  }
+  const auto s = h.wait_stats(all_free);
+  CHECK(s.free_slots == kSlots);
+  CHECK(s.in_flight == 0);
+  CHECK(s.queued == 0);
+  CHECK(s.held_replies == 0);
+}
+
+TEST_CASE("credits: queued calls run in submission order") {
+  Harness h;
+  // Hold all credits so that the next calls queue, then let them go one by
+  // one: each release must complete the oldest queued call.
+  std::vector<Future<RawReply>> first;
+  for (uint64_t i = 0; i < kSlots; ++i) first.push_back(h.echo(i));
+  std::vector<RawReply> held;
+  for (auto& f : first) held.push_back(get_within(f));
+
+  std::vector<Future<RawReply>> queued;
+  for (uint64_t i = 0; i < 3; ++i) queued.push_back(h.echo(50 + i));
+  CHECK(h.channel->stats().queued == 3);
+
+  for (uint64_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    held[i].release();
+    RawReply r = get_within(queued[i]);
+    REQUIRE(r.ok());
+    CHECK(seq_of(r) == 50 + i);
+    // The later ones are still waiting.
+    for (uint64_t j = i + 1; j < 3; ++j) CHECK_FALSE(queued[j].ready());
+    held[i] = std::move(r);  // keep the credit held again
+  }
+  held.clear();
+  CHECK(all_free(h.wait_stats(all_free)));
+}
+
+TEST_CASE("credits: max_queued_calls bounds the queue") {
+  Harness h(/*max_queued_calls=*/2);
+  std::vector<Future<RawReply>> futures;
+  for (uint64_t i = 0; i < kSlots; ++i) futures.push_back(h.echo(i));
+  std::vector<RawReply> held;
+  for (auto& f : futures) {
+    held.push_back(get_within(f));
+    REQUIRE(held.back().ok());
+  }
+  CHECK(h.channel->stats().free_slots == 0);
+
+  Future<RawReply> q1 = h.echo(201);
+  Future<RawReply> q2 = h.echo(202);
+  CHECK(h.channel->stats().queued == 2);
+
+  // The third one fails at once: it neither waits nor reaches the server.
+  Future<RawReply> rejected = h.echo(203);
+  RawReply r = get_within(rejected, 5s);
+  CHECK_FALSE(r.ok());
+  CHECK(r.status().code() == StatusCode::kResourceExhausted);
+  CHECK(r.status().message().find("max_queued_calls") != std::string::npos);
+  CHECK(r.payload().empty());
+  CHECK(h.channel->stats().queued == 2);
+  CHECK(h.handled.load() == static_cast<int>(kSlots));
+  CHECK_FALSE(q1.ready());
+  CHECK_FALSE(q2.ready());
+
+  // Freeing credits lets the two queued calls through.
+  held.clear();
+  Reply<Pong> r1 = get_pong(q1, 201);
+  Reply<Pong> r2 = get_pong(q2, 202);
+  CHECK(h.handled.load() == static_cast<int>(kSlots) + 2);
+  r1.release();
+  r2.release();
+  CHECK(all_free(h.wait_stats(all_free)));
+
+  // With room in the queue again, calls are accepted.
+  Future<RawReply> later = h.echo(204);
+  get_pong(later, 204);
+}
+
+TEST_CASE("credits: max_queued_calls = 0 fails any call that finds no credit") {
+  Harness h(/*max_queued_calls=*/0);
+  std::vector<Future<RawReply>> futures;
+  for (uint64_t i = 0; i < kSlots; ++i) futures.push_back(h.echo(i));
+  std::vector<RawReply> held;
+  for (auto& f : futures) held.push_back(get_within(f));
+  Future<RawReply> extra = h.echo(9);
+  RawReply r = get_within(extra, 5s);
+  CHECK(r.status().code() == StatusCode::kResourceExhausted);
+  CHECK(r.status().message().find("max_queued_calls") != std::string::npos);
+  CHECK(h.channel->stats().queued == 0);
+  held.clear();
+  CHECK(all_free(h.wait_stats(all_free)));
+}
+
+TEST_CASE("credits: a reply held past its channel stays readable") {
+  Harness h;
+  Future<RawReply> f = h.echo(77);
+  RawReply r = get_within(f);
+  REQUIRE(r.ok());
+  h.channel.reset();      // the session closes while the reply is held
+  CHECK(seq_of(r) == 77);  // the receive ring is still mapped
+  r.release();             // harmless after the channel is gone
+  CHECK(r.payload().empty());
 }

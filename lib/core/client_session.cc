@@ -273,9 +273,11 @@ void ClientSession::release(uint16_t slot, uint32_t generation) {
   if (!loop_.on_this_thread()) {
     // A reply dropped on another thread: the slot state belongs to the loop.
     std::weak_ptr<ClientSession> weak = weak_from_this();
-    loop_.post([weak, slot, generation] {
-      if (auto self = weak.lock()) self->release(slot, generation);
-    });
+    if (auto loop = loop_handle_.lock()) {
+      loop->post([weak, slot, generation] {
+        if (auto self = weak.lock()) self->release(slot, generation);
+      });
+    }
     return;
   }
   if (slot >= slots_.size()) return;

@@ -83,6 +83,10 @@ class ClientSession final : public SessionBase,
   void release(uint16_t slot, uint32_t generation) override;
 
   // Any thread.
+  // The owner's handle on the loop, so replies dropped on other threads can
+  // reach it without racing the owner's destruction of the loop.
+  void set_loop_handle(std::weak_ptr<reactor::Reactor> handle) { loop_handle_ = std::move(handle); }
+
   uint64_t next_request_id() { return last_request_id_.fetch_add(1, std::memory_order_relaxed) + 1; }
 
   // Introspection for tests (loop thread).
@@ -133,6 +137,7 @@ class ClientSession final : public SessionBase,
   void arm_keepalive();
 
   reactor::Reactor& loop_;
+  std::weak_ptr<reactor::Reactor> loop_handle_;
   std::unique_ptr<transport::Link> link_;
   Geometry geometry_;
   std::string peer_;

@@ -133,8 +133,10 @@ void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
       status = Status(StatusCode::kInternal,
                       fmt::format("{} returned OK without finishing its reply", s.method->full_name));
     }
+  } catch (const reactor::FiberUnwind&) {
+    throw;  // the server is being destroyed while this handler waits
   } catch (const boost::context::detail::forced_unwind&) {
-    throw;  // the fiber is being destroyed at shutdown
+    throw;
   } catch (const SlotOverflow&) {
     status = Status(StatusCode::kResourceExhausted,
                     fmt::format("reply of {} does not fit a slot ({} bytes of payload)",
@@ -142,6 +144,9 @@ void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
   } catch (const std::exception& e) {
     status = Status(StatusCode::kInternal,
                     fmt::format("{} threw: {}", s.method->full_name, e.what()));
+  } catch (...) {
+    status = Status(StatusCode::kInternal,
+                    fmt::format("{} threw a non-standard exception", s.method->full_name));
   }
   --self->running_;
   if (self->closed_) return self->maybe_finished();

@@ -8,6 +8,7 @@
 #include <exception>
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define SLOTRPC_ASAN_FIBERS 1
 #endif
@@ -45,7 +46,14 @@ class RecordingStack {
     fiber_->stack_bottom = static_cast<char*>(sc.sp) - sc.size;
     return sc;
   }
-  void deallocate(boost::context::stack_context& sc) noexcept { inner_.deallocate(sc); }
+  void deallocate(boost::context::stack_context& sc) noexcept {
+#ifdef SLOTRPC_ASAN_FIBERS
+    // Frames that never returned leave ASan poison behind; the next mmap at
+    // this address (another stack, a slot ring) would inherit it.
+    __asan_unpoison_memory_region(static_cast<char*>(sc.sp) - sc.size, sc.size);
+#endif
+    inner_.deallocate(sc);
+  }
 
  private:
   boost::context::protected_fixedsize_stack inner_;
@@ -63,7 +71,22 @@ FiberPool::~FiberPool() {
     if (f->self) {
       // A fiber still suspended inside a task is unwound by Boost when its
       // continuation is destroyed; an idle one simply returns.
-      if (std::find(idle_.begin(), idle_.end(), f) != idle_.end()) switch_into(f);
+      if (std::find(idle_.begin(), idle_.end(), f) != idle_.end()) {
+        switch_into(f);
+      } else {
+        // Suspended inside a task: unwind it by throwing FiberUnwind at its
+        // suspension point, with the stack switches announced to ASan.
+        tls_current = f;
+        void* fake = nullptr;
+        asan_start_switch(&fake, f->stack_bottom, f->stack_size);
+        f->self = std::move(f->self).resume_with([f](boost::context::fiber&& c) -> boost::context::fiber {
+          f->reactor = std::move(c);
+          asan_finish_switch(nullptr, &f->reactor_stack_bottom, &f->reactor_stack_size);
+          throw FiberUnwind{};
+        });
+        asan_finish_switch(fake, nullptr, nullptr);
+        tls_current = nullptr;
+      }
     }
   }
   for (Fiber* f : all_) delete f;  // destroys (unwinds) anything still suspended
@@ -80,12 +103,16 @@ void FiberPool::fiber_main(Fiber* f) {
       } else if (f->task) {
         f->task();
       }
+    } catch (const FiberUnwind&) {
+      return;  // the pool is being destroyed
     } catch (const boost::context::detail::forced_unwind&) {
       throw;  // Boost unwinding a destroyed fiber: must propagate
     } catch (const std::exception& e) {
       // Tasks catch their own errors (handlers turn them into INTERNAL
       // replies); reaching here is a bug, but must not kill the reactor.
       spdlog::error("slotrpc: uncaught exception in fiber task: {}", e.what());
+    } catch (...) {
+      spdlog::error("slotrpc: uncaught non-standard exception in fiber task");
     }
     f->fn = nullptr;
     f->task = nullptr;

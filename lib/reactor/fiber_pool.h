@@ -17,6 +17,10 @@ namespace slotrpc::reactor {
 
 class FiberPool;
 
+// Thrown at the suspension point of a fiber whose pool is destroyed while
+// it waits.  Code that catches everything inside a fiber must rethrow it.
+struct FiberUnwind {};
+
 struct Fiber {
   FiberPool* pool = nullptr;
   boost::context::fiber self;     // this fiber's continuation while it is not running

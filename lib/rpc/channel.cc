@@ -25,7 +25,7 @@ struct Channel::Impl {
   TransportKind kind = TransportKind::kTcp;
   uint32_t slot_count = 0;
   uint32_t slot_size = 0;
-  std::unique_ptr<reactor::Reactor> loop;
+  std::shared_ptr<reactor::Reactor> loop;  // shared only with held replies' releases
   std::shared_ptr<core::ClientSession> session;
 };
 
@@ -91,7 +91,7 @@ Result<std::unique_ptr<Channel>> Channel::connect(const std::string& address, Co
   spdlog::info("slotrpc: channel to {} uses tcp (transport={}; RDMA devices here: {}; this build "
                "has no verbs transport yet)",
                impl->peer, to_string(cfg->transport), transport::verbs::describe_devices());
-  impl->loop = std::make_unique<reactor::Reactor>(*cfg, "slotrpc-chan");
+  impl->loop = std::make_shared<reactor::Reactor>(*cfg, "slotrpc-chan");
   impl->loop->start();
 
   std::promise<Status> ready;
@@ -106,6 +106,7 @@ Result<std::unique_ptr<Channel>> Channel::connect(const std::string& address, Co
         core::ClientSession::Geometry{p->slot_count, p->slot_size}, p->peer);
     if (!session.ok()) return ready.set_value(session.status());
     p->session = std::move(session.value());
+    p->session->set_loop_handle(p->loop);
     ready.set_value(Status());
   });
   st = ready.get_future().get();
