@@ -130,6 +130,7 @@ TEST_CASE("config: the settings table covers every whole-number field") {
       {"fiber_stack_kb", "SLOTRPC_FIBER_STACK_KB", &Config::fiber_stack_kb, 16, 65536},
       {"reactor_threads", "SLOTRPC_REACTOR_THREADS", &Config::reactor_threads, 1, 256},
       {"max_queued_calls", "SLOTRPC_MAX_QUEUED_CALLS", &Config::max_queued_calls, 0, 1u << 24},
+      {"stream_window", "SLOTRPC_STREAM_WINDOW", &Config::stream_window, 1, 4095},
   };
   CHECK(slotrpc::core::uint_settings().size() == std::size(expected));
   for (const Expect& e : expected) {

@@ -68,7 +68,8 @@ TEST_CASE("wire_format: constants") {
   CHECK(kHeaderSize == 32);
   CHECK(kWireMagic == 0x5253);
   CHECK(kWireVersion == 1);
-  CHECK(kKindMask == 0x3f);
+  CHECK(kKindMask == 0x0f);
+  CHECK(slotrpc::core::kFlagServerStream == 0x10);
   Header h;
   CHECK(h.magic == kWireMagic);
   CHECK(h.version == kWireVersion);
@@ -154,7 +155,7 @@ TEST_CASE("wire_format: exact little-endian byte layout") {
   CHECK(b[1] == std::byte{0x52});
   CHECK(read_le(b, 0, 2) == 0x5253);
   CHECK(b[2] == std::byte{kWireVersion});
-  CHECK(b[3] == std::byte{0x04});
+  CHECK(b[3] == std::byte{0x03});
   CHECK(read_le(b, 4, 4) == 0x07060504);
   CHECK(read_le(b, 8, 8) == 0x0f0e0d0c0b0a0908ull);
   CHECK(read_le(b, 16, 4) == 0x13121110);
@@ -188,11 +189,13 @@ TEST_CASE("wire_format: decode reads a hand-written little-endian header") {
 TEST_CASE("wire_format: kind() masks the flags") {
   Header h;
   for (Kind k : {Kind::kRequest, Kind::kReply, Kind::kError, Kind::kCancel, Kind::kPing,
-                 Kind::kPong}) {
+                 Kind::kPong, Kind::kStreamMessage, Kind::kStreamGrant}) {
     h.flags = static_cast<uint8_t>(k);
     CHECK(h.kind() == k);
-    h.flags = static_cast<uint8_t>(k) | 0xc0;
+    CHECK_FALSE(h.server_stream());
+    h.flags = static_cast<uint8_t>(k) | 0xf0;
     CHECK(h.kind() == k);
+    CHECK(h.server_stream());
   }
 }
 
@@ -200,8 +203,13 @@ TEST_CASE("wire_format: validate_header accepts a good header") {
   const Header h = good_header();
   CHECK(check(h) == HeaderError::kOk);
 
-  SUBCASE("every single kind") {
-    for (uint8_t k : {0x01, 0x02, 0x04, 0x08, 0x10, 0x20}) {
+  SUBCASE("a server-streaming request") {
+    Header g = good_header();
+    g.flags = static_cast<uint8_t>(Kind::kRequest) | slotrpc::core::kFlagServerStream;
+    CHECK(check(g) == HeaderError::kOk);
+  }
+  SUBCASE("every kind") {
+    for (uint8_t k : {1, 2, 3, 4, 5, 6, 7, 8}) {
       Header g = good_header();
       g.flags = k;
       CAPTURE(int{k});
@@ -266,13 +274,19 @@ TEST_CASE("wire_format: validate_header rejects each bad input") {
     h.flags = 0;
     CHECK(check(h) == HeaderError::kBadKind);
   }
-  SUBCASE("two kind bits") {
+  SUBCASE("unknown kinds") {
     Header h = good_header();
-    h.flags = static_cast<uint8_t>(Kind::kRequest) | static_cast<uint8_t>(Kind::kReply);
+    for (uint8_t k = 9; k <= kKindMask; ++k) {
+      h.flags = k;
+      CAPTURE(int{k});
+      CHECK(check(h) == HeaderError::kBadKind);
+    }
+  }
+  SUBCASE("the stream flag on anything but a request") {
+    Header h = good_header();
+    h.flags = static_cast<uint8_t>(Kind::kReply) | slotrpc::core::kFlagServerStream;
     CHECK(check(h) == HeaderError::kBadKind);
-    h.flags = static_cast<uint8_t>(Kind::kPing) | static_cast<uint8_t>(Kind::kPong);
-    CHECK(check(h) == HeaderError::kBadKind);
-    h.flags = kKindMask;
+    h.flags = static_cast<uint8_t>(Kind::kStreamGrant) | slotrpc::core::kFlagServerStream;
     CHECK(check(h) == HeaderError::kBadKind);
   }
   SUBCASE("unknown bits") {

@@ -32,6 +32,16 @@ struct CallOptions {
   // is told to cancel it.
   std::optional<Clock::time_point> deadline;
 
+  // Server streaming: how many messages the server may have in flight
+  // (slots lent to the stream).  0 = Config::stream_window.
+  uint32_t stream_window = 0;
+
+  // Retry on UNAVAILABLE, reconnecting the channel, up to this many extra
+  // attempts -- honoured only for methods marked idempotent (generated
+  // code sets `idempotent`).  0 = never retry.
+  uint32_t max_retries = 0;
+  bool idempotent = false;
+
   static CallOptions with_timeout(std::chrono::nanoseconds timeout) {
     CallOptions o;
     o.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);

@@ -19,8 +19,13 @@
 #include "slotrpc/future.h"
 #include "slotrpc/reply.h"
 #include "slotrpc/result.h"
+#include "slotrpc/typed.h"
 
 namespace slotrpc {
+
+namespace core {
+struct PendingCall;
+}
 
 // Cancels a callback-form call.  Cheap to copy; harmless after completion.
 class CallHandle {
@@ -45,7 +50,8 @@ class Channel {
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
 
-  // Future form.
+  // Future form.  Idempotent calls with CallOptions::max_retries > 0 are
+  // retried on UNAVAILABLE; the channel reconnects to its address first.
   Future<RawReply> call(uint32_t method_id, RequestWriter writer, CallOptions options = {});
   // Callback form: `sink` runs on the channel's event loop.
   CallHandle call(uint32_t method_id, RequestWriter writer, CallOptions options, ReplySink sink);
@@ -58,6 +64,38 @@ class Channel {
     std::lock_guard<std::mutex> lock(state->mu);
     if (!state->value) state->cancel = [handle] { handle.cancel(); };
     return Future<Reply<Resp>>(state);
+  }
+
+  // Typed unary call: `build` returns the request's root, the runtime
+  // finishes the buffer.  What generated clients call.
+  template <class Req, class Resp>
+  Future<Reply<Resp>> unary(uint32_t method_id, Build<Req> build, CallOptions options = {}) {
+    return call_typed<Resp>(method_id, finish_with(std::move(build)), std::move(options));
+  }
+  template <class Req, class Resp>
+  CallHandle unary(uint32_t method_id, Build<Req> build, CallOptions options,
+                   std::function<void(Reply<Resp>&&)> done) {
+    return call(method_id, finish_with(std::move(build)), std::move(options),
+                [done = std::move(done)](RawReply&& raw) { done(Reply<Resp>(std::move(raw))); });
+  }
+
+  // Raw server-streaming call: `on_message` runs for each message (keep the
+  // RawReply to hold its slot; drop it to let the server send more), then
+  // `on_end` once with the final status.  Both run on the channel's loop.
+  CallHandle call_stream(uint32_t method_id, RequestWriter writer, CallOptions options,
+                         ReplySink on_message, std::function<void(Status)> on_end);
+
+  // Typed server-streaming call.
+  template <class Req, class Resp>
+  ClientReader<Resp> server_stream(uint32_t method_id, Build<Req> build, CallOptions options = {}) {
+    auto state = std::make_shared<detail::StreamState>();
+    CallHandle handle = call_stream(
+        method_id, finish_with(std::move(build)), std::move(options),
+        [state](RawReply&& m) { state->push(std::move(m)); },
+        [state](Status s) { state->finish(std::move(s)); });
+    std::lock_guard<std::mutex> lock(state->mu);
+    if (!state->end) state->cancel = [handle] { handle.cancel(); };
+    return ClientReader<Resp>(state);
   }
 
   TransportKind transport() const;
@@ -73,6 +111,7 @@ class Channel {
     uint32_t zombies = 0;       // abandoned calls whose reply has not come yet
     uint32_t held_replies = 0;  // replies the application still holds
     uint32_t queued = 0;        // calls waiting for a credit
+    uint32_t lent = 0;          // slots lent to server streams
     uint64_t late_replies_dropped = 0;
     uint64_t messages_sent = 0;
     bool closed = false;
@@ -82,8 +121,14 @@ class Channel {
   struct Impl;
 
  private:
-  explicit Channel(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  template <class Req>
+  static RequestWriter finish_with(Build<Req> build) {
+    return [build = std::move(build)](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(build(fbb)); };
+  }
+  explicit Channel(std::shared_ptr<Impl> impl);
+  CallHandle submit(core::PendingCall* call);
+  // Shared with CallHandles and retries, which may outlive the Channel.
+  std::shared_ptr<Impl> impl_;
 };
 
 }  // namespace slotrpc

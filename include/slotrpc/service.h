@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "slotrpc/status.h"
+#include "slotrpc/typed.h"
 
 namespace slotrpc {
 
@@ -65,10 +66,13 @@ class ServerCall {
   const std::string& method_name() const { return *method_name_; }
   uint32_t method_id() const { return method_id_; }
   const std::string& peer() const { return *peer_; }
+  // Server-streaming calls only: where the handler's messages go.
+  detail::StreamWriterImpl* stream() const { return stream_; }
 
  private:
   friend class core::ServerSession;
   ServerCall() = default;
+  detail::StreamWriterImpl* stream_ = nullptr;
   std::span<const std::byte> request_;
   flatbuffers::FlatBufferBuilder* reply_ = nullptr;
   const bool* cancelled_ = nullptr;
@@ -90,9 +94,15 @@ using Handler = std::function<Status(ServerCall&)>;
 // True if `data` holds a valid request FlatBuffer.
 using Verifier = bool (*)(const uint8_t* data, size_t size);
 
+enum class MethodKind : uint8_t {
+  kUnary,         // one request, one reply
+  kServerStream,  // one request, a stream of replies, then a final status
+};
+
 struct MethodDescriptor {
   std::string full_name;  // "demo.Echo.Echo"
   uint32_t id = 0;
+  MethodKind kind = MethodKind::kUnary;
   Handler handler;
   Verifier verify = nullptr;
 };
@@ -107,10 +117,12 @@ class ServiceDefinition {
   // Raw form: the handler gets the request bytes unverified unless
   // `verify` is given.
   ServiceDefinition& add_method(std::string_view method, Handler handler,
-                                Verifier verify = nullptr) {
+                                Verifier verify = nullptr,
+                                MethodKind kind = MethodKind::kUnary) {
     MethodDescriptor m;
     m.full_name = name_ + "." + std::string(method);
     m.id = method_id(m.full_name);
+    m.kind = kind;
     m.handler = std::move(handler);
     m.verify = verify;
     methods_.push_back(std::move(m));
@@ -127,6 +139,31 @@ class ServiceDefinition {
           return fn(call.request_as<Req>(), call.reply(), call);
         },
         &verify_as<Req>);
+  }
+
+  // Typed reply: fn(const Req&, ReplyBuilder<Resp>&, ServerCall&) -> Status.
+  template <class Req, class Resp, class Fn>
+  ServiceDefinition& add_typed_unary(std::string_view method, Fn fn) {
+    return add_method(
+        method,
+        [fn = std::move(fn)](ServerCall& call) -> Status {
+          ReplyBuilder<Resp> reply(call.reply());
+          return fn(call.request_as<Req>(), reply, call);
+        },
+        &verify_as<Req>);
+  }
+
+  // Server streaming: fn(const Req&, ServerWriter<Resp>&, ServerCall&) ->
+  // Status; the returned status ends the stream.
+  template <class Req, class Resp, class Fn>
+  ServiceDefinition& add_server_stream(std::string_view method, Fn fn) {
+    return add_method(
+        method,
+        [fn = std::move(fn)](ServerCall& call) -> Status {
+          ServerWriter<Resp> writer(*call.stream());
+          return fn(call.request_as<Req>(), writer, call);
+        },
+        &verify_as<Req>, MethodKind::kServerStream);
   }
 
   template <class T>

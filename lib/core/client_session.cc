@@ -95,7 +95,7 @@ void ClientSession::submit(PendingCall* call) {
   if (call->deadline && *call->deadline <= Clock::now()) {
     return fail(call, Status(StatusCode::kDeadlineExceeded, "deadline passed before the call was sent"));
   }
-  if (!free_.empty() && queued_ == 0) {
+  if (free_.size() >= credits_needed(call) && queued_ == 0) {
     const uint16_t slot = free_.back();
     free_.pop_back();
     if (call->deadline) {
@@ -154,7 +154,7 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
   }
   call->writer = nullptr;  // release captures now
   if (!error.ok()) {
-    b.Clear();
+    b.recover();
     free_.push_back(slot);
     loop_.timers().cancel(call->timer);
     call->timer = 0;
@@ -165,27 +165,59 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
   s.state = SlotState::kInFlight;
   s.request_id = call->request_id;
   s.call = call;
+  s.stream_owner = -1;
   call->slot = slot;
 
   Header h;
-  h.flags = static_cast<uint8_t>(Kind::kRequest);
+  h.flags = static_cast<uint8_t>(Kind::kRequest) | (call->stream ? kFlagServerStream : 0);
   h.method_id = call->method_id;
   h.request_id = call->request_id;
   h.payload_len = b.GetSize();
   h.slot = slot;
   h.generation = s.generation;
   h.timeout_us = remaining_us(call->deadline, Clock::now());
-  std::byte* msg = b.message_begin();
+  // An empty payload may leave the builder without memory: put the header
+  // at the start of the slot then.
+  std::byte* msg = h.payload_len == 0 ? b.slot() : b.message_begin();
   encode_header(h, msg);
 
   link_->arm(slot);  // the reply may now land in our receive slot
   outbox_.push_back(transport::Outgoing{msg, static_cast<uint32_t>(kHeaderSize + h.payload_len),
                                         make_imm(slot, s.generation), transport::Lane::kSlot});
   loop_.request_flush(this);
+
+  if (call->stream) {
+    // Lend the stream its window: the grants follow the request on the same
+    // ordered link, so the server sees the call before its credits.
+    const size_t window = std::max<size_t>(1, std::min<size_t>(call->window, free_.size()));
+    for (size_t i = 0; i < window && !free_.empty(); ++i) {
+      const uint16_t lent = free_.back();
+      free_.pop_back();
+      lend(lent, slot, call->request_id);
+    }
+  }
+}
+
+void ClientSession::lend(uint16_t slot, uint16_t owner, uint64_t request_id) {
+  Slot& s = slots_[slot];
+  ++s.generation;
+  s.state = SlotState::kLent;
+  s.request_id = request_id;
+  s.call = nullptr;
+  s.stream_owner = owner;
+  link_->arm(slot);
+  send_control(Kind::kStreamGrant, slot, s.generation, request_id, owner);
+}
+
+bool ClientSession::stream_active(const Slot& lent) const {
+  if (lent.stream_owner < 0) return false;
+  const Slot& owner = slots_[static_cast<size_t>(lent.stream_owner)];
+  return owner.state == SlotState::kInFlight && owner.call != nullptr &&
+         owner.request_id == lent.request_id;
 }
 
 void ClientSession::send_control(Kind kind, uint16_t slot, uint32_t generation,
-                                 uint64_t request_id) {
+                                 uint64_t request_id, uint32_t aux) {
   if (closed_) return;
   if (control_used_ == control_bytes_.size()) flush();
   Header h;
@@ -193,6 +225,7 @@ void ClientSession::send_control(Kind kind, uint16_t slot, uint32_t generation,
   h.slot = slot;
   h.generation = generation;
   h.request_id = request_id;
+  h.method_id = aux;
   std::byte* bytes = control_bytes_[control_used_++].data();
   encode_header(h, bytes);
   outbox_.push_back(transport::Outgoing{bytes, static_cast<uint32_t>(kHeaderSize),
@@ -217,6 +250,7 @@ void ClientSession::on_message(const transport::Completion& c) {
   if (e != HeaderError::kOk) {
     return protocol_error(fmt::format("malformed reply header in slot {}: {}", c.slot, to_string(e)));
   }
+  if (h.kind() == Kind::kStreamMessage) return on_stream_message(h, bytes);
   if (h.kind() != Kind::kReply && h.kind() != Kind::kError) {
     return protocol_error(fmt::format("unexpected message kind 0x{:02x} in slot {}", h.flags, c.slot));
   }
@@ -235,11 +269,23 @@ void ClientSession::on_message(const transport::Completion& c) {
     // The caller already gave up on this call: drop the late reply here, so
     // the next user of the slot can never see it.
     ++late_replies_dropped_;
+    end_stream(h.slot);
     return free_slot(h.slot);
   }
   PendingCall* call = s.call;
   s.call = nullptr;
   loop_.timers().cancel(call->timer);
+  if (call->stream) {
+    // The final status of a stream: no more messages will come.
+    Status status;
+    if (h.kind() == Kind::kError) {
+      status = Status(static_cast<StatusCode>(h.status),
+                      std::string(reinterpret_cast<const char*>(bytes + kHeaderSize), h.payload_len));
+    }
+    end_stream(h.slot);
+    free_slot(h.slot);
+    return fail(call, std::move(status));
+  }
   const std::span<const std::byte> payload(bytes + kHeaderSize, h.payload_len);
   if (h.kind() == Kind::kError) {
     std::string message(reinterpret_cast<const char*>(payload.data()), payload.size());
@@ -248,6 +294,41 @@ void ClientSession::on_message(const transport::Completion& c) {
   }
   s.state = SlotState::kHeld;  // until the application drops the reply
   finish(call, RawReply(Status(), payload, shared_from_this(), h.slot, h.generation));
+}
+
+void ClientSession::on_stream_message(const Header& h, const std::byte* bytes) {
+  Slot& s = slots_[h.slot];
+  if (s.state != SlotState::kLent || h.generation != s.generation || h.request_id != s.request_id) {
+    return protocol_error(fmt::format(
+        "stream message in slot {} generation {} request {} matches no lent slot", h.slot,
+        h.generation, h.request_id));
+  }
+  if (!stream_active(s)) {
+    // The stream was cancelled or timed out: drop the message; the slot is
+    // reclaimed when the stream's final reply arrives.
+    ++late_replies_dropped_;
+    return;
+  }
+  PendingCall* call = slots_[static_cast<size_t>(s.stream_owner)].call;
+  s.state = SlotState::kHeld;  // until the application drops the message
+  if (call->sink) {
+    call->sink(RawReply(Status(), std::span<const std::byte>(bytes + kHeaderSize, h.payload_len),
+                        shared_from_this(), h.slot, h.generation));
+  }
+}
+
+// Slots lent to the stream whose call is in `owner_slot` come back: the
+// server will write none of them again.  Held ones return when released.
+void ClientSession::end_stream(uint16_t owner_slot) {
+  for (uint16_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    if (s.stream_owner != owner_slot || s.request_id != slots_[owner_slot].request_id) continue;
+    if (s.state == SlotState::kLent) {
+      s.stream_owner = -1;
+      s.state = SlotState::kFree;
+      free_.push_back(i);
+    }
+  }
 }
 
 void ClientSession::on_control(const transport::Completion& c) {
@@ -283,6 +364,11 @@ void ClientSession::release(uint16_t slot, uint32_t generation) {
   if (slot >= slots_.size()) return;
   Slot& s = slots_[slot];
   if (s.state != SlotState::kHeld || s.generation != generation) return;
+  if (stream_active(s)) {
+    // A stream message was consumed: lend the slot to the stream again.
+    return lend(slot, static_cast<uint16_t>(s.stream_owner), s.request_id);
+  }
+  s.stream_owner = -1;
   free_slot(slot);
 }
 
@@ -290,12 +376,15 @@ void ClientSession::free_slot(uint16_t slot) {
   Slot& s = slots_[slot];
   s.state = SlotState::kFree;
   s.call = nullptr;
+  s.stream_owner = -1;
   free_.push_back(slot);
   pump_queue();
 }
 
 void ClientSession::pump_queue() {
-  while (!free_.empty() && queue_head_ != nullptr && !closed_) {
+  // FIFO: a stream at the head waits for its two credits, and nothing
+  // overtakes it.
+  while (queue_head_ != nullptr && free_.size() >= credits_needed(queue_head_) && !closed_) {
     PendingCall* call = queue_head_;
     dequeue(call);
     const uint16_t slot = free_.back();
@@ -311,6 +400,12 @@ void ClientSession::finish(PendingCall* call, RawReply reply) {
 }
 
 void ClientSession::fail(PendingCall* call, Status status) {
+  if (call->stream) {
+    auto on_end = std::move(call->on_end);
+    delete call;
+    if (on_end) on_end(std::move(status));
+    return;
+  }
   finish(call, RawReply(std::move(status)));
 }
 
@@ -425,6 +520,7 @@ ClientSession::Counters ClientSession::counters() const {
     if (s.state == SlotState::kInFlight) ++c.in_flight;
     if (s.state == SlotState::kZombie) ++c.zombies;
     if (s.state == SlotState::kHeld) ++c.held;
+    if (s.state == SlotState::kLent) ++c.lent;
   }
   c.queued = queued_;
   c.late_replies_dropped = late_replies_dropped_;

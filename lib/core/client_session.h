@@ -46,7 +46,12 @@ namespace slotrpc::core {
 struct PendingCall {
   uint32_t method_id = 0;
   RequestWriter writer;
-  ReplySink sink;
+  ReplySink sink;  // unary: the reply; server stream: each message
+  // Server streaming: `on_end` gets the final status; `window` slots are
+  // lent to the server for the stream's messages.
+  bool stream = false;
+  uint32_t window = 0;
+  std::function<void(Status)> on_end;
   std::optional<Clock::time_point> deadline;
   uint64_t request_id = 0;
   // Session-owned state.
@@ -96,6 +101,7 @@ class ClientSession final : public SessionBase,
     uint32_t zombies = 0;
     uint32_t held = 0;
     uint32_t queued = 0;
+    uint32_t lent = 0;  // slots lent to server streams
     uint64_t late_replies_dropped = 0;
     uint64_t messages_sent = 0;
   };
@@ -106,12 +112,16 @@ class ClientSession final : public SessionBase,
   reactor::Reactor& loop() { return loop_; }
 
  private:
-  enum class SlotState : uint8_t { kFree, kInFlight, kZombie, kHeld };
+  // kLent: granted to the server stream whose call sits in `stream_owner`;
+  // a stream message that arrived in it and is held by the application is
+  // kHeld with `stream_owner` still set.
+  enum class SlotState : uint8_t { kFree, kInFlight, kZombie, kHeld, kLent };
   struct Slot {
     SlotState state = SlotState::kFree;
     uint32_t generation = 0;
     uint64_t request_id = 0;
     PendingCall* call = nullptr;
+    int32_t stream_owner = -1;
   };
 
   ClientSession(reactor::Reactor& loop, std::unique_ptr<transport::Link> link, Geometry g,
@@ -129,7 +139,13 @@ class ClientSession final : public SessionBase,
   void pump_queue();
   void finish(PendingCall* call, RawReply reply);
   void fail(PendingCall* call, Status status);
-  void send_control(Kind kind, uint16_t slot, uint32_t generation, uint64_t request_id);
+  void send_control(Kind kind, uint16_t slot, uint32_t generation, uint64_t request_id,
+                    uint32_t aux = 0);
+  void on_stream_message(const Header& h, const std::byte* bytes);
+  void lend(uint16_t slot, uint16_t owner, uint64_t request_id);
+  bool stream_active(const Slot& lent) const;
+  void end_stream(uint16_t owner_slot);
+  uint32_t credits_needed(const PendingCall* call) const { return call->stream ? 2 : 1; }
   void protocol_error(std::string reason);
   void flush();
   void enqueue(PendingCall* call);

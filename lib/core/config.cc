@@ -36,6 +36,8 @@ std::span<const UintSetting> uint_settings() {
        "event-loop threads of a Server"},
       {"SLOTRPC_MAX_QUEUED_CALLS", "max_queued_calls", &Config::max_queued_calls, 0,
        1u << 24, "calls that may wait for a credit; more fail with RESOURCE_EXHAUSTED"},
+      {"SLOTRPC_STREAM_WINDOW", "stream_window", &Config::stream_window, 1, kMaxSlotCount - 1,
+       "slots a server-streaming call lends the server: messages it may have in flight"},
   };
   return kTable;
 }

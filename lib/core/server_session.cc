@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <cstring>
+
 namespace slotrpc::core {
 
 ServerSession::ServerSession(reactor::Reactor& loop, std::unique_ptr<transport::Link> link,
@@ -18,12 +20,16 @@ ServerSession::ServerSession(reactor::Reactor& loop, std::unique_ptr<transport::
       recv_ring_(g.slot_count, g.slot_size),
       send_ring_(g.slot_count, g.slot_size),
       slots_(g.slot_count),
+      granted_to_(g.slot_count, -1),
+      grant_generation_(g.slot_count, 0),
       last_rx_(Clock::now()) {
   on_completion = &ServerSession::on_completion_thunk;
   SessionBase::flush = &ServerSession::flush_thunk;
   builders_.reserve(g.slot_count);
+  writers_.reserve(g.slot_count);
   for (uint32_t i = 0; i < g.slot_count; ++i) {
     builders_.push_back(std::make_unique<SlotBuilder>(send_ring_.slot(i), g.slot_size));
+    writers_.emplace_back(this, static_cast<uint16_t>(i));
   }
   outbox_.reserve(2 * size_t{g.slot_count} + 8);
   control_bytes_.resize(size_t{g.slot_count} + 8);
@@ -87,8 +93,15 @@ void ServerSession::on_message(const transport::Completion& c) {
   if (s.state != SlotState::kIdle) {
     return protocol_error(fmt::format("request written into slot {} while it is still busy", h.slot));
   }
+  if (granted_to_[h.slot] >= 0) {
+    return protocol_error(fmt::format("request written into slot {}, which is lent to a stream", h.slot));
+  }
   s.state = SlotState::kRunning;
   s.cancelled = false;
+  s.streaming = h.server_stream();
+  s.grants.clear();
+  s.grant_head = 0;
+  s.waiter = nullptr;
   s.generation = h.generation;
   s.request_id = h.request_id;
   s.payload_len = h.payload_len;
@@ -99,6 +112,14 @@ void ServerSession::on_message(const transport::Completion& c) {
   if (s.method == nullptr) {
     return send_reply(h.slot, Status(StatusCode::kUnimplemented,
                                      fmt::format("no method with id 0x{:08x} on this server", h.method_id)));
+  }
+  const bool method_streams = s.method->kind == MethodKind::kServerStream;
+  if (method_streams != s.streaming) {
+    return send_reply(h.slot, Status(StatusCode::kInvalidArgument,
+                                     fmt::format("{} is a {} method but was called as a {}",
+                                                 s.method->full_name,
+                                                 method_streams ? "server-streaming" : "unary",
+                                                 s.streaming ? "stream" : "unary call")));
   }
   if (s.method->verify != nullptr &&
       !s.method->verify(reinterpret_cast<const uint8_t*>(bytes + kHeaderSize), h.payload_len)) {
@@ -125,11 +146,12 @@ void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
   call.method_name_ = &s.method->full_name;
   call.method_id_ = s.method->id;
   call.peer_ = &self->peer_;
+  if (s.streaming) call.stream_ = &self->writers_[slot];
 
   Status status;
   try {
     status = s.method->handler(call);
-    if (status.ok() && !b.is_finished()) {
+    if (status.ok() && !s.streaming && !b.is_finished()) {
       status = Status(StatusCode::kInternal,
                       fmt::format("{} returned OK without finishing its reply", s.method->full_name));
     }
@@ -138,13 +160,16 @@ void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
   } catch (const boost::context::detail::forced_unwind&) {
     throw;
   } catch (const SlotOverflow&) {
+    b.recover();
     status = Status(StatusCode::kResourceExhausted,
                     fmt::format("reply of {} does not fit a slot ({} bytes of payload)",
                                 s.method->full_name, b.payload_capacity()));
   } catch (const std::exception& e) {
+    b.recover();
     status = Status(StatusCode::kInternal,
                     fmt::format("{} threw: {}", s.method->full_name, e.what()));
   } catch (...) {
+    b.recover();
     status = Status(StatusCode::kInternal,
                     fmt::format("{} threw a non-standard exception", s.method->full_name));
   }
@@ -160,23 +185,29 @@ void ServerSession::send_reply(uint16_t slot, Status status) {
   h.request_id = s.request_id;
   h.slot = slot;
   h.generation = s.generation;
-  if (status.ok()) {
+  if (s.streaming) release_grants(slot);
+  std::byte* msg;
+  if (status.ok() && !s.streaming) {
     h.flags = static_cast<uint8_t>(Kind::kReply);
     h.payload_len = b.GetSize();
+    msg = b.message_begin();
   } else {
-    // The message travels as the payload, cut to what fits the slot.
+    // The end of a stream (no payload) or an error (its message as the
+    // payload, cut to what fits): written at the start of the slot, without
+    // the builder, which may never have been used.
     b.Clear();
+    msg = b.slot();
     const std::string& text = status.message();
-    const size_t n = std::min(text.size(), b.payload_capacity());
-    b.PushFlatBuffer(reinterpret_cast<const uint8_t*>(text.data()), n);
-    h.flags = static_cast<uint8_t>(Kind::kError);
+    const size_t n = status.ok() ? 0 : std::min(text.size(), b.payload_capacity());
+    std::memcpy(msg + kHeaderSize, text.data(), n);
+    h.flags = static_cast<uint8_t>(status.ok() ? Kind::kReply : Kind::kError);
     h.status = static_cast<uint16_t>(status.code());
     h.payload_len = static_cast<uint32_t>(n);
   }
-  std::byte* msg = b.message_begin();
   encode_header(h, msg);
   s.state = SlotState::kIdle;
   s.method = nullptr;
+  s.streaming = false;
   link_->arm(slot);  // the client may write this slot again once it has the reply
   outbox_.push_back(transport::Outgoing{msg, static_cast<uint32_t>(kHeaderSize + h.payload_len),
                                         make_imm(slot, s.generation), transport::Lane::kSlot});
@@ -195,9 +226,14 @@ void ServerSession::on_control(const transport::Completion& c) {
     case Kind::kCancel: {
       Slot& s = slots_[h.slot];
       // A cancel may cross the reply on the wire; then there is nothing to do.
-      if (s.state == SlotState::kRunning && s.generation == h.generation) s.cancelled = true;
+      if (s.state == SlotState::kRunning && s.generation == h.generation) {
+        s.cancelled = true;
+        wake_writer(s);
+      }
       return;
     }
+    case Kind::kStreamGrant:
+      return on_grant(h);
     case Kind::kPing:
       return send_control(Kind::kPong, 0, 0, h.request_id);
     case Kind::kPong:
@@ -245,7 +281,10 @@ void ServerSession::close(std::string reason) {
   loop_.forget(this);
   link_->close(reason);
   // Tell the running handlers their calls are over.
-  for (Slot& s : slots_) s.cancelled = true;
+  for (Slot& s : slots_) {
+    s.cancelled = true;
+    wake_writer(s);
+  }
   maybe_finished();
 }
 
@@ -275,6 +314,113 @@ void ServerSession::on_keepalive(void* self_ptr, uint64_t) {
   }
   if (silent >= std::chrono::milliseconds(cfg.keepalive_ms)) self->send_control(Kind::kPing, 0, 0, 0);
   self->arm_keepalive();
+}
+
+}  // namespace slotrpc::core
+
+namespace slotrpc::core {
+
+void ServerSession::wake_writer(Slot& s) {
+  if (s.waiter != nullptr) {
+    loop_.make_ready(s.waiter);
+    s.waiter = nullptr;
+  }
+}
+
+void ServerSession::on_grant(const Header& h) {
+  const uint16_t lent = h.slot;
+  const uint32_t owner = h.method_id;
+  if (owner >= geometry_.slot_count || owner == lent) {
+    return protocol_error(fmt::format("stream grant of slot {} names call slot {}", lent, owner));
+  }
+  if (slots_[lent].state != SlotState::kIdle || granted_to_[lent] >= 0) {
+    return protocol_error(fmt::format("slot {} lent to a stream while it is in use", lent));
+  }
+  Slot& s = slots_[owner];
+  if (s.state != SlotState::kRunning || !s.streaming || s.request_id != h.request_id) {
+    // The stream ended while this grant was on its way: the client takes
+    // the slot back when it reads the final reply.
+    return;
+  }
+  granted_to_[lent] = static_cast<int32_t>(owner);
+  grant_generation_[lent] = h.generation;
+  s.grants.push_back(lent);
+  wake_writer(s);
+}
+
+void ServerSession::release_grants(uint16_t call_slot) {
+  Slot& s = slots_[call_slot];
+  for (size_t i = s.grant_head; i < s.grants.size(); ++i) granted_to_[s.grants[i]] = -1;
+  s.grants.clear();
+  s.grant_head = 0;
+}
+
+bool ServerSession::StreamWriter::write(
+    const std::function<void(flatbuffers::FlatBufferBuilder&)>& build, Status* error) {
+  ServerSession& ss = *session_;
+  Slot& s = ss.slots_[slot_];
+  for (;;) {
+    if (ss.closed_) {
+      *error = Status(StatusCode::kUnavailable, "session closed");
+      return false;
+    }
+    if (s.cancelled) {
+      *error = Status(StatusCode::kCancelled, "the client cancelled the stream");
+      return false;
+    }
+    if (s.grant_head < s.grants.size()) break;
+    if (reactor::FiberPool::current() == nullptr) {
+      *error = Status(StatusCode::kInternal, "ServerWriter used outside its handler");
+      return false;
+    }
+    // No credit: the client has not read enough yet.  Wait for a grant.
+    s.waiter = reactor::FiberPool::current();
+    reactor::FiberPool::suspend();
+  }
+  const uint16_t lent = s.grants[s.grant_head++];
+  if (s.grant_head == s.grants.size()) {
+    s.grants.clear();
+    s.grant_head = 0;
+  }
+  SlotBuilder& b = *ss.builders_[lent];
+  b.Clear();
+  // On any failure the grant stays unused: give it back to the stream.
+  auto unuse = [&] {
+    b.recover();
+    s.grants.insert(s.grants.begin() + static_cast<std::ptrdiff_t>(s.grant_head), lent);
+  };
+  Status failure;
+  try {
+    build(b);
+  } catch (const SlotOverflow&) {
+    failure = Status(StatusCode::kResourceExhausted,
+                     fmt::format("stream message does not fit a slot ({} bytes of payload)",
+                                 b.payload_capacity()));
+  } catch (...) {
+    unuse();  // the handler's exception continues to run_handler
+    throw;
+  }
+  if (failure.ok() && !b.is_finished()) {
+    failure = Status(StatusCode::kInternal, "stream message was not finished");
+  }
+  if (!failure.ok()) {
+    unuse();
+    *error = failure;
+    return false;
+  }
+  ss.granted_to_[lent] = -1;  // consumed; the client lends it again once read
+  Header h;
+  h.flags = static_cast<uint8_t>(Kind::kStreamMessage);
+  h.request_id = s.request_id;
+  h.slot = lent;
+  h.generation = ss.grant_generation_[lent];
+  h.payload_len = b.GetSize();
+  std::byte* msg = b.message_begin();
+  encode_header(h, msg);
+  ss.outbox_.push_back(transport::Outgoing{msg, static_cast<uint32_t>(kHeaderSize + h.payload_len),
+                                           make_imm(lent, h.generation), transport::Lane::kSlot});
+  ss.loop_.request_flush(&ss);
+  return true;
 }
 
 }  // namespace slotrpc::core

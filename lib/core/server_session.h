@@ -54,12 +54,30 @@ class ServerSession final : public SessionBase {
   struct Slot {
     SlotState state = SlotState::kIdle;
     bool cancelled = false;
+    bool streaming = false;
+    // Server streaming: client slots lent to this call, in grant order, and
+    // the handler's fiber while it waits for one.
+    std::vector<uint16_t> grants;
+    size_t grant_head = 0;
+    reactor::Fiber* waiter = nullptr;
     uint32_t generation = 0;
     uint64_t request_id = 0;
     uint32_t payload_len = 0;
     uint32_t timeout_us = 0;
     Clock::time_point received;
     const MethodDescriptor* method = nullptr;
+  };
+
+  // The handler's end of a server stream on one call slot.
+  class StreamWriter final : public ::slotrpc::detail::StreamWriterImpl {
+   public:
+    StreamWriter(ServerSession* session, uint16_t slot) : session_(session), slot_(slot) {}
+    bool write(const std::function<void(flatbuffers::FlatBufferBuilder&)>& build,
+               Status* error) override;
+
+   private:
+    ServerSession* session_;
+    uint16_t slot_;
   };
 
   ServerSession(reactor::Reactor& loop, std::unique_ptr<transport::Link> link, Geometry g,
@@ -75,6 +93,9 @@ class ServerSession final : public SessionBase {
   void send_reply(uint16_t slot, Status status);
   void send_control(Kind kind, uint16_t slot, uint32_t generation, uint64_t request_id);
   void protocol_error(std::string reason);
+  void on_grant(const Header& h);
+  void release_grants(uint16_t call_slot);
+  void wake_writer(Slot& s);
   void flush();
   void maybe_finished();
   void arm_keepalive();
@@ -89,6 +110,11 @@ class ServerSession final : public SessionBase {
   SlotRing send_ring_;
   std::vector<std::unique_ptr<SlotBuilder>> builders_;
   std::vector<Slot> slots_;
+  std::vector<StreamWriter> writers_;
+  // For each slot j: the call slot whose stream it is lent to, or -1, and
+  // the generation the client gave it.
+  std::vector<int32_t> granted_to_;
+  std::vector<uint32_t> grant_generation_;
   std::vector<transport::Outgoing> outbox_;
   std::vector<std::array<std::byte, kHeaderSize>> control_bytes_;
   size_t control_used_ = 0;

@@ -60,6 +60,12 @@ class SlotBuilder : private detail::SlotAllocatorHolder, public flatbuffers::Fla
         capacity_(slot_size - kHeaderSize) {}
 
   bool is_finished() const { return finished; }
+
+  // After a SlotOverflow (or any exception mid-build): the builder grew its
+  // bookkeeping before the allocator refused, so Clear() would keep a size
+  // larger than the slot.  Reset() forgets the memory; the next build gets
+  // the slot afresh from the allocator.
+  void recover() { Reset(); }
   size_t payload_capacity() const { return capacity_; }
 
   // After Finish(): header goes at message_begin(), payload follows it.

@@ -17,9 +17,13 @@ T load_le(const std::byte* p) {
   return v;
 }
 
-bool is_single_kind(uint8_t flags) {
+bool is_valid_kind(uint8_t flags) {
   const uint8_t k = flags & kKindMask;
-  return (flags & ~kKindMask) == 0 && k != 0 && (k & (k - 1)) == 0;
+  const uint8_t f = flags & ~kKindMask;
+  if (k == 0 || k > kMaxKind) return false;
+  if ((f & ~kKnownFlags) != 0) return false;
+  // The stream flag belongs to requests only.
+  return f == 0 || static_cast<Kind>(k) == Kind::kRequest;
 }
 
 }  // namespace
@@ -58,7 +62,7 @@ std::string_view to_string(HeaderError e) {
     case HeaderError::kTooShort: return "message shorter than the 32-byte header";
     case HeaderError::kBadMagic: return "bad magic";
     case HeaderError::kBadVersion: return "unsupported protocol version";
-    case HeaderError::kBadKind: return "flags name no single known message kind";
+    case HeaderError::kBadKind: return "flags hold an unknown message kind or undefined flag bits";
     case HeaderError::kBadLength: return "payload length disagrees with the bytes received or exceeds the slot";
     case HeaderError::kBadSlot: return "slot index outside the ring";
     case HeaderError::kSlotMismatch: return "header slot differs from the slot written";
@@ -71,7 +75,7 @@ HeaderError validate_header(const Header& h, size_t received_bytes, uint32_t slo
   if (received_bytes < kHeaderSize) return HeaderError::kTooShort;
   if (h.magic != kWireMagic) return HeaderError::kBadMagic;
   if (h.version != kWireVersion) return HeaderError::kBadVersion;
-  if (!is_single_kind(h.flags)) return HeaderError::kBadKind;
+  if (!is_valid_kind(h.flags)) return HeaderError::kBadKind;
   if (uint64_t{h.payload_len} + kHeaderSize != received_bytes ||
       uint64_t{h.payload_len} + kHeaderSize > slot_size)
     return HeaderError::kBadLength;

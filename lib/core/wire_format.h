@@ -17,22 +17,29 @@ inline constexpr uint16_t kWireMagic = 0x5253;  // bytes 'S' 'R' on the wire
 inline constexpr uint8_t kWireVersion = 1;
 inline constexpr size_t kHeaderSize = 32;
 
-// Exactly one kind bit is set in `flags`.
+// `flags`: the low four bits are the message kind, the high four are flag
+// bits (only kFlagServerStream is defined).
 enum class Kind : uint8_t {
-  kRequest = 0x01,  // client -> server, into the server's receive slot
-  kReply = 0x02,    // server -> client, OK, into the client's receive slot
-  kError = 0x04,    // server -> client, `status` != OK, payload = UTF-8 message
-  kCancel = 0x08,   // control: client abandons the call in `slot`/`generation`
-  kPing = 0x10,     // control: keepalive probe
-  kPong = 0x20,     // control: keepalive answer
+  kRequest = 1,        // client -> server, into the server's receive slot
+  kReply = 2,          // server -> client, OK, into the client's receive slot
+  kError = 3,          // server -> client, `status` != OK, payload = UTF-8 message
+  kCancel = 4,         // control: client abandons the call in `slot`/`generation`
+  kPing = 5,           // control: keepalive probe
+  kPong = 6,           // control: keepalive answer
+  kStreamMessage = 7,  // server -> client: one message of a server stream, into a lent slot
+  kStreamGrant = 8,    // control: client lends slot `slot` to the stream in slot `method_id`
 };
-inline constexpr uint8_t kKindMask = 0x3f;
+inline constexpr uint8_t kKindMask = 0x0f;
+inline constexpr uint8_t kMaxKind = 8;
+// On a kRequest: the call is server-streaming.
+inline constexpr uint8_t kFlagServerStream = 0x10;
+inline constexpr uint8_t kKnownFlags = kFlagServerStream;
 
 struct Header {
   uint16_t magic = kWireMagic;
   uint8_t version = kWireVersion;
-  uint8_t flags = 0;         // a Kind
-  uint32_t method_id = 0;    // see docs/protocol.md "Method ids"
+  uint8_t flags = 0;         // a Kind, plus flag bits
+  uint32_t method_id = 0;    // kRequest: the method; kStreamGrant: the stream's call slot
   uint64_t request_id = 0;   // unique per session and direction, never reused
   uint32_t payload_len = 0;  // bytes after the header
   uint16_t slot = 0;         // slot index in the receiver's ring
@@ -41,6 +48,7 @@ struct Header {
   uint32_t timeout_us = 0;   // kRequest: time left before the caller's deadline, 0 = none
 
   Kind kind() const { return static_cast<Kind>(flags & kKindMask); }
+  bool server_stream() const { return (flags & kFlagServerStream) != 0; }
 };
 
 // Writes `h` into `out[0..32)`.
@@ -61,8 +69,8 @@ enum class HeaderError : uint8_t {
 };
 std::string_view to_string(HeaderError e);
 
-// Checks what can be checked without session state: magic, version, a single
-// known kind, payload_len against the received byte count and the slot size,
+// Checks what can be checked without session state: magic, version, a
+// known kind with only defined flags, payload_len against the received byte count and the slot size,
 // slot index against the ring and against the slot the transport placed the
 // bytes in.  Session-state checks (is that slot expecting this message?) are
 // done by the sessions.
