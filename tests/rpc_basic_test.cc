@@ -544,6 +544,45 @@ TEST_CASE("chaining: a reply callback issues the next call") {
   for (uint64_t i = 0; i < kLinks; ++i) CHECK(chain.order[i] == i + 1);
 }
 
+TEST_CASE("calls from a reply callback that fail at once still report their own error") {
+  // On the loop thread Channel::call submits inline, so these calls fail
+  // (and their sinks run) before call() has even returned.
+  TestServer ts;
+  auto ch = connect(ts.address);
+  struct Outcome {
+    std::mutex mu;
+    std::vector<std::string> results;
+    Latch latch;
+  };
+  auto out = std::make_shared<Outcome>();
+  Channel* c = ch.get();
+  ch->call(kEcho, ping(1, "outer", 8), {}, [c, out](RawReply&& raw) {
+    const std::string outer = pong_error(Reply<Pong>(std::move(raw)), 1, "outer", 8);
+    auto record = [out](std::string s) {
+      std::lock_guard<std::mutex> lock(out->mu);
+      out->results.push_back(std::move(s));
+    };
+    record(outer.empty() ? "outer ok" : "outer: " + outer);
+    CallOptions past;
+    past.deadline = Clock::now() - 1ms;
+    c->call(kEcho, ping(2, "expired"), past, [record](RawReply&& r) {
+      record(std::string(slotrpc::status_code_name(r.status().code())));
+    });
+    c->call(kEcho, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.CreateString("unfinished"); }, {},
+            [record](RawReply&& r) { record(std::string(slotrpc::status_code_name(r.status().code()))); });
+    c->call(kEcho, ping(3, "inner", 4), {}, [record, out](RawReply&& r) {
+      const std::string inner = pong_error(Reply<Pong>(std::move(r)), 3, "inner", 4);
+      record(inner.empty() ? "inner ok" : "inner: " + inner);
+      out->latch.set();
+    });
+  });
+  REQUIRE(out->latch.wait_for(10s));
+  std::lock_guard<std::mutex> lock(out->mu);
+  const std::vector<std::string> expected = {"outer ok", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT", "inner ok"};
+  CHECK(out->results == expected);
+  CHECK_FALSE(ts.probe->saw_text("expired"));
+}
+
 TEST_CASE("a handler that throws produces INTERNAL with the exception text") {
   TestServer ts;
   auto ch = connect(ts.address);
@@ -586,4 +625,31 @@ TEST_CASE("a handler that returns OK without Finish() produces INTERNAL") {
                 reply.status().to_string());
   auto g = ch->call_typed<Pong>(kEcho, ping(2, "after-nf", 4));
   CHECK(pong_error(get_within(g), 2, "after-nf", 4) == "");
+}
+
+TEST_CASE("a handler returning an unknown status code becomes INTERNAL, and the session lives on") {
+  slotrpc::Server server;
+  slotrpc::ServiceDefinition svc("test.Odd");
+  svc.add_method("Weird", [](slotrpc::ServerCall&) {
+    return slotrpc::Status(static_cast<slotrpc::StatusCode>(77), "odd code");
+  });
+  svc.add_method("Fine", [](slotrpc::ServerCall& call) {
+    call.reply().Finish(slotrpc::test::CreatePong(call.reply(), 7));
+    return slotrpc::Status();
+  });
+  svc.add_method("Throws42", [](slotrpc::ServerCall&) -> slotrpc::Status { throw 42; });
+  REQUIRE(server.add_service(std::move(svc)).ok());
+  REQUIRE(server.start("127.0.0.1:0").ok());
+  auto ch = slotrpc::Channel::connect("127.0.0.1:" + std::to_string(server.port()));
+  REQUIRE(ch.ok());
+  auto empty = [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(slotrpc::test::CreatePing(fbb, 1)); };
+  auto weird = (*ch)->call(slotrpc::method_id("test.Odd.Weird"), empty).get();
+  CHECK(weird.status().code() == slotrpc::StatusCode::kInternal);
+  CHECK(weird.status().message().find("unknown status code 77") != std::string::npos);
+  auto thrown = (*ch)->call(slotrpc::method_id("test.Odd.Throws42"), empty).get();
+  CHECK(thrown.status().code() == slotrpc::StatusCode::kInternal);
+  CHECK(thrown.status().message().find("non-standard exception") != std::string::npos);
+  auto fine = (*ch)->call(slotrpc::method_id("test.Odd.Fine"), empty).get();
+  CHECK(fine.ok());
+  CHECK_FALSE((*ch)->stats().closed);
 }

@@ -179,6 +179,12 @@ void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
 }
 
 void ServerSession::send_reply(uint16_t slot, Status status) {
+  if (!is_known_status_code(static_cast<uint16_t>(status.code()))) {
+    // The client would take an unknown code for a protocol violation.
+    status = Status(StatusCode::kInternal,
+                    fmt::format("handler returned unknown status code {}: {}",
+                                static_cast<unsigned>(status.code()), status.message()));
+  }
   Slot& s = slots_[slot];
   SlotBuilder& b = *builders_[slot];
   Header h;
