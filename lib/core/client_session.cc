@@ -34,7 +34,8 @@ ClientSession::ClientSession(reactor::Reactor& loop, std::unique_ptr<transport::
       send_ring_(g.slot_count, g.slot_size),
       recv_ring_(g.slot_count, g.slot_size),
       slots_(g.slot_count),
-      last_rx_(Clock::now()) {
+      outbox_(g.slot_count),
+      liveness_(Clock::now()) {
   on_completion = &ClientSession::on_completion_thunk;
   SessionBase::flush = &ClientSession::flush_thunk;
   builders_.reserve(g.slot_count);
@@ -44,10 +45,6 @@ ClientSession::ClientSession(reactor::Reactor& loop, std::unique_ptr<transport::
   }
   // Lowest slot on top of the stack.
   for (uint32_t i = g.slot_count; i-- > 0;) free_.push_back(static_cast<uint16_t>(i));
-  // Bounded: at most one request per slot plus one control message per
-  // slot (a cancel) and a few keepalives are outstanding per turn.
-  outbox_.reserve(2 * size_t{g.slot_count} + 8);
-  control_bytes_.resize(size_t{g.slot_count} + 8);
 }
 
 Result<std::shared_ptr<ClientSession>> ClientSession::create(reactor::Reactor& loop,
@@ -182,8 +179,8 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
   encode_header(h, msg);
 
   link_->arm(slot);  // the reply may now land in our receive slot
-  outbox_.push_back(transport::Outgoing{msg, static_cast<uint32_t>(kHeaderSize + h.payload_len),
-                                        make_imm(slot, s.generation), transport::Lane::kSlot});
+  outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), slot,
+                           s.generation);
   loop_.request_flush(this);
 
   if (call->stream) {
@@ -219,31 +216,18 @@ bool ClientSession::stream_active(const Slot& lent) const {
 void ClientSession::send_control(Kind kind, uint16_t slot, uint32_t generation,
                                  uint64_t request_id, uint32_t aux) {
   if (closed_) return;
-  if (control_used_ == control_bytes_.size()) flush();
-  Header h;
-  h.flags = static_cast<uint8_t>(kind);
-  h.slot = slot;
-  h.generation = generation;
-  h.request_id = request_id;
-  h.method_id = aux;
-  std::byte* bytes = control_bytes_[control_used_++].data();
-  encode_header(h, bytes);
-  outbox_.push_back(transport::Outgoing{bytes, static_cast<uint32_t>(kHeaderSize),
-                                        make_imm(slot, generation), transport::Lane::kControl});
+  if (!outbox_.has_control_room()) flush();
+  outbox_.add_control(control_header(kind, slot, generation, request_id, aux));
   loop_.request_flush(this);
 }
 
 void ClientSession::flush() {
-  if (!outbox_.empty() && !closed_) {
-    link_->post(outbox_);
-    messages_sent_ += outbox_.size();
-  }
-  outbox_.clear();
-  control_used_ = 0;
+  if (closed_) return outbox_.clear();
+  messages_sent_ += outbox_.post_to(*link_);
 }
 
 void ClientSession::on_message(const transport::Completion& c) {
-  last_rx_ = Clock::now();
+  liveness_.heard(Clock::now());
   const std::byte* bytes = recv_ring_.slot(c.slot);
   const Header h = decode_header(bytes);
   HeaderError e = validate_header(h, c.length, geometry_.slot_count, geometry_.slot_size, c.slot);
@@ -332,7 +316,7 @@ void ClientSession::end_stream(uint16_t owner_slot) {
 }
 
 void ClientSession::on_control(const transport::Completion& c) {
-  last_rx_ = Clock::now();
+  liveness_.heard(Clock::now());
   const Header h = decode_header(c.control.data());
   HeaderError e = validate_header(h, kHeaderSize, geometry_.slot_count, geometry_.slot_size, h.slot);
   if (e != HeaderError::kOk) {
@@ -462,7 +446,6 @@ void ClientSession::shutdown(Status status) {
   loop_.timers().cancel(keepalive_timer_);
   keepalive_timer_ = 0;
   outbox_.clear();
-  control_used_ = 0;
   loop_.forget(this);
   link_->close(status.message());
   // Sinks may run user code that submits again; closed_ makes that fail fast.
@@ -499,16 +482,16 @@ void ClientSession::on_keepalive(void* self_ptr, uint64_t) {
   self->keepalive_timer_ = 0;
   if (self->closed_) return;
   const Config& cfg = self->loop_.config();
-  const auto silent = Clock::now() - self->last_rx_;
-  if (silent >= std::chrono::milliseconds(cfg.peer_timeout_ms)) {
-    return self->shutdown(Status(
-        StatusCode::kUnavailable,
-        fmt::format("peer {} silent for {} ms (peer_timeout_ms = {})", self->peer_,
-                    std::chrono::duration_cast<std::chrono::milliseconds>(silent).count(),
-                    cfg.peer_timeout_ms)));
-  }
-  if (silent >= std::chrono::milliseconds(cfg.keepalive_ms)) {
-    self->send_control(Kind::kPing, 0, 0, 0);
+  const Clock::time_point now = Clock::now();
+  switch (self->liveness_.check(now, cfg)) {
+    case Liveness::Verdict::kDead:
+      return self->shutdown(
+          Status(StatusCode::kUnavailable, self->liveness_.dead_reason(now, cfg, self->peer_)));
+    case Liveness::Verdict::kPing:
+      self->send_control(Kind::kPing, 0, 0, 0);
+      break;
+    case Liveness::Verdict::kQuiet:
+      break;
   }
   self->arm_keepalive();
 }

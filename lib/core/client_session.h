@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "core/liveness.h"
+#include "core/outbox.h"
 #include "core/session_base.h"
 #include "core/slot_builder.h"
 #include "core/slot_ring.h"
@@ -169,11 +171,8 @@ class ClientSession final : public SessionBase,
   uint64_t late_replies_dropped_ = 0;
   uint64_t messages_sent_ = 0;
 
-  std::vector<transport::Outgoing> outbox_;
-  std::vector<std::array<std::byte, kHeaderSize>> control_bytes_;
-  size_t control_used_ = 0;
-
-  Clock::time_point last_rx_;
+  Outbox outbox_;
+  Liveness liveness_;
   reactor::TimerHeap::TimerId keepalive_timer_ = 0;
   std::atomic<bool> closed_{false};
   Status close_status_;

@@ -22,7 +22,8 @@ ServerSession::ServerSession(reactor::Reactor& loop, std::unique_ptr<transport::
       slots_(g.slot_count),
       granted_to_(g.slot_count, -1),
       grant_generation_(g.slot_count, 0),
-      last_rx_(Clock::now()) {
+      outbox_(g.slot_count),
+      liveness_(Clock::now()) {
   on_completion = &ServerSession::on_completion_thunk;
   SessionBase::flush = &ServerSession::flush_thunk;
   builders_.reserve(g.slot_count);
@@ -31,8 +32,6 @@ ServerSession::ServerSession(reactor::Reactor& loop, std::unique_ptr<transport::
     builders_.push_back(std::make_unique<SlotBuilder>(send_ring_.slot(i), g.slot_size));
     writers_.emplace_back(this, static_cast<uint16_t>(i));
   }
-  outbox_.reserve(2 * size_t{g.slot_count} + 8);
-  control_bytes_.resize(size_t{g.slot_count} + 8);
 }
 
 Result<std::unique_ptr<ServerSession>> ServerSession::create(
@@ -76,7 +75,7 @@ void ServerSession::flush_thunk(SessionBase* s) { static_cast<ServerSession*>(s)
 
 void ServerSession::on_message(const transport::Completion& c) {
   if (closed_) return;
-  last_rx_ = Clock::now();
+  liveness_.heard(Clock::now());
   const std::byte* bytes = recv_ring_.slot(c.slot);
   const Header h = decode_header(bytes);
   HeaderError e = validate_header(h, c.length, geometry_.slot_count, geometry_.slot_size, c.slot);
@@ -106,7 +105,7 @@ void ServerSession::on_message(const transport::Completion& c) {
   s.request_id = h.request_id;
   s.payload_len = h.payload_len;
   s.timeout_us = h.timeout_us;
-  s.received = last_rx_;
+  s.received = liveness_.last_heard();
   s.method = methods_.find(h.method_id);
 
   if (s.method == nullptr) {
@@ -215,14 +214,14 @@ void ServerSession::send_reply(uint16_t slot, Status status) {
   s.method = nullptr;
   s.streaming = false;
   link_->arm(slot);  // the client may write this slot again once it has the reply
-  outbox_.push_back(transport::Outgoing{msg, static_cast<uint32_t>(kHeaderSize + h.payload_len),
-                                        make_imm(slot, s.generation), transport::Lane::kSlot});
+  outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), slot,
+                           s.generation);
   loop_.request_flush(this);
 }
 
 void ServerSession::on_control(const transport::Completion& c) {
   if (closed_) return;
-  last_rx_ = Clock::now();
+  liveness_.heard(Clock::now());
   const Header h = decode_header(c.control.data());
   HeaderError e = validate_header(h, kHeaderSize, geometry_.slot_count, geometry_.slot_size, h.slot);
   if (e != HeaderError::kOk) {
@@ -252,23 +251,14 @@ void ServerSession::on_control(const transport::Completion& c) {
 void ServerSession::send_control(Kind kind, uint16_t slot, uint32_t generation,
                                  uint64_t request_id) {
   if (closed_) return;
-  if (control_used_ == control_bytes_.size()) flush();
-  Header h;
-  h.flags = static_cast<uint8_t>(kind);
-  h.slot = slot;
-  h.generation = generation;
-  h.request_id = request_id;
-  std::byte* bytes = control_bytes_[control_used_++].data();
-  encode_header(h, bytes);
-  outbox_.push_back(transport::Outgoing{bytes, static_cast<uint32_t>(kHeaderSize),
-                                        make_imm(slot, generation), transport::Lane::kControl});
+  if (!outbox_.has_control_room()) flush();
+  outbox_.add_control(control_header(kind, slot, generation, request_id));
   loop_.request_flush(this);
 }
 
 void ServerSession::flush() {
-  if (!outbox_.empty() && !closed_) link_->post(outbox_);
-  outbox_.clear();
-  control_used_ = 0;
+  if (closed_) return outbox_.clear();
+  outbox_.post_to(*link_);
 }
 
 void ServerSession::protocol_error(std::string reason) {
@@ -283,7 +273,6 @@ void ServerSession::close(std::string reason) {
   loop_.timers().cancel(keepalive_timer_);
   keepalive_timer_ = 0;
   outbox_.clear();
-  control_used_ = 0;
   loop_.forget(this);
   link_->close(reason);
   // Tell the running handlers their calls are over.
@@ -312,13 +301,16 @@ void ServerSession::on_keepalive(void* self_ptr, uint64_t) {
   self->keepalive_timer_ = 0;
   if (self->closed_) return;
   const Config& cfg = self->loop_.config();
-  const auto silent = Clock::now() - self->last_rx_;
-  if (silent >= std::chrono::milliseconds(cfg.peer_timeout_ms)) {
-    return self->close(fmt::format(
-        "peer silent for {} ms (peer_timeout_ms = {})",
-        std::chrono::duration_cast<std::chrono::milliseconds>(silent).count(), cfg.peer_timeout_ms));
+  const Clock::time_point now = Clock::now();
+  switch (self->liveness_.check(now, cfg)) {
+    case Liveness::Verdict::kDead:
+      return self->close(self->liveness_.dead_reason(now, cfg, self->peer_));
+    case Liveness::Verdict::kPing:
+      self->send_control(Kind::kPing, 0, 0, 0);
+      break;
+    case Liveness::Verdict::kQuiet:
+      break;
   }
-  if (silent >= std::chrono::milliseconds(cfg.keepalive_ms)) self->send_control(Kind::kPing, 0, 0, 0);
   self->arm_keepalive();
 }
 
@@ -423,8 +415,8 @@ bool ServerSession::StreamWriter::write(
   h.payload_len = b.GetSize();
   std::byte* msg = b.message_begin();
   encode_header(h, msg);
-  ss.outbox_.push_back(transport::Outgoing{msg, static_cast<uint32_t>(kHeaderSize + h.payload_len),
-                                           make_imm(lent, h.generation), transport::Lane::kSlot});
+  ss.outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), lent,
+                              h.generation);
   ss.loop_.request_flush(&ss);
   return true;
 }

@@ -18,7 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "core/liveness.h"
 #include "core/method_table.h"
+#include "core/outbox.h"
 #include "core/session_base.h"
 #include "core/slot_builder.h"
 #include "core/slot_ring.h"
@@ -115,13 +117,11 @@ class ServerSession final : public SessionBase {
   // the generation the client gave it.
   std::vector<int32_t> granted_to_;
   std::vector<uint32_t> grant_generation_;
-  std::vector<transport::Outgoing> outbox_;
-  std::vector<std::array<std::byte, kHeaderSize>> control_bytes_;
-  size_t control_used_ = 0;
+  Outbox outbox_;
   uint32_t running_ = 0;
   bool closed_ = false;
   bool close_reported_ = false;
-  Clock::time_point last_rx_;
+  Liveness liveness_;
   reactor::TimerHeap::TimerId keepalive_timer_ = 0;
 };
 
