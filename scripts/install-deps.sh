@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Install the Debian packages slotrpc needs to build and test.
 #
+#   scripts/install-deps.sh            build, examples, unit/integration tests
+#   scripts/install-deps.sh --test-vm  also the Soft-RoCE VM test bed (tests/rxe)
+#
 # Idempotent: queries dpkg for each package and, only if something is missing,
 # runs `apt-get update` followed by an install of just the missing packages.
 # When everything is already installed it touches nothing (no apt-get at all).
@@ -29,9 +32,27 @@ PACKAGES=(
   libfmt-dev
   # Tests
   doctest-dev
-  # --- VM-based RDMA/soft-RoCE test environment (added by a later issue) ---
-  # Add here: qemu-system-x86 busybox-static cpio perftest <kernel package>
 )
+
+# With --test-vm: the Soft-RoCE VM test bed.  tests/rxe/rxe-vm.sh boots
+# Debian's kernel under qemu (TCG) from a busybox initramfs; it fetches the
+# kernel package itself with `apt-get download` (not installed on the host).
+TEST_VM_PACKAGES=(
+  qemu-system-x86
+  busybox-static
+  cpio
+  kmod
+  xz-utils
+  iproute2
+  ibverbs-providers
+  perftest
+)
+
+case "${1:-}" in
+  "") ;;
+  --test-vm) PACKAGES+=("${TEST_VM_PACKAGES[@]}") ;;
+  *) printf 'usage: install-deps.sh [--test-vm]\n' >&2; exit 2 ;;
+esac
 
 log() { printf 'install-deps: %s\n' "$*"; }
 die() { printf 'install-deps: error: %s\n' "$*" >&2; exit 1; }
