@@ -16,6 +16,7 @@
 
 namespace {
 
+using slotrpc::examples::EchoClient;
 using slotrpc::examples::EchoReply;
 using slotrpc::examples::EchoRequest;
 
@@ -26,7 +27,7 @@ bool parse(const char* text, uint64_t min, uint64_t max, uint64_t& out) {
 }
 
 struct Run {
-  slotrpc::Channel* channel = nullptr;
+  EchoClient* client = nullptr;
   uint64_t count = 0;
   uint64_t size = 0;
   // The first window is issued from main(), the rest from reply callbacks
@@ -48,15 +49,14 @@ struct Run {
     if (seq >= count) return;
     started[seq] = std::chrono::steady_clock::now();
     const uint64_t size_bytes = size;
-    channel->call(
-        echo::kEchoMethod,
+    client->Echo(
         [seq, size_bytes](flatbuffers::FlatBufferBuilder& fbb) {
           uint8_t* bytes = nullptr;
           auto payload = fbb.CreateUninitializedVector(size_bytes, &bytes);
           for (size_t i = 0; i < size_bytes; ++i) bytes[i] = echo::pattern(seq, i);
-          fbb.Finish(slotrpc::examples::CreateEchoRequest(fbb, seq, payload));
+          return slotrpc::examples::CreateEchoRequest(fbb, seq, payload);
         },
-        {}, [this, seq](slotrpc::RawReply&& raw) { on_reply(seq, slotrpc::Reply<EchoReply>(std::move(raw))); });
+        {}, [this, seq](slotrpc::Reply<EchoReply>&& reply) { on_reply(seq, reply); });
   }
 
   void on_reply(uint64_t seq, const slotrpc::Reply<EchoReply>& reply) {
@@ -131,8 +131,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "echo_client: %s\n", channel.status().to_string().c_str());
     return 1;
   }
+  EchoClient client(**channel);
   Run run;
-  run.channel = channel->get();
+  run.client = &client;
   run.count = count;
   run.size = size;
   run.latency_ns.resize(count);

@@ -30,8 +30,9 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  echo::EchoHandler echo_handler;  // outlives the server, which calls it
   slotrpc::Server server;
-  if (auto st = server.add_service(echo::make_service()); !st.ok()) {
+  if (auto st = server.add_service(echo_handler.definition()); !st.ok()) {
     std::fprintf(stderr, "echo_server: %s\n", st.to_string().c_str());
     return 1;
   }

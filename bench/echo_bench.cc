@@ -1,0 +1,167 @@
+// echo_bench: latency and throughput of slotrpc echo calls, server and
+// client in one process over loopback (TCP today; verbs when available).
+//
+//   echo_bench [--calls N] [--sizes 64,1024,16384] [--outstanding 1,32]
+//
+// Payloads are raw bytes (no FlatBuffers work on either side), so this
+// measures the runtime: slots, credits, the reactor and the transport.
+// Set SLOTRPC_POLL_MODE=busy for the lowest latency.  Prints one line per
+// (size, outstanding) pair and the machine it ran on; nothing is assumed.
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <slotrpc/slotrpc.h>
+
+namespace {
+
+const uint32_t kEcho = slotrpc::method_id("slotrpc.bench.Echo.Echo");
+
+std::vector<uint64_t> parse_list(const char* text) {
+  std::vector<uint64_t> out;
+  std::string_view s(text);
+  while (!s.empty()) {
+    const size_t comma = s.find(',');
+    const std::string_view item = s.substr(0, comma);
+    uint64_t v = 0;
+    auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (ec != std::errc() || p != item.data() + item.size()) return {};
+    out.push_back(v);
+    if (comma == std::string_view::npos) break;
+    s.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown CPU";
+}
+
+struct Result {
+  double p50_us = 0, p99_us = 0, max_us = 0, calls_per_s = 0;
+  uint64_t failed = 0;
+};
+
+Result run(slotrpc::Channel& ch, uint64_t calls, uint64_t size, uint64_t outstanding) {
+  std::vector<uint32_t> lat(calls);
+  std::vector<std::chrono::steady_clock::time_point> start(calls);
+  std::atomic<uint64_t> issued{0}, done{0}, failed{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;
+  std::vector<uint8_t> payload(size, 0x5a);
+
+  std::function<void()> issue = [&] {
+    const uint64_t i = issued.fetch_add(1);
+    if (i >= calls) return;
+    start[i] = std::chrono::steady_clock::now();
+    ch.call(
+        kEcho,
+        [&payload](flatbuffers::FlatBufferBuilder& fbb) { fbb.PushFlatBuffer(payload.data(), payload.size()); },
+        {},
+        [&, i](slotrpc::RawReply&& r) {
+          lat[i] = static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                             std::chrono::steady_clock::now() - start[i]).count());
+          if (!r.ok() || r.size() != size) ++failed;
+          r.release();
+          issue();
+          if (done.fetch_add(1) + 1 == calls) {
+            std::lock_guard<std::mutex> lock(mu);
+            finished = true;
+            cv.notify_all();
+          }
+        });
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  for (uint64_t k = 0; k < std::min(outstanding, calls); ++k) issue();
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return finished; });
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::sort(lat.begin(), lat.end());
+  Result res;
+  res.p50_us = lat[calls / 2] / 1000.0;
+  res.p99_us = lat[std::min(calls - 1, calls * 99 / 100)] / 1000.0;
+  res.max_us = lat.back() / 1000.0;
+  res.calls_per_s = static_cast<double>(calls) / secs;
+  res.failed = failed.load();
+  return res;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint64_t calls = 100'000;
+  std::vector<uint64_t> sizes = {64, 1024, 16384};
+  std::vector<uint64_t> windows = {1, 32};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool has = i + 1 < argc;
+    if (has && a == "--calls") {
+      auto v = parse_list(argv[++i]);
+      if (v.size() != 1 || v[0] == 0) return std::fprintf(stderr, "--calls takes one number > 0\n"), 2;
+      calls = v[0];
+    } else if (has && a == "--sizes") {
+      sizes = parse_list(argv[++i]);
+      if (sizes.empty()) return std::fprintf(stderr, "--sizes takes numbers like 64,1024\n"), 2;
+    } else if (has && a == "--outstanding") {
+      windows = parse_list(argv[++i]);
+      if (windows.empty()) return std::fprintf(stderr, "--outstanding takes numbers like 1,32\n"), 2;
+    } else {
+      std::fprintf(stderr, "usage: echo_bench [--calls N] [--sizes 64,1024] [--outstanding 1,32]\n");
+      return 2;
+    }
+  }
+
+  slotrpc::Server server;
+  slotrpc::ServiceDefinition svc("slotrpc.bench.Echo");
+  svc.add_method("Echo", [](slotrpc::ServerCall& call) {
+    const auto req = call.request();
+    call.reply().PushFlatBuffer(reinterpret_cast<const uint8_t*>(req.data()), req.size());
+    return slotrpc::Status();
+  });
+  if (auto st = server.add_service(std::move(svc)); !st.ok()) return std::fprintf(stderr, "%s\n", st.to_string().c_str()), 1;
+  if (auto st = server.start("127.0.0.1:0"); !st.ok()) return std::fprintf(stderr, "%s\n", st.to_string().c_str()), 1;
+  auto ch = slotrpc::Channel::connect("127.0.0.1:" + std::to_string(server.port()));
+  if (!ch.ok()) return std::fprintf(stderr, "%s\n", ch.status().to_string().c_str()), 1;
+
+  std::printf("machine: %s, %u hardware threads; transport %s; poll mode %s; %llu calls per point\n",
+              cpu_model().c_str(), std::thread::hardware_concurrency(),
+              std::string(slotrpc::to_string((*ch)->transport())).c_str(),
+              std::string(slotrpc::to_string((*ch)->config().poll_mode)).c_str(),
+              static_cast<unsigned long long>(calls));
+  std::printf("%10s %12s %10s %10s %10s %12s\n", "size_B", "outstanding", "p50_us", "p99_us", "max_us", "calls_per_s");
+  int rc = 0;
+  for (uint64_t size : sizes) {
+    if (size + 32 > (*ch)->slot_size()) {
+      std::fprintf(stderr, "size %llu does not fit a %u-byte slot; raise SLOTRPC_SLOT_SIZE\n",
+                   static_cast<unsigned long long>(size), (*ch)->slot_size());
+      return 2;
+    }
+    for (uint64_t w : windows) {
+      const Result r = run(**ch, calls, size, w);
+      std::printf("%10llu %12llu %10.1f %10.1f %10.1f %12.0f\n", static_cast<unsigned long long>(size),
+                  static_cast<unsigned long long>(w), r.p50_us, r.p99_us, r.max_us, r.calls_per_s);
+      if (r.failed != 0) {
+        std::fprintf(stderr, "%llu calls failed\n", static_cast<unsigned long long>(r.failed));
+        rc = 1;
+      }
+    }
+  }
+  return rc;
+}
