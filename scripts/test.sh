@@ -4,15 +4,20 @@
 #   ./scripts/test.sh
 #
 # Phases, each failing fast with a non-zero exit:
-#   1. install dependencies        (scripts/install-deps.sh)
+#   1. install dependencies        (scripts/install-deps.sh --test-vm)
 #   2. build-test/ debugoptimized  -> meson setup, compile, test
 #   3. build-asan/ debug + ASan/UBSan -> meson setup, compile, test
 # and finally prints one line "N passed, N failed[, N skipped]" summed over
 # both meson test runs.
 #
+# Both meson test runs include the `rxe` suite: the RDMA verbs tests, run
+# inside a Soft-RoCE qemu VM (tests/rxe/rxe-vm.sh; one boot per run).
+#
 # Environment:
 #   SLOTRPC_TEST_SKIP_ASAN=1  skip phase 3 for quick local iteration.
 #                             CI never sets this: CI always runs both phases.
+#   SLOTRPC_TEST_SKIP_RXE=1   leave out the rxe suite (local iteration only;
+#                             CI never sets this).
 set -euo pipefail
 
 ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
@@ -67,8 +72,11 @@ run_meson_tests() {
   local log="$dir/meson-logs/test-sh-output.log"
   mkdir -p "$dir/meson-logs"
 
+  local extra=()
+  [[ "${SLOTRPC_TEST_SKIP_RXE:-0}" == 1 ]] && extra+=(--no-suite rxe)
+
   local rc=0
-  meson test -C "$dir" --print-errorlogs --num-processes "$TEST_PROCESSES" 2>&1 \
+  meson test -C "$dir" --print-errorlogs --num-processes "$TEST_PROCESSES" "${extra[@]}" 2>&1 \
     | tee "$log" || rc=$?
 
   local ok xfail fail upass skipped timeout
@@ -116,7 +124,7 @@ build_and_test() {
 
 # --- 1. dependencies ---------------------------------------------------------
 banner "Installing dependencies"
-./scripts/install-deps.sh
+./scripts/install-deps.sh --test-vm  # the rxe suite boots a Soft-RoCE VM
 
 # --- 2. regular build --------------------------------------------------------
 build_and_test build-test --buildtype=debugoptimized

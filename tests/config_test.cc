@@ -57,8 +57,8 @@ class CleanEnv {
     for (const auto& s : slotrpc::core::uint_settings()) {
       vars_.emplace_back(std::make_unique<EnvVar>(std::string(s.env).c_str(), std::nullopt));
     }
-    for (const char* n : {"SLOTRPC_POLL_MODE", "SLOTRPC_TRANSPORT", "SLOTRPC_LOG_LEVEL"}) {
-      vars_.emplace_back(std::make_unique<EnvVar>(n, std::nullopt));
+    for (std::string_view n : slotrpc::core::named_settings()) {
+      vars_.emplace_back(std::make_unique<EnvVar>(std::string(n).c_str(), std::nullopt));
     }
   }
 
@@ -102,6 +102,18 @@ TEST_CASE("config: defaults validate OK") {
   CHECK(c.transport == TransportKind::kAuto);
   CHECK(c.log_level == "info");
   CHECK(c.max_queued_calls == 65536);
+  // Verbs defaults.
+  CHECK(c.device.empty());
+  CHECK(c.device_port == 1);
+  CHECK(c.gid_index == -1);
+  CHECK(c.traffic_class == 0);
+  CHECK(c.service_level == 0);
+  CHECK(c.relaxed_ordering == slotrpc::RelaxedOrdering::kOff);
+  CHECK(c.qp_timeout == 14);
+  CHECK(c.retry_count == 7);
+  CHECK(c.rnr_retry == 7);
+  CHECK(c.min_rnr_timer == 12);
+  CHECK(c.inline_bytes == 256);
 
   CleanEnv clean;
   auto r = c.with_environment();
@@ -131,6 +143,14 @@ TEST_CASE("config: the settings table covers every whole-number field") {
       {"reactor_threads", "SLOTRPC_REACTOR_THREADS", &Config::reactor_threads, 1, 256},
       {"max_queued_calls", "SLOTRPC_MAX_QUEUED_CALLS", &Config::max_queued_calls, 0, 1u << 24},
       {"stream_window", "SLOTRPC_STREAM_WINDOW", &Config::stream_window, 1, 4095},
+      {"device_port", "SLOTRPC_PORT", &Config::device_port, 1, 255},
+      {"traffic_class", "SLOTRPC_TRAFFIC_CLASS", &Config::traffic_class, 0, 255},
+      {"service_level", "SLOTRPC_SERVICE_LEVEL", &Config::service_level, 0, 15},
+      {"qp_timeout", "SLOTRPC_QP_TIMEOUT", &Config::qp_timeout, 0, 31},
+      {"retry_count", "SLOTRPC_RETRY_COUNT", &Config::retry_count, 0, 7},
+      {"rnr_retry", "SLOTRPC_RNR_RETRY", &Config::rnr_retry, 0, 7},
+      {"min_rnr_timer", "SLOTRPC_MIN_RNR_TIMER", &Config::min_rnr_timer, 0, 31},
+      {"inline_bytes", "SLOTRPC_INLINE_BYTES", &Config::inline_bytes, 0, 4096},
   };
   CHECK(slotrpc::core::uint_settings().size() == std::size(expected));
   for (const Expect& e : expected) {
@@ -331,6 +351,100 @@ TEST_CASE("config: to_string of the enumerations") {
   CHECK(slotrpc::to_string(TransportKind::kAuto) == "auto");
   CHECK(slotrpc::to_string(TransportKind::kTcp) == "tcp");
   CHECK(slotrpc::to_string(TransportKind::kVerbs) == "verbs");
+  CHECK(slotrpc::to_string(slotrpc::RelaxedOrdering::kOff) == "off");
+  CHECK(slotrpc::to_string(slotrpc::RelaxedOrdering::kOn) == "on");
+  CHECK(slotrpc::to_string(slotrpc::RelaxedOrdering::kAuto) == "auto");
+}
+
+TEST_CASE("config: verbs device, GID index and relaxed ordering") {
+  CleanEnv clean;
+  SUBCASE("valid values") {
+    EnvVar d("SLOTRPC_DEVICE", "mlx5_0");
+    EnvVar g("SLOTRPC_GID_INDEX", "3");
+    EnvVar r("SLOTRPC_RELAXED_ORDERING", "auto");
+    auto c = Config{}.with_environment();
+    REQUIRE_MESSAGE(c.ok(), c.status().to_string());
+    CHECK(c->device == "mlx5_0");
+    CHECK(c->gid_index == 3);
+    CHECK(c->relaxed_ordering == slotrpc::RelaxedOrdering::kAuto);
+  }
+  SUBCASE("auto GID index and the bounds") {
+    for (auto [text, value] : {std::pair{"auto", -1}, std::pair{"0", 0}, std::pair{"255", 255}}) {
+      Config base;
+      base.gid_index = 7;
+      EnvVar g("SLOTRPC_GID_INDEX", text);
+      auto c = base.with_environment();
+      CAPTURE(text);
+      REQUIRE_MESSAGE(c.ok(), c.status().to_string());
+      CHECK(c->gid_index == value);
+    }
+  }
+  SUBCASE("an empty device name means the first active one") {
+    Config base;
+    base.device = "rxe0";
+    EnvVar d("SLOTRPC_DEVICE", "");
+    auto c = base.with_environment();
+    REQUIRE(c.ok());
+    CHECK(c->device.empty());
+  }
+  SUBCASE("bad GID index") {
+    for (const char* text : {"256", "-1", "x", "", " 1", "1 ", "AUTO", "0x1", "99999999999999999999"}) {
+      EnvVar g("SLOTRPC_GID_INDEX", text);
+      auto c = Config{}.with_environment();
+      CAPTURE(text);
+      REQUIRE_FALSE(c.ok());
+      CHECK(c.status().code() == StatusCode::kInvalidArgument);
+      CHECK(contains(c.status().message(), "SLOTRPC_GID_INDEX"));
+      CHECK(contains(c.status().message(), std::string("'") + text + "'"));
+      CHECK(contains(c.status().message(), "auto"));
+      CHECK(contains_number(c.status().message(), "255"));
+    }
+  }
+  SUBCASE("bad relaxed ordering") {
+    for (const char* text : {"yes", "ON", "", "1"}) {
+      EnvVar r("SLOTRPC_RELAXED_ORDERING", text);
+      auto c = Config{}.with_environment();
+      CAPTURE(text);
+      REQUIRE_FALSE(c.ok());
+      CHECK(contains(c.status().message(), "SLOTRPC_RELAXED_ORDERING"));
+      CHECK(contains(c.status().message(), std::string("'") + text + "'"));
+      CHECK(contains(c.status().message(), "auto"));
+    }
+  }
+  SUBCASE("bad device names") {
+    for (const char* text : {"mlx5 0", "rxe0;rm", "../x", "a/b",
+                             "a_device_name_that_is_much_longer_than_sixty_three_characters_xxx"}) {
+      EnvVar d("SLOTRPC_DEVICE", text);
+      auto c = Config{}.with_environment();
+      CAPTURE(text);
+      REQUIRE_FALSE(c.ok());
+      CHECK(c.status().code() == StatusCode::kInvalidArgument);
+      CHECK(contains(c.status().message(), "SLOTRPC_DEVICE"));
+      CHECK(contains(c.status().message(), text));
+    }
+  }
+  SUBCASE("the struct is validated too") {
+    Config c;
+    c.gid_index = 256;
+    auto st = c.validate();
+    REQUIRE_FALSE(st.ok());
+    CHECK(contains(st.message(), "gid_index"));
+    CHECK(contains_number(st.message(), "256"));
+    c.gid_index = -2;
+    CHECK_FALSE(c.validate().ok());
+    c.gid_index = -1;
+    CHECK(c.validate().ok());
+    c.device = "bad name";
+    st = c.validate();
+    REQUIRE_FALSE(st.ok());
+    CHECK(contains(st.message(), "Config.device"));
+    c.device = "rxe0";
+    CHECK(c.validate().ok());
+    c.relaxed_ordering = static_cast<slotrpc::RelaxedOrdering>(9);
+    st = c.validate();
+    REQUIRE_FALSE(st.ok());
+    CHECK(contains(st.message(), "relaxed_ordering"));
+  }
 }
 
 TEST_CASE("config: valid environment overrides apply") {

@@ -100,7 +100,7 @@ struct Side {
   }
   void attach(uint32_t slot_count, uint32_t slot_size) {
     ring.assign(size_t{slot_count} * slot_size, kFill);
-    auto r = t.register_memory(ring, Access::kRemoteWrite);
+    auto r = link->register_memory(ring, Access::kRemoteWrite);
     REQUIRE(r.ok());
     region = r.value();
     Status s = link->attach(region, MemoryRegion{}, slot_count, slot_size, this);
@@ -605,7 +605,7 @@ TEST_CASE("tcp: destroying a link drops its queued completions") {
   CHECK(b.t.prepare_sleep());
 }
 
-TEST_CASE("tcp: adopt, attach and register_memory validate their input") {
+TEST_CASE("tcp: adopt, attach and Link::register_memory validate their input") {
   TcpTransport t;
   CHECK(t.name() == "tcp");
   CHECK(t.wait_fd() >= 0);
@@ -637,7 +637,7 @@ TEST_CASE("tcp: adopt, attach and register_memory validate their input") {
     auto link = std::move(r).value();
     CHECK(link->describe() == "x");
     std::vector<std::byte> mem(1000);
-    auto region = t.register_memory(mem, Access::kRemoteWrite);
+    auto region = link->register_memory(mem, Access::kRemoteWrite);
     REQUIRE(region.ok());
     CHECK(region->base == mem.data());
     CHECK(region->length == 1000);
@@ -646,7 +646,7 @@ TEST_CASE("tcp: adopt, attach and register_memory validate their input") {
     CHECK(link->attach(region.value(), MemoryRegion{}, 4, 256, nullptr).code() == StatusCode::kInvalidArgument);
     CHECK(link->attach(region.value(), MemoryRegion{}, 3, 256, nullptr).ok());
     CHECK(link->attach(region.value(), MemoryRegion{}, 3, 256, nullptr).code() == StatusCode::kInvalidArgument);
-    t.deregister(region.value());
+    link->deregister(region.value());
     CHECK(region->base == nullptr);
     CHECK(region->length == 0);
   }

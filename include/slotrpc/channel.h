@@ -114,6 +114,13 @@ class Channel {
     uint32_t lent = 0;          // slots lent to server streams
     uint64_t late_replies_dropped = 0;
     uint64_t messages_sent = 0;
+    // Verbs transport (0 on TCP): messages posted inline (header + payload
+    // <= max_inline) and read by the NIC from the send slot; ibv_post_send
+    // calls; the queue pair's real max_inline_data.
+    uint64_t inline_sends = 0;
+    uint64_t noninline_sends = 0;
+    uint64_t doorbells = 0;
+    uint32_t max_inline = 0;
     bool closed = false;
   };
   Stats stats() const;

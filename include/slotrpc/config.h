@@ -27,6 +27,13 @@ enum class TransportKind : uint8_t {
   kVerbs,
 };
 
+// IBV_ACCESS_RELAXED_ORDERING on registered memory (verbs).
+enum class RelaxedOrdering : uint8_t {
+  kOff,   // default: PCIe writes of a message land in order
+  kOn,    // always ask for it (the device may ignore it)
+  kAuto,  // on when the device sits on PCI and accepts the flag
+};
+
 struct Config {
   // Slot ring geometry, per session and direction.  A message (32-byte
   // header + payload) must fit one slot.  A Channel proposes its geometry;
@@ -48,6 +55,19 @@ struct Config {
   uint32_t stream_window = 8;        // SLOTRPC_STREAM_WINDOW: slots lent to a server stream
 
   TransportKind transport = TransportKind::kAuto;  // SLOTRPC_TRANSPORT auto|tcp|verbs
+
+  // RDMA verbs transport (docs/tuning.md, "Verbs").
+  std::string device;                // SLOTRPC_DEVICE: "mlx5_0"; empty = first with an active port
+  uint32_t device_port = 1;          // SLOTRPC_PORT: port of the device
+  int32_t gid_index = -1;            // SLOTRPC_GID_INDEX auto|N: -1 = auto (RoCE v2 first)
+  uint32_t traffic_class = 0;        // SLOTRPC_TRAFFIC_CLASS: GRH traffic class (RoCE: DSCP << 2 | ECN)
+  uint32_t service_level = 0;        // SLOTRPC_SERVICE_LEVEL
+  RelaxedOrdering relaxed_ordering = RelaxedOrdering::kOff;  // SLOTRPC_RELAXED_ORDERING off|on|auto
+  uint32_t qp_timeout = 14;          // SLOTRPC_QP_TIMEOUT: ACK timeout 4.096 us * 2^N (0 = infinite)
+  uint32_t retry_count = 7;          // SLOTRPC_RETRY_COUNT: transport retries before an error
+  uint32_t rnr_retry = 7;            // SLOTRPC_RNR_RETRY: 7 = retry forever
+  uint32_t min_rnr_timer = 12;       // SLOTRPC_MIN_RNR_TIMER: IB encoding, 12 = 0.64 ms
+  uint32_t inline_bytes = 256;       // SLOTRPC_INLINE_BYTES: messages up to this go inline
   std::string log_level = "info";  // SLOTRPC_LOG_LEVEL trace|debug|info|warn|error|critical|off
 
   // Checks every field; the error names the first bad setting.
@@ -58,5 +78,6 @@ struct Config {
 
 std::string_view to_string(PollMode mode);
 std::string_view to_string(TransportKind kind);
+std::string_view to_string(RelaxedOrdering mode);
 
 }  // namespace slotrpc

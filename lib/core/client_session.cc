@@ -48,16 +48,22 @@ ClientSession::ClientSession(reactor::Reactor& loop, std::unique_ptr<transport::
 }
 
 Result<std::shared_ptr<ClientSession>> ClientSession::create(reactor::Reactor& loop,
-                                                             transport::Transport& transport,
                                                              std::unique_ptr<transport::Link> link,
                                                              Geometry g, std::string peer) {
   std::shared_ptr<ClientSession> s(new ClientSession(loop, std::move(link), g, std::move(peer)));
-  Status st = s->send_ring_.register_with(transport, transport::Access::kLocalSend);
-  if (st.ok()) st = s->recv_ring_.register_with(transport, transport::Access::kRemoteWrite);
+  Status st = s->send_ring_.register_with(*s->link_, transport::Access::kLocalSend);
+  if (st.ok()) st = s->recv_ring_.register_with(*s->link_, transport::Access::kRemoteWrite);
   if (st.ok())
     st = s->link_->attach(s->recv_ring_.region(), s->send_ring_.region(), g.slot_count,
                           g.slot_size, static_cast<SessionBase*>(s.get()));
-  if (!st.ok()) return st;
+  if (!st.ok()) {
+    // Not started: no timers, nothing queued.  The rings go before the link.
+    s->closed_ = true;
+    s->send_ring_.deregister();
+    s->recv_ring_.deregister();
+    s->link_.reset();
+    return st;
+  }
   s->arm_keepalive();
   return s;
 }
@@ -68,6 +74,9 @@ ClientSession::~ClientSession() { assert(closed_); }
 
 void ClientSession::on_completion_thunk(SessionBase* s, const transport::Completion& c) {
   auto* self = static_cast<ClientSession*>(s);
+  // A session that closed earlier in this batch has dropped its link, which
+  // the rest of the batch may still name.
+  if (self->closed_) return;
   switch (c.kind) {
     case transport::Completion::Kind::kMessage:
       self->on_message(c);
@@ -464,12 +473,12 @@ void ClientSession::shutdown(Status status) {
     loop_.timers().cancel(call->timer);
     fail(call, status);
   }
-  // Drop queued completions that point at this session (destroying the link
-  // purges them from its transport) and unregister the rings while the
-  // transport still exists; held replies keep the memory itself mapped.
-  link_.reset();
+  // Unregister the rings through the link that registered them, then drop
+  // the link (that purges queued completions pointing at this session);
+  // held replies keep the memory itself mapped.
   send_ring_.deregister();
   recv_ring_.deregister();
+  link_.reset();
 }
 
 void ClientSession::arm_keepalive() {
@@ -508,6 +517,7 @@ ClientSession::Counters ClientSession::counters() const {
   c.queued = queued_;
   c.late_replies_dropped = late_replies_dropped_;
   c.messages_sent = messages_sent_;
+  if (link_) c.link = link_->stats();
   return c;
 }
 

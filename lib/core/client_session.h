@@ -72,11 +72,14 @@ class ClientSession final : public SessionBase,
     uint32_t slot_size;
   };
 
-  // Loop thread.  Registers both rings with `transport` and attaches `link`.
+  // Loop thread.  Registers both rings with `link` and attaches it.  The
+  // link may still be connecting (verbs: the rings' keys go into the
+  // handshake); messages posted before it is up wait in the link.
   static Result<std::shared_ptr<ClientSession>> create(reactor::Reactor& loop,
-                                                       transport::Transport& transport,
                                                        std::unique_ptr<transport::Link> link,
                                                        Geometry geometry, std::string peer);
+  // Loop thread.  The link finished connecting: silence is counted from now.
+  void link_ready() { liveness_.heard(Clock::now()); }
   ~ClientSession() override;
 
   // Loop thread.  Takes ownership of `call`; its sink runs exactly once.
@@ -106,6 +109,7 @@ class ClientSession final : public SessionBase,
     uint32_t lent = 0;  // slots lent to server streams
     uint64_t late_replies_dropped = 0;
     uint64_t messages_sent = 0;
+    transport::LinkStats link;  // zeros once the session is closed
   };
   Counters counters() const;
   bool closed() const { return closed_; }

@@ -38,8 +38,32 @@ std::span<const UintSetting> uint_settings() {
        1u << 24, "calls that may wait for a credit; more fail with RESOURCE_EXHAUSTED"},
       {"SLOTRPC_STREAM_WINDOW", "stream_window", &Config::stream_window, 1, kMaxSlotCount - 1,
        "slots a server-streaming call lends the server: messages it may have in flight"},
+      {"SLOTRPC_PORT", "device_port", &Config::device_port, 1, 255,
+       "verbs: port number of the RDMA device"},
+      {"SLOTRPC_TRAFFIC_CLASS", "traffic_class", &Config::traffic_class, 0, 255,
+       "verbs: traffic class in the GRH (RoCE: DSCP and ECN bits)"},
+      {"SLOTRPC_SERVICE_LEVEL", "service_level", &Config::service_level, 0, 15,
+       "verbs: service level of the queue pair's path"},
+      {"SLOTRPC_QP_TIMEOUT", "qp_timeout", &Config::qp_timeout, 0, 31,
+       "verbs: local ACK timeout, 4.096 us * 2^N; 0 waits forever"},
+      {"SLOTRPC_RETRY_COUNT", "retry_count", &Config::retry_count, 0, 7,
+       "verbs: retransmissions before a send fails"},
+      {"SLOTRPC_RNR_RETRY", "rnr_retry", &Config::rnr_retry, 0, 7,
+       "verbs: receiver-not-ready retries; 7 = forever"},
+      {"SLOTRPC_MIN_RNR_TIMER", "min_rnr_timer", &Config::min_rnr_timer, 0, 31,
+       "verbs: RNR NAK delay the peer is told to wait (IB encoding)"},
+      {"SLOTRPC_INLINE_BYTES", "inline_bytes", &Config::inline_bytes, 0, 4096,
+       "verbs: header + payload up to this many bytes is posted inline"},
   };
   return kTable;
+}
+
+std::span<const std::string_view> named_settings() {
+  static constexpr std::string_view kNames[] = {
+      "SLOTRPC_POLL_MODE", "SLOTRPC_TRANSPORT",  "SLOTRPC_LOG_LEVEL",
+      "SLOTRPC_DEVICE",    "SLOTRPC_GID_INDEX", "SLOTRPC_RELAXED_ORDERING",
+  };
+  return kNames;
 }
 
 namespace {
@@ -79,11 +103,48 @@ constexpr std::pair<std::string_view, PollMode> kPollModes[] = {
     {"busy", PollMode::kBusy}, {"blocking", PollMode::kBlocking}, {"adaptive", PollMode::kAdaptive}};
 constexpr std::pair<std::string_view, TransportKind> kTransports[] = {
     {"auto", TransportKind::kAuto}, {"tcp", TransportKind::kTcp}, {"verbs", TransportKind::kVerbs}};
+constexpr std::pair<std::string_view, RelaxedOrdering> kRelaxedOrdering[] = {
+    {"off", RelaxedOrdering::kOff}, {"on", RelaxedOrdering::kOn}, {"auto", RelaxedOrdering::kAuto}};
 constexpr std::pair<std::string_view, int> kLogLevels[] = {
     {"trace", 0}, {"debug", 1}, {"info", 2}, {"warn", 3}, {"error", 4}, {"critical", 5}, {"off", 6}};
 
+constexpr size_t kMaxDeviceName = 63;  // IBV_SYSFS_NAME_MAX - 1
+
+// A device name is what `ibv_devices` prints: letters, digits, '_', '-', '.'.
+Status check_device_name(std::string_view setting, std::string_view name) {
+  const std::string allowed = fmt::format(
+      "empty (the first device with an active port) or a device name of up to {} letters, "
+      "digits, '_', '-', '.'", kMaxDeviceName);
+  if (name.size() > kMaxDeviceName) return out_of_range(setting, fmt::format("'{}'", name), allowed);
+  for (char ch : name) {
+    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                    (ch >= '0' && ch <= '9') || ch == '_' || ch == '-' || ch == '.';
+    if (!ok) return out_of_range(setting, fmt::format("'{}'", name), allowed);
+  }
+  return {};
+}
+
+std::string gid_index_allowed() { return fmt::format("auto or a whole number from 0 to {}", kMaxGidIndex); }
+
+Result<int32_t> parse_gid_index(std::string_view setting, std::string_view text) {
+  if (text == "auto") return -1;
+  uint64_t value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() ||
+      value > static_cast<uint64_t>(kMaxGidIndex)) {
+    return out_of_range(setting, fmt::format("'{}'", text), gid_index_allowed());
+  }
+  return static_cast<int32_t>(value);
+}
+
 }  // namespace
 }  // namespace core
+
+std::string_view to_string(RelaxedOrdering mode) {
+  for (const auto& [name, value] : core::kRelaxedOrdering)
+    if (value == mode) return name;
+  return "?";
+}
 
 std::string_view to_string(PollMode mode) {
   for (const auto& [name, value] : core::kPollModes)
@@ -124,6 +185,16 @@ Status Config::validate() const {
   if (!parse_name("Config.log_level (SLOTRPC_LOG_LEVEL)", log_level, kLogLevels).ok()) {
     return parse_name("Config.log_level (SLOTRPC_LOG_LEVEL)", log_level, kLogLevels).status();
   }
+  if (Status st = check_device_name("Config.device (SLOTRPC_DEVICE)", device); !st.ok()) return st;
+  if (gid_index < -1 || gid_index > kMaxGidIndex) {
+    return out_of_range("Config.gid_index (SLOTRPC_GID_INDEX)", std::to_string(gid_index),
+                        fmt::format("-1 (auto) or a whole number from 0 to {}", kMaxGidIndex));
+  }
+  if (!parse_name("Config.relaxed_ordering (SLOTRPC_RELAXED_ORDERING)",
+                  to_string(relaxed_ordering), kRelaxedOrdering).ok()) {
+    return out_of_range("Config.relaxed_ordering (SLOTRPC_RELAXED_ORDERING)",
+                        std::to_string(static_cast<int>(relaxed_ordering)), "off, on or auto");
+  }
   return {};
 }
 
@@ -151,6 +222,20 @@ Result<Config> Config::with_environment() const {
     auto v = parse_name("SLOTRPC_LOG_LEVEL", text, kLogLevels);
     if (!v.ok()) return v.status();
     out.log_level = text;
+  }
+  if (const char* text = std::getenv("SLOTRPC_DEVICE")) {
+    if (Status st = check_device_name("SLOTRPC_DEVICE", text); !st.ok()) return st;
+    out.device = text;
+  }
+  if (const char* text = std::getenv("SLOTRPC_GID_INDEX")) {
+    auto v = parse_gid_index("SLOTRPC_GID_INDEX", text);
+    if (!v.ok()) return v.status();
+    out.gid_index = v.value();
+  }
+  if (const char* text = std::getenv("SLOTRPC_RELAXED_ORDERING")) {
+    auto v = parse_name("SLOTRPC_RELAXED_ORDERING", text, kRelaxedOrdering);
+    if (!v.ok()) return v.status();
+    out.relaxed_ordering = v.value();
   }
   Status st = out.validate();
   if (!st.ok()) return st;

@@ -64,6 +64,7 @@ void encode_hello_reply(const HelloReply& r, std::byte* out) {
   put32(out + 12, r.slot_size);
   put32(out + 16, r.extension_len);
   put32(out + 20, r.message_len);
+  put16(out + 24, static_cast<uint16_t>(r.transport));
 }
 
 Result<HelloReply> decode_hello_reply(const std::byte* in) {
@@ -77,6 +78,14 @@ Result<HelloReply> decode_hello_reply(const std::byte* in) {
   r.slot_size = get32(in + 12);
   r.extension_len = get32(in + 16);
   r.message_len = get32(in + 20);
+  const uint16_t t = get16(in + 24);
+  if (t == 0 || t == uint16_t(WireTransport::kTcp)) {
+    r.transport = WireTransport::kTcp;
+  } else if (t == uint16_t(WireTransport::kVerbs)) {
+    r.transport = WireTransport::kVerbs;
+  } else {
+    return bad(fmt::format("server chose unknown transport {}", t));
+  }
   if (r.extension_len > kMaxHandshakeExtension || r.message_len > kMaxHandshakeMessage)
     return bad("oversized handshake reply");
   return r;

@@ -37,6 +37,10 @@ struct HelloReply {
   uint32_t slot_size = 0;
   uint32_t extension_len = 0;
   uint32_t message_len = 0;
+  // The transport the server chose.  It may answer a verbs proposal with
+  // tcp (no device, or tcp forced); `message` then says why.  On the wire 0
+  // (a server predating the field) means tcp.
+  WireTransport transport = WireTransport::kTcp;
 };
 
 void encode_hello(const Hello& h, std::byte* out);

@@ -35,12 +35,12 @@ ServerSession::ServerSession(reactor::Reactor& loop, std::unique_ptr<transport::
 }
 
 Result<std::unique_ptr<ServerSession>> ServerSession::create(
-    reactor::Reactor& loop, transport::Transport& transport, std::unique_ptr<transport::Link> link,
-    Geometry g, const MethodTable& methods, std::string peer, ClosedFn on_closed) {
+    reactor::Reactor& loop, std::unique_ptr<transport::Link> link, Geometry g,
+    const MethodTable& methods, std::string peer, ClosedFn on_closed) {
   std::unique_ptr<ServerSession> s(
       new ServerSession(loop, std::move(link), g, methods, std::move(peer), std::move(on_closed)));
-  Status st = s->send_ring_.register_with(transport, transport::Access::kLocalSend);
-  if (st.ok()) st = s->recv_ring_.register_with(transport, transport::Access::kRemoteWrite);
+  Status st = s->send_ring_.register_with(*s->link_, transport::Access::kLocalSend);
+  if (st.ok()) st = s->recv_ring_.register_with(*s->link_, transport::Access::kRemoteWrite);
   if (st.ok())
     st = s->link_->attach(s->recv_ring_.region(), s->send_ring_.region(), g.slot_count,
                           g.slot_size, static_cast<SessionBase*>(s.get()));
@@ -53,6 +53,9 @@ Result<std::unique_ptr<ServerSession>> ServerSession::create(
 ServerSession::~ServerSession() {
   loop_.timers().cancel(keepalive_timer_);
   loop_.forget(this);
+  // The rings were registered through the link: deregister them first.
+  send_ring_.deregister();
+  recv_ring_.deregister();
   link_.reset();
 }
 

@@ -38,8 +38,8 @@ class ServerSession final : public SessionBase {
 
   // Loop thread.  `on_closed` runs (on the loop) once the session is closed
   // and idle; the owner destroys the session then.
+  // Registers both rings with `link`, attaches it and arms every slot.
   static Result<std::unique_ptr<ServerSession>> create(reactor::Reactor& loop,
-                                                       transport::Transport& transport,
                                                        std::unique_ptr<transport::Link> link,
                                                        Geometry geometry, const MethodTable& methods,
                                                        std::string peer, ClosedFn on_closed);

@@ -22,9 +22,17 @@ struct UintSetting {
   std::string_view meaning;
 };
 
-// Whole-number settings.  Enumerated ones (poll mode, transport, log level)
-// are parsed by name in config.cc.
+// Whole-number settings.  Named ones (poll mode, transport, log level,
+// device, GID index, relaxed ordering) are parsed in config.cc and listed by
+// named_settings().
 std::span<const UintSetting> uint_settings();
+
+// The SLOTRPC_* variables that are not whole numbers, in the order
+// docs/tuning.md lists them.
+std::span<const std::string_view> named_settings();
+
+// SLOTRPC_GID_INDEX: "auto" (stored as -1) or 0..kMaxGidIndex.
+inline constexpr int32_t kMaxGidIndex = 255;
 
 // Largest ring geometry: a slot index travels in 16 bits of the immediate,
 // and slot_count * slot_size is one registered region per direction.

@@ -28,11 +28,12 @@ void SlotRing::deregister() {
   region_ = transport::MemoryRegion{base_, bytes()};
 }
 
-Status SlotRing::register_with(transport::Transport& t, transport::Access access) {
-  auto r = t.register_memory({base_, bytes()}, access);
+Status SlotRing::register_with(transport::Link& link, transport::Access access) {
+  if (registered_with_ != nullptr) deregister();
+  auto r = link.register_memory({base_, bytes()}, access);
   if (!r.ok()) return r.status();
   region_ = r.value();
-  registered_with_ = &t;
+  registered_with_ = &link;
   return {};
 }
 

@@ -11,14 +11,15 @@ namespace slotrpc::core {
 
 class SlotRing {
  public:
-  // Page-aligned, zeroed memory.  Registration with a transport is separate
-  // (register_with), done once at session setup.
+  // Page-aligned, zeroed memory.  Registration with the session's link is
+  // separate (register_with), done once at session setup; the ring must be
+  // deregistered before that link is destroyed.
   SlotRing(uint32_t count, uint32_t size);
   ~SlotRing();
   SlotRing(const SlotRing&) = delete;
   SlotRing& operator=(const SlotRing&) = delete;
 
-  Status register_with(transport::Transport& t, transport::Access access);
+  Status register_with(transport::Link& link, transport::Access access);
   // Idempotent; the memory stays mapped until destruction.
   void deregister();
 
@@ -34,7 +35,7 @@ class SlotRing {
   uint32_t size_;
   std::byte* base_ = nullptr;
   transport::MemoryRegion region_{};
-  transport::Transport* registered_with_ = nullptr;
+  transport::Link* registered_with_ = nullptr;
 };
 
 }  // namespace slotrpc::core

@@ -10,6 +10,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "transport/verbs/verbs_transport.h"
+
 namespace slotrpc::reactor {
 namespace {
 thread_local Reactor* tls_reactor = nullptr;
@@ -39,8 +41,24 @@ Reactor::~Reactor() {
   Task t;
   while (inbox_.pop(t)) {
   }
+  verbs_.reset();
   ::close(event_fd_);
   ::close(epoll_fd_);
+}
+
+Result<transport::verbs::VerbsTransport*> Reactor::verbs() {
+  if (verbs_) return verbs_.get();
+  auto created = transport::verbs::VerbsTransport::create(config_);
+  if (!created.ok()) return created.status();
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = created.value()->wait_fd();
+  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ev.data.fd, &ev) != 0) {
+    return Status(StatusCode::kInternal, std::string("slotrpc reactor: epoll_ctl: ") + std::strerror(errno));
+  }
+  verbs_ = std::move(created.value());
+  spdlog::debug("slotrpc: {}: verbs transport on {}", name_, verbs_->device().describe());
+  return verbs_.get();
 }
 
 Reactor* Reactor::current() { return tls_reactor; }
@@ -127,15 +145,20 @@ bool Reactor::run_turn() {
     worked = true;
   }
 
-  // One batch of completions per transport.
-  const size_t n = tcp_.poll(completions_);
-  for (size_t i = 0; i < n; ++i) {
-    const transport::Completion& c = completions_[i];
-    auto* session = static_cast<core::SessionBase*>(c.context);
-    if (session != nullptr) session->on_completion(session, c);
-  }
-  stats_.completions += n;
-  worked |= n > 0;
+  // One batch of completions per transport (both classes are final: these
+  // are direct calls).  A session callback may destroy a link, never a
+  // transport, so the batch stays valid while it is handed out.
+  auto deliver = [this](size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      const transport::Completion& c = completions_[i];
+      auto* session = static_cast<core::SessionBase*>(c.context);
+      if (session != nullptr) session->on_completion(session, c);
+    }
+    stats_.completions += n;
+    return n > 0;
+  };
+  if (verbs_) worked |= deliver(verbs_->poll(completions_));
+  worked |= deliver(tcp_.poll(completions_));
 
   if (timers_.live() != 0) {
     const Clock::time_point now = Clock::now();
@@ -170,7 +193,7 @@ void Reactor::sleep_until_work() {
   sleeping_.store(true, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (!inbox_.empty() || !ready_fibers_.empty() || !tcp_.prepare_sleep() ||
-      stop_.load(std::memory_order_relaxed)) {
+      (verbs_ && !verbs_->prepare_sleep()) || stop_.load(std::memory_order_relaxed)) {
     sleeping_.store(false, std::memory_order_relaxed);
     return;
   }

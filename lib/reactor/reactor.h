@@ -1,7 +1,8 @@
 // Reactor: one event loop on one thread.
 //
-// A turn: run tasks posted from other threads, poll every transport for a
-// batch of completions and hand each to its session, run due timers, then
+// A turn: run tasks posted from other threads, poll every transport (TCP,
+// and verbs once a session uses it) for a batch of completions and hand each
+// to its session, run due timers, then
 // let every session that queued messages flush them as one batch per link
 // (one writev / one doorbell).  Handlers run on pooled fibers, so a handler
 // that waits (for a nested RPC, a sleep) suspends its fiber, not the loop.
@@ -25,6 +26,10 @@
 #include "reactor/timer_heap.h"
 #include "slotrpc/config.h"
 #include "transport/tcp/tcp_transport.h"
+
+namespace slotrpc::transport::verbs {
+class VerbsTransport;
+}
 
 namespace slotrpc::reactor {
 
@@ -61,6 +66,9 @@ class Reactor {
 
   TimerHeap& timers() { return timers_; }
   transport::TcpTransport& tcp() { return tcp_; }
+  // Loop thread.  This loop's verbs transport, created on first use (it
+  // opens the RDMA device the config selects); the error says why not.
+  Result<transport::verbs::VerbsTransport*> verbs();
 
   // Loop thread.  The session's flush() runs at the end of this turn.
   void request_flush(core::SessionBase* s) {
@@ -104,6 +112,7 @@ class Reactor {
   std::vector<core::SessionBase*> flushing_;
   std::vector<transport::Completion> completions_;
   transport::TcpTransport tcp_;
+  std::unique_ptr<transport::verbs::VerbsTransport> verbs_;  // lazily, see verbs()
   Stats stats_;
 };
 

@@ -8,7 +8,9 @@
 #include <array>
 #include <cassert>
 #include <future>
+#include <span>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/client_session.h"
@@ -16,7 +18,9 @@
 #include "core/logging.h"
 #include "reactor/reactor.h"
 #include "rpc/connector.h"
+#include "transport/verbs/device.h"
 #include "transport/verbs/device_probe.h"
+#include "transport/verbs/verbs_transport.h"
 
 namespace slotrpc {
 
@@ -24,7 +28,11 @@ struct Channel::Impl {
   std::string address;
   Config config;
   std::string peer;
-  TransportKind kind = TransportKind::kTcp;
+  std::atomic<TransportKind> kind{TransportKind::kTcp};
+  // Whether this host may propose verbs (a usable device was found at
+  // connect()), and the device's description or why not.
+  bool verbs_possible = false;
+  std::string verbs_note;
   std::shared_ptr<reactor::Reactor> loop;
   std::atomic<uint64_t> last_request_id{0};
   std::atomic<bool> closing{false};
@@ -38,70 +46,210 @@ struct Channel::Impl {
   // Loop thread: runs `then` with OK once a live session exists, starting a
   // reconnect if the current one is closed; with the error if that fails.
   void with_session(std::function<void(const Status&)> then);
-  Status start_session(int fd);  // loop thread
 };
 
 namespace {
 
-// Sends our Hello and reads the server's answer.
-Status client_handshake(int fd, const Config& cfg, rpc::Deadline deadline) {
-  std::array<std::byte, core::kHelloSize> buf;
+// A session that is ready to be installed on the channel's loop.
+struct Established {
+  std::shared_ptr<core::ClientSession> session;
+  std::string peer;
+  TransportKind kind = TransportKind::kTcp;
+  std::string note;  // why this transport, for the log
+};
+
+// Runs `fn` on `loop` and waits for its result.  Never called on the loop
+// itself (connect() runs on the caller's thread, reconnects on a helper).
+template <class Fn>
+auto on_loop(reactor::Reactor& loop, Fn fn) -> decltype(fn()) {
+  assert(!loop.on_this_thread());
+  std::promise<decltype(fn())> result;
+  auto future = result.get_future();
+  loop.post([&] { result.set_value(fn()); });
+  return future.get();
+}
+
+// Closes the fd on scope exit unless released.
+struct FdGuard {
+  int fd;
+  ~FdGuard() {
+    if (fd >= 0) ::close(fd);
+  }
+  int release() { return std::exchange(fd, -1); }
+};
+
+struct HandshakeResult {
+  core::HelloReply reply;
+  std::string message;
+  std::vector<std::byte> extension;
+};
+
+// Sends our Hello (with the transport's extension) and reads the server's
+// answer.
+Result<HandshakeResult> client_handshake(int fd, const Config& cfg, core::WireTransport propose,
+                                         std::span<const std::byte> extension,
+                                         rpc::Deadline deadline) {
+  std::vector<std::byte> out(core::kHelloSize + extension.size());
   core::Hello hello;
-  hello.transport = core::WireTransport::kTcp;
+  hello.transport = propose;
   hello.slot_count = cfg.slot_count;
   hello.slot_size = cfg.slot_size;
-  core::encode_hello(hello, buf.data());
-  Status st = rpc::write_all(fd, buf, deadline);
+  hello.extension_len = static_cast<uint32_t>(extension.size());
+  core::encode_hello(hello, out.data());
+  std::copy(extension.begin(), extension.end(), out.begin() + core::kHelloSize);
+  Status st = rpc::write_all(fd, out, deadline);
   if (!st.ok()) return st;
+  std::array<std::byte, core::kHelloSize> buf;
   st = rpc::read_exact(fd, buf, deadline);
   if (!st.ok()) return st;
   auto reply = core::decode_hello_reply(buf.data());
   if (!reply.ok()) return reply.status();
-  std::string message(reply->message_len, '\0');
-  st = rpc::read_exact(fd, std::as_writable_bytes(std::span(message)), deadline);
+  HandshakeResult r;
+  r.reply = reply.value();
+  r.message.assign(reply->message_len, '\0');
+  st = rpc::read_exact(fd, std::as_writable_bytes(std::span(r.message)), deadline);
+  if (!st.ok()) return st;
+  r.extension.resize(reply->extension_len);
+  st = rpc::read_exact(fd, r.extension, deadline);
   if (!st.ok()) return st;
   if (reply->status != 0) {
     const auto code = is_known_status_code(reply->status) ? static_cast<StatusCode>(reply->status)
                                                           : StatusCode::kUnavailable;
-    return Status(code, "server refused the session: " + message);
+    return Status(code, "server refused the session: " + r.message);
   }
   if (reply->slot_count != cfg.slot_count || reply->slot_size != cfg.slot_size) {
     return Status(StatusCode::kUnavailable, "server answered with a different ring geometry");
   }
-  return {};
+  return r;
 }
 
-// Blocking: TCP connect plus handshake, bounded by connect_timeout_ms.
-Result<int> open_session_socket(const std::string& address, const Config& cfg) {
-  auto endpoint = rpc::parse_address(address);
+// Blocking (off the loop): TCP connect, handshake, and the session created
+// on the loop, bounded by connect_timeout_ms.  With verbs possible, the
+// link and the session (whose registered rings the handshake advertises)
+// are made first; the server may answer with tcp instead.
+Result<Established> establish(Channel::Impl& impl) {
+  const Config& cfg = impl.config;
+  auto fail = [&](const Status& st) {
+    return Status(st.code(), fmt::format("connect to {}: {}", impl.address, st.message()));
+  };
+  auto endpoint = rpc::parse_address(impl.address);
   if (!endpoint.ok()) return endpoint.status();
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(cfg.connect_timeout_ms);
-  auto fd = rpc::connect_tcp(*endpoint, deadline);
-  if (!fd.ok()) return fd.status();
-  Status st = client_handshake(*fd, cfg, deadline);
-  if (!st.ok()) {
-    ::close(*fd);
-    return Status(st.code(), fmt::format("connect to {}: {}", address, st.message()));
+  auto connected = rpc::connect_tcp(*endpoint, deadline);
+  if (!connected.ok()) return connected.status();
+  FdGuard fd{connected.value()};
+
+  Established e;
+  e.peer = rpc::peer_name(fd.fd);
+  const std::string local = rpc::local_name(fd.fd);
+  const core::ClientSession::Geometry geometry{cfg.slot_count, cfg.slot_size};
+  reactor::Reactor& loop = *impl.loop;
+
+  std::shared_ptr<core::ClientSession> vsession;
+  transport::verbs::VerbsLink* vlink = nullptr;  // owned by vsession, loop thread only
+  std::array<std::byte, transport::verbs::kQpInfoSize> ext{};
+  bool propose = impl.verbs_possible;
+  std::string note = cfg.transport == TransportKind::kTcp
+                         ? std::string("transport=tcp")
+                         : fmt::format("no usable RDMA device here: {}", impl.verbs_note);
+  if (propose) {
+    Status st = on_loop(loop, [&]() -> Status {
+      auto t = loop.verbs();
+      if (!t.ok()) return t.status();
+      auto link = t.value()->create_link(fmt::format("verbs {} -> {}", local, e.peer),
+                                         geometry.slot_count);
+      if (!link.ok()) return link.status();
+      vlink = link.value().get();
+      auto s = core::ClientSession::create(loop, std::move(link.value()), geometry, e.peer);
+      if (!s.ok()) return s.status();
+      vsession = std::move(s.value());
+      vsession->set_loop_handle(impl.loop);
+      transport::verbs::encode_qp_info(vlink->local_info(), ext.data());
+      return {};
+    });
+    if (!st.ok()) {
+      if (cfg.transport == TransportKind::kVerbs) return fail(Status(st.code(), "verbs setup failed: " + st.message()));
+      spdlog::warn("slotrpc: verbs setup for {} failed, offering tcp: {}", impl.address, st.message());
+      note = "verbs setup failed here: " + st.message();
+      propose = false;
+    }
   }
-  return *fd;
+  // The verbs session is dropped unless the server takes it.
+  auto drop_verbs = [&](const char* why) {
+    if (!vsession) return;
+    on_loop(loop, [&] {
+      vsession->shutdown(Status(StatusCode::kCancelled, why));
+      return 0;
+    });
+    vsession.reset();
+  };
+
+  auto hs = client_handshake(fd.fd, cfg, propose ? core::WireTransport::kVerbs : core::WireTransport::kTcp,
+                             propose ? std::span<const std::byte>(ext) : std::span<const std::byte>(),
+                             deadline);
+  if (!hs.ok()) {
+    drop_verbs("handshake failed");
+    return fail(hs.status());
+  }
+
+  if (hs->reply.transport == core::WireTransport::kVerbs) {
+    if (!propose) return fail(Status(StatusCode::kUnavailable, "server chose verbs, which this client did not offer"));
+    auto info = transport::verbs::decode_qp_info(hs->extension);
+    if (!info.ok()) {
+      drop_verbs("handshake failed");
+      return fail(info.status());
+    }
+    const int link_fd = fd.release();
+    Status st = on_loop(loop, [&]() -> Status {
+      // A session that died meanwhile (keepalive) has dropped its link.
+      if (vsession->closed()) return vsession->close_status();
+      Status s = vlink->connect(info.value(), link_fd, e.peer);
+      if (s.ok()) vsession->link_ready();
+      return s;
+    });
+    if (!st.ok()) {
+      ::close(link_fd);  // connect() takes the fd only on success
+      drop_verbs("verbs connect failed");
+      return fail(Status(StatusCode::kUnavailable, "verbs connect failed: " + st.message()));
+    }
+    e.session = std::move(vsession);
+    e.kind = TransportKind::kVerbs;
+    on_loop(loop, [&] {
+      e.note = loop.verbs().ok() ? loop.verbs().value()->device().describe() : "";
+      return 0;
+    });
+    return e;
+  }
+
+  // The server answered with tcp.
+  drop_verbs("the server chose tcp");
+  if (propose) {
+    if (cfg.transport == TransportKind::kVerbs) {
+      return fail(Status(StatusCode::kUnavailable,
+                         "transport 'verbs' was requested (Config.transport / SLOTRPC_TRANSPORT) "
+                         "but the server answered with tcp: " + hs->message));
+    }
+    note = "the server chose tcp: " + hs->message;
+  }
+  const int tcp_fd = fd.release();
+  const std::string description = fmt::format("tcp {} -> {}", local, e.peer);
+  auto created = on_loop(loop, [&]() -> Result<std::shared_ptr<core::ClientSession>> {
+    auto link = loop.tcp().adopt(tcp_fd, description);  // takes the fd, even on failure
+    if (!link.ok()) return link.status();
+    auto s = core::ClientSession::create(loop, std::move(link.value()), geometry, e.peer);
+    if (!s.ok()) return s.status();
+    s.value()->set_loop_handle(impl.loop);
+    return s;
+  });
+  if (!created.ok()) return fail(created.status());
+  e.session = std::move(created.value());
+  e.kind = TransportKind::kTcp;
+  e.note = std::move(note);
+  return e;
 }
 
 }  // namespace
-
-Status Channel::Impl::start_session(int fd) {
-  peer = rpc::peer_name(fd);
-  const std::string description = fmt::format("tcp {} -> {}", rpc::local_name(fd), peer);
-  auto link = loop->tcp().adopt(fd, description);
-  if (!link.ok()) return link.status();  // adopt() closed the fd
-  auto created = core::ClientSession::create(
-      *loop, loop->tcp(), std::move(link.value()),
-      core::ClientSession::Geometry{config.slot_count, config.slot_size}, peer);
-  if (!created.ok()) return created.status();
-  session = std::move(created.value());
-  session->set_loop_handle(loop);
-  return {};
-}
 
 void Channel::Impl::with_session(std::function<void(const Status&)> then) {
   if (session && !session->closed()) return then(Status());
@@ -111,13 +259,18 @@ void Channel::Impl::with_session(std::function<void(const Status&)> then) {
   reconnecting = true;
   if (reconnector.joinable()) reconnector.join();  // the previous one has finished
   spdlog::info("slotrpc: reconnecting to {}", address);
-  // Connecting blocks, so it runs beside the loop, never on it.
+  // Connecting blocks (and waits for the loop), so it runs beside the loop.
   reconnector = std::thread([this] {
-    Result<int> fd = open_session_socket(address, config);
-    loop->post([this, fd] {
+    Result<Established> est = establish(*this);
+    loop->post([this, est = std::move(est)]() mutable {
       reconnecting = false;
-      Status st = fd.ok() ? start_session(fd.value()) : fd.status();
-      if (st.ok()) spdlog::info("slotrpc: reconnected to {}", peer);
+      Status st = est.status();
+      if (st.ok()) {
+        session = std::move(est.value().session);
+        peer = est.value().peer;
+        kind = est.value().kind;
+        spdlog::info("slotrpc: reconnected to {} ({})", peer, to_string(kind.load()));
+      }
       auto waiting = std::move(waiting_for_session);
       waiting_for_session.clear();
       for (auto& fn : waiting) fn(st);
@@ -129,27 +282,38 @@ Result<std::unique_ptr<Channel>> Channel::connect(const std::string& address, Co
   auto cfg = config.with_environment();
   if (!cfg.ok()) return cfg.status();
   core::apply_log_level(cfg->log_level);
-  if (cfg->transport == TransportKind::kVerbs) {
-    return Status(StatusCode::kUnavailable,
-                  "transport 'verbs' was requested (Config.transport / SLOTRPC_TRANSPORT) but "
-                  "this build has no verbs transport yet; use 'tcp' or 'auto'");
-  }
-  auto fd = open_session_socket(address, *cfg);
-  if (!fd.ok()) return fd.status();
 
   auto impl = std::make_shared<Impl>();
   impl->address = address;
   impl->config = *cfg;
-  impl->kind = TransportKind::kTcp;
+  if (cfg->transport != TransportKind::kTcp) {
+    auto probe = transport::verbs::probe(*cfg);
+    if (probe.ok()) {
+      impl->verbs_possible = true;
+      impl->verbs_note = probe.value();
+    } else if (cfg->transport == TransportKind::kVerbs) {
+      return Status(StatusCode::kUnavailable,
+                    "transport 'verbs' was requested (Config.transport / SLOTRPC_TRANSPORT) but "
+                    "this host has no usable RDMA device: " + probe.status().message() +
+                    " (RDMA devices listed: " + transport::verbs::describe_devices() + ")");
+    } else {
+      impl->verbs_note = probe.status().message();
+    }
+  }
   impl->loop = std::make_shared<reactor::Reactor>(*cfg, "slotrpc-chan");
   impl->loop->start();
-  std::promise<Status> ready;
-  impl->loop->post([p = impl.get(), sock = *fd, &ready] { ready.set_value(p->start_session(sock)); });
-  Status st = ready.get_future().get();
-  if (!st.ok()) return st;
-  spdlog::info("slotrpc: channel to {} uses tcp (transport={}; RDMA devices here: {}; this build "
-               "has no verbs transport yet)",
-               impl->peer, to_string(cfg->transport), transport::verbs::describe_devices());
+  auto est = establish(*impl);
+  if (!est.ok()) return est.status();  // ~Impl stops the loop
+  std::promise<void> installed;
+  impl->loop->post([p = impl.get(), &est, &installed] {
+    p->session = std::move(est.value().session);
+    p->peer = est.value().peer;
+    p->kind = est.value().kind;
+    installed.set_value();
+  });
+  installed.get_future().wait();
+  spdlog::info("slotrpc: channel to {} uses {} ({}; transport={})", impl->peer,
+               to_string(impl->kind.load()), est.value().note, to_string(cfg->transport));
   return std::unique_ptr<Channel>(new Channel(std::move(impl)));
 }
 
@@ -299,7 +463,7 @@ Future<RawReply> Channel::call(uint32_t method_id, RequestWriter writer, CallOpt
   return Future<RawReply>(state);
 }
 
-TransportKind Channel::transport() const { return impl_->kind; }
+TransportKind Channel::transport() const { return impl_->kind.load(); }
 const std::string& Channel::peer() const { return impl_->peer; }
 const Config& Channel::config() const { return impl_->config; }
 uint32_t Channel::slot_count() const { return impl_->config.slot_count; }
@@ -317,6 +481,10 @@ Channel::Stats Channel::stats() const {
     out.lent = c.lent;
     out.late_replies_dropped = c.late_replies_dropped;
     out.messages_sent = c.messages_sent;
+    out.inline_sends = c.link.inline_sends;
+    out.noninline_sends = c.link.noninline_sends;
+    out.doorbells = c.link.doorbells;
+    out.max_inline = c.link.max_inline;
     out.closed = impl->session->closed();
     return out;
   };

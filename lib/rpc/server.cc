@@ -1,5 +1,6 @@
 #include "slotrpc/server.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstring>
 #include <future>
 #include <thread>
 #include <unordered_map>
@@ -23,6 +25,8 @@
 #include "core/settings.h"
 #include "reactor/reactor.h"
 #include "rpc/connector.h"
+#include "transport/verbs/device.h"
+#include "transport/verbs/verbs_transport.h"
 
 namespace slotrpc {
 
@@ -37,6 +41,10 @@ struct Server::Impl {
   std::atomic<size_t> session_count{0};
   size_t next_loop = 0;
 
+  // Whether this server accepts verbs sessions, and the device or why not.
+  bool verbs_ok = false;
+  std::string verbs_note;
+
   int listen_fd = -1;
   uint16_t port = 0;
   std::thread acceptor;
@@ -46,24 +54,41 @@ struct Server::Impl {
   void accept_loop();
   void handshake_and_hand_over(int fd);
   void adopt(size_t loop_index, int fd, core::ServerSession::Geometry g, std::string peer);
+  // Loop thread: a verbs session towards `remote`, its link owning
+  // `link_fd` on success; returns the server's extension.
+  Result<std::vector<std::byte>> adopt_verbs(size_t loop_index, int link_fd,
+                                             core::ServerSession::Geometry g, std::string peer,
+                                             std::string local,
+                                             transport::verbs::QpInfo remote);
 };
 
 namespace {
 
-// Answers a Hello: OK with the accepted geometry, or a refusal that says why.
+struct FdCloser {
+  int fd;
+  ~FdCloser() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Answers a Hello: OK with the accepted geometry and the chosen transport
+// (plus its extension), or a refusal that says why.
 Status send_reply(int fd, uint16_t status, const core::Hello& hello, const std::string& message,
-                  rpc::Deadline deadline) {
-  std::array<std::byte, core::kHelloSize> buf;
+                  rpc::Deadline deadline,
+                  core::WireTransport transport = core::WireTransport::kTcp,
+                  std::span<const std::byte> extension = {}) {
   core::HelloReply reply;
   reply.status = status;
   reply.slot_count = hello.slot_count;
   reply.slot_size = hello.slot_size;
+  reply.transport = transport;
   reply.message_len = static_cast<uint32_t>(std::min<size_t>(message.size(), core::kMaxHandshakeMessage));
+  reply.extension_len = static_cast<uint32_t>(extension.size());
+  std::vector<std::byte> buf(core::kHelloSize + reply.message_len + extension.size());
   core::encode_hello_reply(reply, buf.data());
-  Status st = rpc::write_all(fd, buf, deadline);
-  if (st.ok() && reply.message_len > 0)
-    st = rpc::write_all(fd, std::as_bytes(std::span(message.data(), reply.message_len)), deadline);
-  return st;
+  std::memcpy(buf.data() + core::kHelloSize, message.data(), reply.message_len);
+  std::copy(extension.begin(), extension.end(), buf.begin() + core::kHelloSize + reply.message_len);
+  return rpc::write_all(fd, buf, deadline);
 }
 
 }  // namespace
@@ -91,10 +116,20 @@ Status Server::start(const std::string& listen_address) {
   if (!cfg.ok()) return cfg.status();
   impl_->config = cfg.value();
   core::apply_log_level(impl_->config.log_level);
-  if (impl_->config.transport == TransportKind::kVerbs) {
-    return Status(StatusCode::kUnavailable,
-                  "transport 'verbs' was requested (Config.transport / SLOTRPC_TRANSPORT) but "
-                  "this build has no verbs transport yet; use 'tcp' or 'auto'");
+  if (impl_->config.transport != TransportKind::kTcp) {
+    auto probe = transport::verbs::probe(impl_->config);
+    if (probe.ok()) {
+      impl_->verbs_ok = true;
+      impl_->verbs_note = probe.value();
+    } else if (impl_->config.transport == TransportKind::kVerbs) {
+      return Status(StatusCode::kUnavailable,
+                    "transport 'verbs' was requested (Config.transport / SLOTRPC_TRANSPORT) but "
+                    "this host has no usable RDMA device: " + probe.status().message());
+    } else {
+      impl_->verbs_note = probe.status().message();
+    }
+  } else {
+    impl_->verbs_note = "transport=tcp";
   }
 
   auto endpoint = rpc::parse_address(listen_address);
@@ -126,8 +161,13 @@ Status Server::start(const std::string& listen_address) {
   }
   impl_->started = true;
   impl_->acceptor = std::thread([impl = impl_.get()] { impl->accept_loop(); });
-  spdlog::info("slotrpc: server listening on {}:{} (tcp, {} event loop(s), up to {} slots of {} bytes)",
-               endpoint->host, impl_->port, n, impl_->config.slot_count, impl_->config.slot_size);
+  const std::string transports =
+      impl_->config.transport == TransportKind::kVerbs ? "verbs only, on " + impl_->verbs_note
+      : impl_->verbs_ok ? "tcp and verbs on " + impl_->verbs_note
+                        : "tcp only: " + impl_->verbs_note;
+  spdlog::info("slotrpc: server listening on {}:{} ({}; {} event loop(s), up to {} slots of {} bytes)",
+               endpoint->host, impl_->port, transports, n, impl_->config.slot_count,
+               impl_->config.slot_size);
   return {};
 }
 
@@ -162,8 +202,17 @@ void Server::Impl::handshake_and_hand_over(int fd) {
     ::close(fd);
   };
   if (!hello.ok()) return refuse(StatusCode::kUnavailable, hello.status().message());
-  if (h.transport != core::WireTransport::kTcp) {
-    return refuse(StatusCode::kUnavailable, "this server offers only the tcp transport");
+  std::vector<std::byte> extension(h.extension_len);
+  st = rpc::read_exact(fd, extension, deadline);
+  if (!st.ok()) {
+    spdlog::warn("slotrpc: handshake with {} failed: {}", peer, st.message());
+    ::close(fd);
+    return;
+  }
+  if (h.transport == core::WireTransport::kTcp && config.transport == TransportKind::kVerbs) {
+    return refuse(StatusCode::kUnavailable,
+                  "this server accepts only the verbs transport (SLOTRPC_TRANSPORT=verbs); the "
+                  "client offered tcp");
   }
   if (h.slot_count < 1 || h.slot_count > config.slot_count || h.slot_size < core::kMinSlotSize ||
       h.slot_size > config.slot_size || h.slot_size % core::kSlotSizeAlign != 0) {
@@ -174,7 +223,64 @@ void Server::Impl::handshake_and_hand_over(int fd) {
                               h.slot_count, h.slot_size, config.slot_count, core::kMinSlotSize,
                               config.slot_size, core::kSlotSizeAlign));
   }
-  st = send_reply(fd, 0, h, "", deadline);
+  std::string tcp_note;  // why a verbs proposal is answered with tcp
+  if (h.transport == core::WireTransport::kVerbs) {
+    if (!verbs_ok) {
+      tcp_note = config.transport == TransportKind::kTcp
+                     ? "the server uses tcp only (transport=tcp)"
+                     : "the server has no usable RDMA device: " + verbs_note;
+    } else {
+      auto remote = transport::verbs::decode_qp_info(extension);
+      if (!remote.ok()) return refuse(StatusCode::kUnavailable, remote.status().message());
+      if (remote->slot_count != h.slot_count || remote->slot_size != h.slot_size) {
+        return refuse(StatusCode::kUnavailable,
+                      "handshake failed: the verbs extension's ring geometry differs from the hello's");
+      }
+      // The session is made on its loop (the rings are registered in the
+      // link's protection domain); its link gets a duplicate of the fd and
+      // watches it for EOF, this thread answers on the original.
+      const size_t index = next_loop++ % loops.size();
+      const int link_fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+      if (link_fd < 0) {
+        return refuse(StatusCode::kUnavailable,
+                      fmt::format("server cannot set up verbs: dup: {}", std::strerror(errno)));
+      }
+      using Answer = Result<std::vector<std::byte>>;
+      auto answer = std::make_shared<std::promise<Answer>>();
+      auto ready = answer->get_future();
+      loops[index]->post([this, index, link_fd, g = core::ServerSession::Geometry{h.slot_count, h.slot_size},
+                          peer, local = rpc::local_name(fd), info = remote.value(), answer] {
+        answer->set_value(adopt_verbs(index, link_fd, g, peer, local, info));
+      });
+      if (ready.wait_until(deadline) != std::future_status::ready) {
+        const std::string why = "server event loop did not set up the session in time";
+        spdlog::warn("slotrpc: refused session from {}: {}", peer, why);
+        (void)send_reply(fd, static_cast<uint16_t>(StatusCode::kUnavailable), h, why, deadline);
+        // The session may still appear on the loop: the shutdown gives its
+        // link (which holds a duplicate of this fd) EOF.
+        ::shutdown(fd, SHUT_RDWR);
+        ::close(fd);
+        return;
+      }
+      Answer a = ready.get();
+      if (a.ok()) {
+        st = send_reply(fd, 0, h, "", deadline, core::WireTransport::kVerbs, a.value());
+        if (!st.ok()) {
+          spdlog::warn("slotrpc: handshake with {} failed: {}", peer, st.message());
+          ::shutdown(fd, SHUT_RDWR);  // the session's link sees EOF and closes it
+        }
+        ::close(fd);
+        return;
+      }
+      if (config.transport == TransportKind::kVerbs) {
+        return refuse(a.status().code(), "server cannot set up verbs: " + a.status().message());
+      }
+      spdlog::warn("slotrpc: verbs setup for {} failed, answering with tcp: {}", peer,
+                   a.status().message());
+      tcp_note = "verbs setup failed on the server: " + a.status().message();
+    }
+  }
+  st = send_reply(fd, 0, h, tcp_note, deadline);
   if (!st.ok()) {
     spdlog::warn("slotrpc: handshake with {} failed: {}", peer, st.message());
     ::close(fd);
@@ -198,7 +304,7 @@ void Server::Impl::adopt(size_t index, int fd, core::ServerSession::Geometry g, 
     return;
   }
   auto session = core::ServerSession::create(
-      loop, loop.tcp(), std::move(link.value()), g, methods, peer,
+      loop, std::move(link.value()), g, methods, peer,
       [this, index](core::ServerSession* s) {
         if (sessions[index].erase(s) != 0) --session_count;
       });
@@ -210,6 +316,37 @@ void Server::Impl::adopt(size_t index, int fd, core::ServerSession::Geometry g, 
   core::ServerSession* raw = session.value().get();
   sessions[index].emplace(raw, std::move(session.value()));
   ++session_count;
+}
+
+Result<std::vector<std::byte>> Server::Impl::adopt_verbs(size_t index, int link_fd,
+                                                          core::ServerSession::Geometry g,
+                                                          std::string peer, std::string local,
+                                                          transport::verbs::QpInfo remote) {
+  FdCloser closer{link_fd};  // until the link owns it
+  reactor::Reactor& loop = *loops[index];
+  if (stopping.load()) return Status(StatusCode::kUnavailable, "server stopping");
+  auto t = loop.verbs();
+  if (!t.ok()) return t.status();
+  auto link = t.value()->create_link(fmt::format("verbs {} -> {}", local, peer), g.slot_count);
+  if (!link.ok()) return link.status();
+  transport::verbs::VerbsLink* raw_link = link.value().get();
+  auto session = core::ServerSession::create(
+      loop, std::move(link.value()), g, methods, peer,
+      [this, index](core::ServerSession* s) {
+        if (sessions[index].erase(s) != 0) --session_count;
+      });
+  if (!session.ok()) return session.status();
+  // Never registered, never closed: a failure below just destroys it.
+  Status st = raw_link->connect(remote, link_fd, peer);
+  if (!st.ok()) return st;
+  closer.fd = -1;
+  std::vector<std::byte> ext(transport::verbs::kQpInfoSize);
+  transport::verbs::encode_qp_info(raw_link->local_info(), ext.data());
+  spdlog::debug("slotrpc: verbs session with {} on loop {}: {}", peer, index, raw_link->describe());
+  core::ServerSession* raw = session.value().get();
+  sessions[index].emplace(raw, std::move(session.value()));
+  ++session_count;
+  return ext;
 }
 
 void Server::stop() {

@@ -1,9 +1,15 @@
 // The transport interface: everything the protocol core needs from a
 // network, and nothing more.
 //
-//   Transport  one per reactor and kind: registers memory, polls a batch of
-//              completions, exposes one fd to sleep on.
-//   Link       one per session: posts a batch of messages to the peer.
+//   Transport  one per reactor and kind: polls a batch of completions,
+//              exposes one fd to sleep on.
+//   Link       one per session: registers the session's memory, posts a
+//              batch of messages to the peer.
+//
+// Registration belongs to the Link, not the Transport, because on verbs
+// each session has its own protection domain: a queue pair can then only
+// reach the memory registered for its own session, never another session's
+// ring (see docs/design.md, "Verbs transport").
 //
 // A message is placed by the transport into a *slot* of the receiver's
 // registered ring (RDMA WRITE_WITH_IMM into the slot; TCP copies the frame
@@ -28,7 +34,8 @@
 namespace slotrpc::transport {
 
 // Memory the transport may read (send rings) or write (receive rings).  For
-// TCP the keys are 0; for verbs they are the MR's lkey/rkey.
+// TCP the keys are 0; for verbs they are the MR's lkey/rkey (registered in
+// the link's protection domain).
 struct MemoryRegion {
   std::byte* base = nullptr;
   size_t length = 0;
@@ -73,9 +80,29 @@ struct Completion {
   std::array<std::byte, core::kHeaderSize> control{};
 };
 
+// Per-link counters for tests and monitoring; transports fill what applies
+// (TCP leaves the verbs-only ones at 0).
+struct LinkStats {
+  uint64_t slot_sends = 0;      // slot-lane messages handed to the network
+  uint64_t control_sends = 0;   // control-lane messages
+  uint64_t inline_sends = 0;    // verbs: posted with IBV_SEND_INLINE (header + payload <= max inline)
+  uint64_t noninline_sends = 0; // verbs: read by the NIC from the registered send slot
+  uint64_t doorbells = 0;       // verbs: ibv_post_send calls (one per post() that had room)
+  uint64_t signaled = 0;        // verbs: sends posted with IBV_SEND_SIGNALED
+  uint64_t backlogged = 0;      // verbs: messages that waited for send-queue room
+  uint32_t max_inline = 0;      // verbs: the queue pair's real max_inline_data
+};
+
 class Link {
  public:
   virtual ~Link() = default;
+
+  // Registration happens at session setup, never per call.  kRemoteWrite
+  // memory may be written by this link's peer only; kLocalSend memory is
+  // read by the local side only.  Regions must be deregistered (through the
+  // same link) before the link is destroyed.
+  virtual Result<MemoryRegion> register_memory(std::span<std::byte> memory, Access access) = 0;
+  virtual void deregister(MemoryRegion& region) = 0;
 
   // Binds the link to its session: incoming slot messages land in
   // `receive_ring` (slot i at base + i * slot_size); outgoing slot messages
@@ -89,10 +116,13 @@ class Link {
   // on later polls.  A failure shows up as a kLinkDown completion.
   virtual void post(std::span<const Outgoing> batch) = 0;
 
-  // Allows the peer to write slot `slot` once.  TCP enforces it (a frame
-  // into a slot not armed closes the link, so a misbehaving peer cannot
-  // overwrite a request a handler is reading in place); on verbs the
-  // registered region is already restricted to this one peer.
+  // Allows the peer to write slot `slot` once.  TCP enforces it before a
+  // byte is written (a frame into a slot not armed closes the link, so a
+  // misbehaving peer cannot overwrite a request a handler is reading in
+  // place).  On verbs the bytes have landed by the time the completion is
+  // seen: there the region is writable by this link's peer only (its own
+  // protection domain), and a write into an unarmed slot fails the link
+  // before the core sees it.
   void arm(uint16_t slot) {
     if (slot < armed_.size()) armed_[slot] = true;
   }
@@ -102,6 +132,8 @@ class Link {
 
   // "tcp 127.0.0.1:40000 -> 127.0.0.1:5000"
   virtual std::string describe() const = 0;
+  // Not on the hot path (a snapshot for tests and monitoring).
+  virtual LinkStats stats() const { return {}; }
   const std::string& down_reason() const { return down_reason_; }
 
  protected:
@@ -124,10 +156,6 @@ class Transport {
   virtual ~Transport() = default;
 
   virtual std::string_view name() const = 0;  // "tcp", "verbs"
-
-  // Registration happens at session setup, never per call.
-  virtual Result<MemoryRegion> register_memory(std::span<std::byte> memory, Access access) = 0;
-  virtual void deregister(MemoryRegion& region) = 0;
 
   // Fills up to out.size() completions, returns how many.  Never blocks.
   virtual size_t poll(std::span<Completion> out) = 0;

@@ -77,6 +77,16 @@ TcpLink::~TcpLink() {
   --owner_.live_links_;
 }
 
+Result<MemoryRegion> TcpLink::register_memory(std::span<std::byte> memory, Access) {
+  // Sockets read and write any memory; there is nothing to pin.
+  MemoryRegion r;
+  r.base = memory.data();
+  r.length = memory.size();
+  return r;
+}
+
+void TcpLink::deregister(MemoryRegion& region) { region = MemoryRegion{}; }
+
 Status TcpLink::attach(const MemoryRegion& receive_ring, const MemoryRegion& /*send_ring*/,
                        uint32_t slot_count, uint32_t slot_size, void* context) {
   if (attached_) return Status(StatusCode::kInvalidArgument, "tcp link already attached");
@@ -131,6 +141,7 @@ void TcpLink::post(std::span<const Outgoing> batch) {
       w.body_len = o.length;
     }
     w.sent = 0;
+    ++(control ? stats_.control_sends : stats_.slot_sends);
   }
   flush_pending();
 }
@@ -430,16 +441,6 @@ Result<std::unique_ptr<TcpLink>> TcpTransport::adopt(int fd, std::string descrip
   link->in_epoll_ = true;
   return link;
 }
-
-Result<MemoryRegion> TcpTransport::register_memory(std::span<std::byte> memory, Access) {
-  // Sockets read and write any memory; there is nothing to pin.
-  MemoryRegion r;
-  r.base = memory.data();
-  r.length = memory.size();
-  return r;
-}
-
-void TcpTransport::deregister(MemoryRegion& region) { region = MemoryRegion{}; }
 
 size_t TcpTransport::poll(std::span<Completion> out) {
   auto drain = [this](std::span<Completion> dst) {

@@ -36,12 +36,16 @@ class TcpLink final : public Link {
  public:
   ~TcpLink() override;  // deregisters from the transport, drops queued completions
 
+  // Sockets read and write any memory: nothing to pin, keys are 0.
+  Result<MemoryRegion> register_memory(std::span<std::byte> memory, Access access) override;
+  void deregister(MemoryRegion& region) override;
   // send_ring is not needed: sendmsg reads slot bodies from any memory.
   Status attach(const MemoryRegion& receive_ring, const MemoryRegion& send_ring,
                 uint32_t slot_count, uint32_t slot_size, void* context) override;
   void post(std::span<const Outgoing> batch) override;
   void close(std::string reason) override;
   std::string describe() const override { return description_; }
+  LinkStats stats() const override { return stats_; }
 
  private:
   friend class TcpTransport;
@@ -81,6 +85,7 @@ class TcpLink final : public Link {
   bool down_ = false;
   bool want_write_ = false;  // EPOLLOUT currently requested
   bool in_epoll_ = false;
+  LinkStats stats_;
 
   // Outgoing frames not yet fully written; head_ is the first unsent one.
   std::vector<PendingWrite> pending_;
@@ -109,8 +114,6 @@ class TcpTransport final : public Transport {
   Result<std::unique_ptr<TcpLink>> adopt(int fd, std::string description);
 
   std::string_view name() const override { return "tcp"; }
-  Result<MemoryRegion> register_memory(std::span<std::byte> memory, Access access) override;
-  void deregister(MemoryRegion& region) override;
   size_t poll(std::span<Completion> out) override;
   int wait_fd() const override { return epoll_fd_; }
   bool prepare_sleep() override { return ready_head_ == ready_.size(); }

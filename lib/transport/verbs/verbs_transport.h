@@ -1,0 +1,262 @@
+// RDMA verbs transport: RC queue pairs, one per session, each in its own
+// protection domain; one completion queue (with a completion channel) per
+// reactor.
+//
+// Data path (docs/protocol.md, "Verbs data path"):
+//   slot lane     RDMA WRITE_WITH_IMM from the send slot straight into the
+//                 peer's receive slot (remote_addr = ring base + slot *
+//                 slot_size), immediate = htobe32(core imm).  Zero copies.
+//   control lane  SEND of the 32-byte header into a pre-posted receive
+//                 buffer; handed to the core inside the Completion.
+//   receives      3 * slot_count + 16 per queue pair, posted at creation and
+//                 reposted (one chain per link) after every poll, before
+//                 the core sees the completions.  With the credit protocol
+//                 no message ever finds the receive queue empty (no RNR).
+//   sends         every post() is one linked chain of work requests, one
+//                 ibv_post_send (one doorbell).  Only every k-th request is
+//                 signaled; the send queue is accounted so it never
+//                 overflows: what does not fit waits in the link and goes
+//                 out when completions free room.
+//   inline        a message of header + payload <= the queue pair's real
+//                 max_inline_data (probed at creation: Config::inline_bytes,
+//                 halved until the device accepts it) is posted inline.
+//
+// Security: each link has its own protection domain, and only its receive
+// ring is registered with REMOTE_WRITE.  A queue pair of session A can
+// therefore not use session B's rkey: the responder refuses the write
+// (remote access error) and the offending link fails; nothing is written.
+// The price is one receive queue per queue pair (an SRQ belongs to one PD).
+//
+// Liveness: the TCP connection the handshake ran on stays open; its EOF
+// fails the link at once (a dead process closes it), besides the core's
+// keepalives and the queue pair's own retry errors.
+//
+// Threads: everything runs on the owning reactor's thread.  Hot path
+// (post, poll): no allocation, no locks; the only virtual calls are the
+// core's Link::post and Transport::poll, once per batch.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "slotrpc/config.h"
+#include "transport/transport.h"
+#include "transport/verbs/device.h"
+
+namespace slotrpc::transport::verbs {
+
+// The handshake extension both ends send (docs/protocol.md, section 7).
+inline constexpr size_t kQpInfoSize = 64;
+inline constexpr uint32_t kQpInfoMagic = 0x56505253;  // "SRPV"
+inline constexpr uint16_t kQpInfoVersion = 1;
+
+struct QpInfo {
+  uint32_t qpn = 0;
+  uint32_t psn = 0;  // 24 bits
+  ibv_gid gid{};
+  uint16_t lid = 0;
+  uint8_t mtu = 0;         // enum ibv_mtu of the sender's port
+  uint8_t link_layer = 0;  // IBV_LINK_LAYER_*
+  uint64_t ring_addr = 0;  // the sender's receive ring
+  uint32_t ring_rkey = 0;
+  uint32_t slot_count = 0;
+  uint32_t slot_size = 0;
+};
+void encode_qp_info(const QpInfo& info, std::byte* out);  // kQpInfoSize bytes
+Result<QpInfo> decode_qp_info(std::span<const std::byte> in);
+
+class VerbsTransport;
+
+class VerbsLink final : public Link {
+ public:
+  ~VerbsLink() override;  // destroys the QP, the link's MRs and its PD
+
+  Result<MemoryRegion> register_memory(std::span<std::byte> memory, Access access) override;
+  void deregister(MemoryRegion& region) override;
+  // Both rings must have been registered through this link.
+  Status attach(const MemoryRegion& receive_ring, const MemoryRegion& send_ring,
+                uint32_t slot_count, uint32_t slot_size, void* context) override;
+  void post(std::span<const Outgoing> batch) override;
+  void close(std::string reason) override;
+  std::string describe() const override { return description_; }
+  LinkStats stats() const override;
+
+  // After attach(): what the peer needs to reach this link.
+  QpInfo local_info() const;
+  // Moves the queue pair to RTR and RTS towards `peer` (path MTU = the
+  // smaller of both ports).  On success the link owns `control_fd` (the
+  // handshake's TCP connection, or -1 for none): EOF on it fails the link.
+  // On failure the caller keeps the fd.  Messages posted before this wait
+  // in the link and go out now.
+  Status connect(const QpInfo& peer, int control_fd, const std::string& peer_name);
+
+  bool connected() const { return connected_; }
+  bool down() const { return down_; }
+  uint32_t qp_num() const { return qp_ != nullptr ? qp_->qp_num : 0; }
+  uint32_t max_inline() const { return max_inline_; }
+  uint32_t send_queue_depth() const { return sq_depth_; }
+  uint32_t receive_queue_depth() const { return rq_depth_; }
+
+  // Test hook, not used by the library: an RDMA WRITE_WITH_IMM of `length`
+  // bytes at `local` (inside the attached send ring) to an arbitrary remote
+  // address and rkey.  Lets tests show that another session's rkey is
+  // refused.  Errors arrive as a kLinkDown completion.
+  Status post_raw_write(const std::byte* local, uint32_t length, uint64_t remote_addr,
+                        uint32_t rkey, uint32_t imm);
+
+ private:
+  friend class VerbsTransport;
+  VerbsLink(VerbsTransport& owner, std::string description);
+
+  struct Pending {
+    Outgoing out;
+    std::array<std::byte, core::kHeaderSize> control;  // control lane: the copied header
+  };
+
+  Status setup(uint32_t slot_count);  // PD, QP (INIT), receive buffers
+  bool prepare(size_t i, const Outgoing& o);  // fills wr_[i]; false: the link failed
+  bool ring_doorbell(size_t n);               // posts wr_[0..n) as one chain
+  void flush_backlog();
+  void repost();
+  bool on_receive(const ibv_wc& wc, Completion* out);
+  void on_send_done(uint32_t retired);
+  void on_control_fd(uint32_t events);
+  void fail_from_wc(const ibv_wc& wc);
+  void fail(std::string reason);
+  bool owns_region(const MemoryRegion& r) const;
+
+  VerbsTransport& owner_;
+  std::string description_;
+  uint16_t index_ = 0;  // entry in owner_.table_, encoded in every wr_id
+  uint16_t gen_ = 0;
+
+  ibv_pd* pd_ = nullptr;
+  ibv_qp* qp_ = nullptr;
+  uint32_t psn_ = 0;
+  uint32_t sq_depth_ = 0;
+  uint32_t rq_depth_ = 0;
+  uint32_t max_inline_ = 0;
+  uint32_t signal_every_ = 1;
+  uint32_t created_slots_ = 0;
+  int cq_budget_ = 0;  // CQ entries reserved for this link
+
+  // One 64-byte buffer per receive work request (control messages land
+  // here; slot writes consume the request but not the buffer).
+  std::byte* recv_bufs_ = nullptr;
+  size_t recv_bytes_ = 0;
+  ibv_mr* recv_mr_ = nullptr;
+  // Control headers when the device cannot inline 32 bytes: buffer
+  // seq % sq_depth_, free again once that request has completed.
+  std::byte* ctrl_bufs_ = nullptr;
+  size_t ctrl_bytes_ = 0;
+  ibv_mr* ctrl_mr_ = nullptr;
+
+  std::vector<ibv_send_wr> wr_;   // sq_depth_ entries, reused for every chain
+  std::vector<ibv_sge> sge_;
+  std::vector<ibv_recv_wr> rwr_;  // rq_depth_ entries
+  std::vector<ibv_sge> rsge_;
+  std::vector<uint32_t> repost_;  // receive buffers consumed since the last repost
+  size_t n_repost_ = 0;
+  bool repost_queued_ = false;
+  bool flush_queued_ = false;
+
+  std::vector<Pending> backlog_;  // waits for send-queue room (or for connect)
+  size_t backlog_head_ = 0;
+  uint32_t sq_outstanding_ = 0;   // posted, not yet known complete
+  uint32_t unsignaled_ = 0;       // posted since the last signaled request
+  uint64_t send_seq_ = 0;
+
+  void* context_ = nullptr;
+  bool attached_ = false;
+  uint32_t slot_count_ = 0;
+  uint32_t slot_size_ = 0;
+  MemoryRegion ring_{};
+  const std::byte* send_base_ = nullptr;
+  size_t send_len_ = 0;
+  uint32_t send_lkey_ = 0;
+
+  uint64_t peer_ring_ = 0;
+  uint32_t peer_rkey_ = 0;
+  int fd_ = -1;
+  bool in_epoll_ = false;
+  bool connected_ = false;
+  bool down_ = false;
+
+  std::vector<ibv_mr*> mrs_;  // registered through register_memory
+  LinkStats stats_;
+};
+
+class VerbsTransport final : public Transport {
+ public:
+  // Opens the device `config` selects (Device::open) and creates the
+  // completion channel, the completion queue and the epoll set behind
+  // wait_fd().
+  static Result<std::unique_ptr<VerbsTransport>> create(const Config& config);
+  ~VerbsTransport() override;  // every link must be gone
+
+  // A link with its own protection domain and an RC queue pair in INIT with
+  // every receive posted; `slot_count` sizes its queues.  Loop thread.
+  Result<std::unique_ptr<VerbsLink>> create_link(std::string description, uint32_t slot_count);
+
+  std::string_view name() const override { return "verbs"; }
+  size_t poll(std::span<Completion> out) override;
+  // Readable when the CQ has an event (after prepare_sleep armed it), an
+  // async device event is pending, or a control connection closed.
+  int wait_fd() const override { return epoll_fd_; }
+  bool prepare_sleep() override;
+
+  const Device& device() const { return *device_; }
+  int cq_capacity() const { return cq_capacity_; }
+
+  // How often poll() looks at the fds (control connections, async events,
+  // CQ events) while busy: every this many polls, and after every sleep.
+  static constexpr uint32_t kFdCheckInterval = 1024;
+
+ private:
+  friend class VerbsLink;
+  VerbsTransport() = default;
+
+  struct Entry {
+    VerbsLink* link = nullptr;
+    uint16_t gen = 0;
+  };
+
+  VerbsLink* lookup(uint64_t wr_id) const;
+  size_t process(const ibv_wc* wc, int n, Completion* out);
+  void check_fds();
+  void on_async_event(const ibv_async_event& e);
+  void fail_all(const std::string& reason);
+  void forget(VerbsLink* link);
+  void push_completion(const Completion& c) { ready_.push_back(c); }
+  size_t drain_ready(std::span<Completion> out);
+
+  Config config_;
+  std::unique_ptr<Device> device_;
+  ibv_comp_channel* channel_ = nullptr;
+  ibv_cq* cq_ = nullptr;
+  int cq_capacity_ = 0;
+  int cq_committed_ = 0;  // sum of the links' budgets
+  int epoll_fd_ = -1;
+  bool armed_ = false;
+  bool check_fds_ = true;
+  uint32_t countdown_ = kFdCheckInterval;
+
+  std::vector<ibv_wc> wc_;
+  std::vector<Completion> scratch_;  // prepare_sleep's re-poll
+  std::vector<Entry> table_;
+  std::vector<uint16_t> free_entries_;
+  std::vector<VerbsLink*> repost_list_;
+  std::vector<VerbsLink*> flush_list_;
+  std::vector<Completion> ready_;
+  size_t ready_head_ = 0;
+  size_t live_links_ = 0;
+};
+
+}  // namespace slotrpc::transport::verbs

@@ -1,0 +1,790 @@
+// Server and Channel over the verbs transport: transport choice, connection
+// setup and teardown, 100,000 echo calls with 32 outstanding (no RNR on the
+// device), inline and non-inline sizes up to the slot size, several
+// sessions, server streaming, deadlines, keepalives, blocking poll mode,
+// peer death, and invalid configuration.
+//
+// Needs an RDMA device: run by the `rxe` suite inside the Soft-RoCE VM.  The
+// binary doubles as the server process of the peer-death tests
+// (`verbs_rpc_test --child PORT_FILE`).
+#include "verbs_test_util.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <slotrpc/slotrpc.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/settings.h"
+#include "test_messages_generated.h"
+
+extern char** environ;
+
+namespace {
+
+using namespace std::chrono_literals;
+using slotrpc::CallOptions;
+using slotrpc::Channel;
+using slotrpc::Config;
+using slotrpc::Future;
+using slotrpc::RawReply;
+using slotrpc::Reply;
+using slotrpc::RequestWriter;
+using slotrpc::Server;
+using slotrpc::ServerCall;
+using slotrpc::ServiceDefinition;
+using slotrpc::Status;
+using slotrpc::StatusCode;
+using slotrpc::TransportKind;
+using slotrpc::test::Ping;
+using slotrpc::test::Pong;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kService = "slotrpc.test.Verbs";
+constexpr uint32_t kEcho = slotrpc::method_id("slotrpc.test.Verbs.Echo");
+constexpr uint32_t kSlow = slotrpc::method_id("slotrpc.test.Verbs.Slow");
+constexpr uint32_t kCount = slotrpc::method_id("slotrpc.test.Verbs.Count");
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+uint8_t pattern(uint64_t seq, size_t i) { return static_cast<uint8_t>((seq * 131 + i * 7 + 3) & 0xff); }
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+RequestWriter ping(uint64_t seq, size_t payload_bytes = 0, uint32_t sleep_ms = 0) {
+  return [seq, payload_bytes, sleep_ms](flatbuffers::FlatBufferBuilder& fbb) {
+    uint8_t* bytes = nullptr;
+    auto p = fbb.CreateUninitializedVector(payload_bytes, &bytes);
+    for (size_t i = 0; i < payload_bytes; ++i) bytes[i] = pattern(seq, i);
+    fbb.Finish(slotrpc::test::CreatePing(fbb, seq, 0, p, sleep_ms));
+  };
+}
+
+std::string pong_error(const Reply<Pong>& reply, uint64_t seq, size_t n) {
+  if (!reply.ok()) return "status " + reply.status().to_string();
+  if (reply->seq() != seq) return "seq " + std::to_string(reply->seq()) + ", expected " + std::to_string(seq);
+  const auto* p = reply->payload();
+  if (p == nullptr || p->size() != n)
+    return "payload size " + std::to_string(p ? p->size() : 0) + ", expected " + std::to_string(n);
+  for (size_t i = 0; i < n; ++i)
+    if (p->Get(static_cast<flatbuffers::uoffset_t>(i)) != pattern(seq, i))
+      return "payload differs at byte " + std::to_string(i);
+  return "";
+}
+
+template <class T>
+T get_within(Future<T>& f, std::chrono::milliseconds limit = 10000ms) {
+  if (!f.wait_for(limit)) {
+    f.cancel();
+    FAIL("no result within " << limit.count() << " ms");
+  }
+  return f.get();
+}
+
+ServiceDefinition make_service() {
+  ServiceDefinition svc(kService);
+  svc.add_typed_unary<Ping, Pong>("Echo", [](const Ping& req, slotrpc::ReplyBuilder<Pong>& out, ServerCall&) {
+    auto& fbb = out.fbb();
+    const auto* p = req.payload();
+    static const uint8_t kNone = 0;
+    auto payload = p != nullptr ? fbb.CreateVector(p->data(), p->size()) : fbb.CreateVector(&kNone, 0);
+    out.Finish(slotrpc::test::CreatePong(fbb, req.seq(), 0, payload));
+    return Status();
+  });
+  svc.add_typed_unary<Ping, Pong>("Slow", [](const Ping& req, slotrpc::ReplyBuilder<Pong>& out, ServerCall& call) {
+    const auto until = Clock::now() + std::chrono::milliseconds(req.sleep_ms());
+    while (Clock::now() < until && !call.cancelled()) slotrpc::this_fiber::sleep_for(5ms);
+    out.Finish(slotrpc::test::CreatePong(out.fbb(), req.seq()));
+    return Status();
+  });
+  // Count: streams Pong{seq = i, payload = 100 pattern bytes} for i < req.seq.
+  svc.add_server_stream<Ping, Pong>("Count", [](const Ping& req, slotrpc::ServerWriter<Pong>& w, ServerCall&) {
+    for (uint64_t i = 0; i < req.seq(); ++i) {
+      const bool ok = w.Write([i](flatbuffers::FlatBufferBuilder& fbb) {
+        uint8_t* bytes = nullptr;
+        auto p = fbb.CreateUninitializedVector(100, &bytes);
+        for (size_t k = 0; k < 100; ++k) bytes[k] = pattern(i, k);
+        return slotrpc::test::CreatePong(fbb, i, 0, p);
+      });
+      if (!ok) return w.error();
+    }
+    return Status();
+  });
+  return svc;
+}
+
+Config base_config() {
+  Config c;
+  c.slot_count = 64;
+  c.slot_size = 8192;
+  return c;
+}
+
+struct TestServer {
+  std::unique_ptr<Server> server;
+  std::string address;
+  explicit TestServer(Config cfg = base_config()) : server(std::make_unique<Server>(cfg)) {
+    REQUIRE(server->add_service(make_service()).ok());
+    const Status st = server->start("127.0.0.1:0");
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+    address = "127.0.0.1:" + std::to_string(server->port());
+  }
+};
+
+std::unique_ptr<Channel> connect(const std::string& address, Config cfg = base_config()) {
+  auto ch = Channel::connect(address, cfg);
+  REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
+  return std::move(ch).value();
+}
+
+void check_echo(Channel& ch, uint64_t seq, size_t n = 64) {
+  auto f = ch.call_typed<Pong>(kEcho, ping(seq, n));
+  const std::string err = pong_error(get_within(f), seq, n);
+  CHECK_MESSAGE(err.empty(), err);
+}
+
+// Sets one variable for a scope.
+class EnvVar {
+ public:
+  EnvVar(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~EnvVar() {
+    if (old_) {
+      ::setenv(name_.c_str(), old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_.c_str());
+    }
+  }
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+std::string device_name() {
+  auto d = verbs_test::usable_device();
+  REQUIRE(d.ok());
+  return d.value();
+}
+
+// ------------------------------------------------------- child server
+
+int run_child(int argc, char** argv) {
+  if (argc < 3) return 2;
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  Server server(base_config());
+  if (!server.add_service(make_service()).ok()) return 1;
+  if (auto st = server.start("127.0.0.1:0"); !st.ok()) {
+    std::fprintf(stderr, "child: %s\n", st.to_string().c_str());
+    return 1;
+  }
+  const std::string file = argv[2];
+  { std::ofstream(file + ".tmp") << server.port() << "\n"; }
+  std::rename((file + ".tmp").c_str(), file.c_str());
+  int sig = 0;
+  sigwait(&signals, &sig);
+  server.stop();
+  return 0;
+}
+
+// This binary as a server process; killed and reaped on destruction.
+struct ChildServer {
+  pid_t pid = -1;
+  uint16_t port = 0;
+  std::string dir;
+
+  ChildServer() {
+    char tmpl[] = "/tmp/verbs_rpc_test.XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    dir = tmpl;
+    const std::string port_file = dir + "/port";
+    std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
+    std::vector<std::string> args = {exe, "--child", port_file};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, (dir + "/out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, (dir + "/err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int rc = ::posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    REQUIRE_MESSAGE(rc == 0, "posix_spawn: " << std::strerror(rc));
+    const bool up = verbs_test::wait_until(
+        [&] {
+          std::ifstream in(port_file);
+          unsigned p = 0;
+          if (in >> p) port = static_cast<uint16_t>(p);
+          return port != 0 || ::waitpid(pid, nullptr, WNOHANG) == pid;
+        },
+        20000ms);
+    if (!up || port == 0) {
+      std::ifstream err(dir + "/err");
+      std::stringstream ss;
+      ss << err.rdbuf();
+      kill_and_reap();
+      FAIL("child server did not start: " << ss.str());
+    }
+  }
+  ~ChildServer() {
+    kill_and_reap();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+  void signal(int sig) { REQUIRE(::kill(pid, sig) == 0); }
+  void kill_and_reap() {
+    if (pid <= 0) return;
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    pid = -1;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) { return verbs_test::main(argc, argv, run_child); }
+
+// ====================================================== transport choice
+
+TEST_CASE("verbs: auto picks verbs when both ends have a device; tcp when either says tcp") {
+  SUBCASE("both auto: verbs") {
+    TestServer ts;
+    auto ch = connect(ts.address);
+    CHECK(ch->transport() == TransportKind::kVerbs);
+    check_echo(*ch, 1);
+    const auto s = ch->stats();
+    CHECK(s.max_inline > 0);
+    CHECK(s.doorbells >= 1);
+    CHECK(s.inline_sends >= 1);  // a 64-byte echo goes inline
+  }
+  SUBCASE("client tcp: tcp (the server takes both kinds)") {
+    TestServer ts;
+    Config c = base_config();
+    c.transport = TransportKind::kTcp;
+    auto tcp = connect(ts.address, c);
+    auto verbs = connect(ts.address);
+    CHECK(tcp->transport() == TransportKind::kTcp);
+    CHECK(verbs->transport() == TransportKind::kVerbs);
+    check_echo(*tcp, 2);
+    check_echo(*verbs, 3);
+    CHECK(tcp->stats().max_inline == 0);
+    CHECK(ts.server->session_count() == 2);
+  }
+  SUBCASE("server tcp, client auto: the server answers tcp") {
+    Config sc = base_config();
+    sc.transport = TransportKind::kTcp;
+    TestServer ts(sc);
+    auto ch = connect(ts.address);
+    CHECK(ch->transport() == TransportKind::kTcp);
+    check_echo(*ch, 4);
+  }
+  SUBCASE("server tcp, client verbs: a clear error") {
+    Config sc = base_config();
+    sc.transport = TransportKind::kTcp;
+    TestServer ts(sc);
+    Config c = base_config();
+    c.transport = TransportKind::kVerbs;
+    auto ch = Channel::connect(ts.address, c);
+    REQUIRE_FALSE(ch.ok());
+    CHECK(ch.status().code() == StatusCode::kUnavailable);
+    CHECK_MESSAGE(contains(ch.status().message(), "answered with tcp"), ch.status().message());
+    CHECK_MESSAGE(contains(ch.status().message(), "tcp only"), ch.status().message());
+    CHECK(verbs_test::wait_until([&] { return ts.server->session_count() == 0; }));
+  }
+  SUBCASE("server verbs, client tcp: refused") {
+    Config sc = base_config();
+    sc.transport = TransportKind::kVerbs;
+    TestServer ts(sc);
+    Config c = base_config();
+    c.transport = TransportKind::kTcp;
+    auto ch = Channel::connect(ts.address, c);
+    REQUIRE_FALSE(ch.ok());
+    CHECK_MESSAGE(contains(ch.status().message(), "only the verbs transport"), ch.status().message());
+    c.transport = TransportKind::kVerbs;
+    auto v = connect(ts.address, c);
+    CHECK(v->transport() == TransportKind::kVerbs);
+    check_echo(*v, 5);
+  }
+  SUBCASE("SLOTRPC_TRANSPORT forces it") {
+    TestServer ts;
+    {
+      EnvVar t("SLOTRPC_TRANSPORT", "tcp");
+      auto ch = connect(ts.address);
+      CHECK(ch->transport() == TransportKind::kTcp);
+    }
+    {
+      EnvVar t("SLOTRPC_TRANSPORT", "verbs");
+      auto ch = connect(ts.address);
+      CHECK(ch->transport() == TransportKind::kVerbs);
+      check_echo(*ch, 6);
+    }
+  }
+}
+
+// ====================================================== setup and teardown
+
+TEST_CASE("verbs: connection setup and teardown, 40 times, resources come back") {
+  TestServer ts;
+  const std::string dev = device_name();
+  { auto warm = connect(ts.address); }  // the server loop's transport (context, CQ) stays
+  REQUIRE(verbs_test::wait_until([&] { return ts.server->session_count() == 0; }));
+  const auto before = verbs_test::rdma_resources(dev);
+  for (int i = 0; i < 40; ++i) {
+    CAPTURE(i);
+    auto ch = connect(ts.address);
+    REQUIRE(ch->transport() == TransportKind::kVerbs);
+    check_echo(*ch, static_cast<uint64_t>(i), static_cast<size_t>(i) * 100);
+    if (i % 2 == 0) {
+      // Leave a call pending on a slow handler: destruction cancels it.
+      auto pending = ch->call_typed<Pong>(kSlow, ping(1000 + i, 0, 5000));
+      ch.reset();
+      auto r = get_within(pending, 2000ms);
+      CHECK(r.status().code() == StatusCode::kCancelled);
+    }
+  }
+  // The server saw every control connection close.
+  CHECK(verbs_test::wait_until([&] { return ts.server->session_count() == 0; }, 10000ms));
+  // Every queue pair, protection domain, memory region, CQ and context of
+  // those sessions is gone, on both sides.
+  const auto after = verbs_test::rdma_resources(dev);
+  if (before.empty()) {
+    MESSAGE("`rdma resource show` unavailable: object counts not checked");
+    CHECK_FALSE(verbs_test::in_rxe_vm());
+  } else {
+    for (const char* kind : {"pd", "qp", "mr", "cq", "ctx"}) {
+      CAPTURE(kind);
+      CHECK(after.count(kind) == 1);
+      CHECK(after.at(kind) == before.at(kind));
+    }
+    MESSAGE("rdma resources after 40 sessions: pd " << after.at("pd") << " qp " << after.at("qp") << " mr "
+                                                    << after.at("mr") << " cq " << after.at("cq"));
+  }
+  auto ch = connect(ts.address);
+  check_echo(*ch, 99);
+}
+
+// ====================================================== data path
+
+TEST_CASE("verbs: 100,000 echo calls with 32 outstanding, every reply checked, no RNR") {
+  TestServer ts;
+  auto ch = connect(ts.address);
+  REQUIRE(ch->transport() == TransportKind::kVerbs);
+  const std::string dev = device_name();
+  const auto rcvd0 = verbs_test::hw_counter(dev, "rcvd_rnr_err");
+  const auto send0 = verbs_test::hw_counter(dev, "send_rnr_err");
+
+  constexpr uint64_t kCalls = 100000;
+  constexpr uint64_t kOutstanding = 32;
+  constexpr size_t kPayload = 64;
+  std::vector<double> latency_us(kCalls, 0);
+  std::atomic<uint64_t> done{0}, failed{0};
+  std::mutex mu;
+  std::string first_error;
+  std::atomic<uint64_t> next{0};
+  // Each reply submits the next call from the channel's loop.
+  std::function<void()> issue;
+  issue = [&] {
+    const uint64_t seq = next.fetch_add(1);
+    if (seq >= kCalls) return;
+    const auto t0 = Clock::now();
+    ch->call(kEcho, ping(seq, kPayload), CallOptions{}, [&, seq, t0](RawReply&& raw) {
+      latency_us[seq] = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+      const std::string err = pong_error(Reply<Pong>(std::move(raw)), seq, kPayload);
+      if (!err.empty()) {
+        ++failed;
+        std::lock_guard<std::mutex> lock(mu);
+        if (first_error.empty()) first_error = "seq " + std::to_string(seq) + ": " + err;
+      }
+      ++done;
+      issue();
+    });
+  };
+  const auto t0 = Clock::now();
+  for (uint64_t i = 0; i < kOutstanding; ++i) issue();
+  REQUIRE(verbs_test::wait_until([&] { return done.load() == kCalls; }, 600000ms));
+  const double secs = ms_since(t0) / 1000;
+  CHECK_MESSAGE(failed.load() == 0, first_error);
+  std::sort(latency_us.begin(), latency_us.end());
+  const auto s = ch->stats();
+  MESSAGE("100,000 calls of " << kPayload << " B, 32 outstanding, over verbs: p50 " << latency_us[kCalls / 2]
+          << " us, p99 " << latency_us[kCalls * 99 / 100] << " us, " << static_cast<uint64_t>(kCalls / secs)
+          << " calls/s; " << s.inline_sends << " inline / " << s.noninline_sends << " non-inline sends, "
+          << s.doorbells << " doorbells for " << s.messages_sent << " messages");
+  CHECK(s.inline_sends >= kCalls);  // 32 + ~100 bytes of request: inline
+  CHECK(s.doorbells <= s.messages_sent);
+  CHECK_FALSE(s.closed);
+  CHECK(s.free_slots == 64);
+  if (rcvd0 && send0) {
+    const auto rcvd1 = verbs_test::hw_counter(dev, "rcvd_rnr_err");
+    const auto send1 = verbs_test::hw_counter(dev, "send_rnr_err");
+    REQUIRE(rcvd1);
+    REQUIRE(send1);
+    MESSAGE("RNR counters of " << dev << ": rcvd_rnr_err " << *rcvd0 << " -> " << *rcvd1 << ", send_rnr_err "
+                               << *send0 << " -> " << *send1);
+    CHECK(*rcvd1 - *rcvd0 == 0);
+    CHECK(*send1 - *send0 == 0);
+  } else {
+    MESSAGE("no hw_counters for " << dev << ": RNR deltas not checked");
+    CHECK_FALSE(verbs_test::in_rxe_vm());  // rxe has them
+  }
+}
+
+TEST_CASE("verbs: inline and non-inline sizes up to the slot size") {
+  Config c = base_config();
+  c.keepalive_ms = 60000;  // no pings in the counts below
+  c.peer_timeout_ms = 120000;
+  TestServer ts(c);
+  auto ch = connect(ts.address, c);
+  const uint32_t mi = ch->stats().max_inline;
+  REQUIRE(mi > 0);
+  // The request's size on the wire, computed the way the writer builds it.
+  auto request_bytes = [](uint64_t seq, size_t n) {
+    flatbuffers::FlatBufferBuilder fbb;
+    ping(seq, n)(fbb);
+    return 32 + fbb.GetSize();
+  };
+  std::vector<size_t> payloads = {0, 1, 50, 100};
+  for (size_t n = 100; request_bytes(1, n) <= mi + 8; ++n) payloads.push_back(n);  // across max_inline
+  for (size_t n : {500, 1000, 4000, 8000}) payloads.push_back(n);
+  // The largest payload that fits a slot (8192 - header - FlatBuffer
+  // overhead), found by trying: a request that does not fit fails before
+  // anything is sent.
+  size_t largest = c.slot_size;
+  for (;; --largest) {
+    auto f = ch->call_typed<Pong>(kEcho, ping(1, largest));
+    const auto r = get_within(f);
+    if (r.ok()) break;
+    REQUIRE(r.status().code() == StatusCode::kResourceExhausted);
+  }
+  REQUIRE(largest > 8000);
+  payloads.push_back(largest);
+  uint64_t want_inline = 0, want_copy = 0;
+  for (size_t n : payloads) {
+    CAPTURE(n);
+    const auto before = ch->stats();
+    check_echo(*ch, n, n);
+    const auto after = ch->stats();
+    const size_t bytes = request_bytes(n, n);
+    if (bytes <= mi) {
+      ++want_inline;
+      CHECK(after.inline_sends == before.inline_sends + 1);
+    } else {
+      ++want_copy;
+      CHECK(after.noninline_sends == before.noninline_sends + 1);
+    }
+  }
+  CHECK(want_inline >= 4);
+  CHECK(want_copy >= 4);
+  MESSAGE("max_inline " << mi << ": " << want_inline << " requests inline, " << want_copy
+                        << " from the send slot; largest payload " << largest << " B in a "
+                        << c.slot_size << "-byte slot");
+  // One byte more does not fit: RESOURCE_EXHAUSTED, nothing sent.
+  const auto before = ch->stats();
+  auto f = ch->call_typed<Pong>(kEcho, ping(1, largest + 1));
+  auto r = get_within(f);
+  CHECK(r.status().code() == StatusCode::kResourceExhausted);
+  CHECK(ch->stats().messages_sent == before.messages_sent);
+  check_echo(*ch, 7, 10);
+}
+
+TEST_CASE("verbs: several sessions on one server, concurrent callers") {
+  Config sc = base_config();
+  sc.reactor_threads = 2;
+  TestServer ts(sc);
+  constexpr int kChannels = 6, kThreads = 3, kCalls = 1000;
+  std::vector<std::unique_ptr<Channel>> channels;
+  for (int i = 0; i < kChannels; ++i) {
+    channels.push_back(connect(ts.address));
+    CHECK(channels.back()->transport() == TransportKind::kVerbs);
+  }
+  CHECK(ts.server->session_count() == kChannels);
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kChannels; ++c) {
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, c, t] {
+        for (int i = 0; i < kCalls; ++i) {
+          const uint64_t seq = uint64_t(c) << 40 | uint64_t(t) << 32 | uint64_t(i);
+          const size_t n = static_cast<size_t>((i * 37) % 3000);
+          auto f = channels[c]->call_typed<Pong>(kEcho, ping(seq, n));
+          if (!f.wait_for(30s) || !pong_error(f.get(), seq, n).empty()) ++errors;
+        }
+      });
+    }
+  }
+  for (auto& th : threads) th.join();
+  CHECK(errors.load() == 0);
+  for (auto& ch : channels) CHECK(ch->stats().free_slots == 64);
+  channels.clear();
+  CHECK(verbs_test::wait_until([&] { return ts.server->session_count() == 0; }));
+}
+
+TEST_CASE("verbs: a server-streaming call") {
+  Config c = base_config();
+  c.stream_window = 4;
+  TestServer ts(c);
+  auto ch = connect(ts.address, c);
+  REQUIRE(ch->transport() == TransportKind::kVerbs);
+  for (uint64_t n : {0ull, 1ull, 500ull}) {
+    CAPTURE(n);
+    auto reader = ch->server_stream<Ping, Pong>(kCount, [n](flatbuffers::FlatBufferBuilder& fbb) {
+      return slotrpc::test::CreatePing(fbb, n);
+    });
+    uint64_t got = 0;
+    while (auto m = reader.Read()) {
+      REQUIRE(m->ok());
+      CHECK((*m)->seq() == got);
+      const std::string err = pong_error(*m, got, 100);
+      CHECK_MESSAGE(err.empty(), err);
+      ++got;
+    }
+    CHECK(reader.status().ok());
+    CHECK(got == n);
+  }
+  CHECK(verbs_test::wait_until([&] { return ch->stats().free_slots == 64; }));
+  check_echo(*ch, 8);
+}
+
+TEST_CASE("verbs: deadlines leave zombies until the late reply; cancel reaches the handler") {
+  TestServer ts;
+  auto ch = connect(ts.address);
+  auto f = ch->call_typed<Pong>(kSlow, ping(1, 0, 300), CallOptions::with_timeout(50ms));
+  auto r = get_within(f);
+  CHECK(r.status().code() == StatusCode::kDeadlineExceeded);
+  // The handler saw the CANCEL (a control-lane SEND) and replied early.
+  CHECK(verbs_test::wait_until([&] {
+    const auto s = ch->stats();
+    return s.zombies == 0 && s.late_replies_dropped == 1;
+  }));
+  check_echo(*ch, 2);
+}
+
+TEST_CASE("verbs: an idle session stays up on keepalives") {
+  Config c = base_config();
+  c.keepalive_ms = 50;
+  c.peer_timeout_ms = 400;
+  TestServer ts(c);
+  auto ch = connect(ts.address, c);
+  check_echo(*ch, 1);
+  std::this_thread::sleep_for(1500ms);  // many keepalive periods, no calls
+  CHECK_FALSE(ch->stats().closed);
+  check_echo(*ch, 2);
+  CHECK(ts.server->session_count() == 1);
+}
+
+TEST_CASE("verbs: poll modes (the completion channel wakes sleeping loops)") {
+  for (auto mode : {slotrpc::PollMode::kBlocking, slotrpc::PollMode::kBusy, slotrpc::PollMode::kAdaptive}) {
+    const std::string mode_name(slotrpc::to_string(mode));
+    CAPTURE(mode_name);
+    Config c = base_config();
+    c.poll_mode = mode;
+    c.spin_us = 20;
+    TestServer ts(c);
+    auto ch = connect(ts.address, c);
+    std::vector<Future<Reply<Pong>>> pending;
+    for (uint64_t i = 0; i < 2000; ++i) {
+      pending.push_back(ch->call_typed<Pong>(kEcho, ping(i, 16)));
+      if (pending.size() == 8) {
+        for (auto& f : pending) CHECK(get_within(f).ok());
+        pending.clear();
+      }
+      if (i % 500 == 0) std::this_thread::sleep_for(20ms);  // idle gaps: the loops sleep
+    }
+    for (auto& f : pending) CHECK(get_within(f).ok());
+  }
+}
+
+TEST_CASE("verbs: an idempotent call reconnects over verbs after a server restart") {
+  auto first = std::make_unique<TestServer>();
+  const std::string address = first->address;
+  auto ch = connect(address);
+  REQUIRE(ch->transport() == TransportKind::kVerbs);
+  check_echo(*ch, 1);
+  first->server->stop();
+  first.reset();
+  REQUIRE(verbs_test::wait_until([&] { return ch->stats().closed; }, 5000ms));
+
+  Config sc = base_config();
+  auto second = std::make_unique<Server>(sc);
+  REQUIRE(second->add_service(make_service()).ok());
+  const Status st = second->start(address);
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  CallOptions retry;
+  retry.idempotent = true;
+  retry.max_retries = 2;
+  auto f = ch->call_typed<Pong>(kEcho, ping(2, 500), retry);
+  auto r = get_within(f);
+  const std::string err = pong_error(r, 2, 500);
+  CHECK_MESSAGE(err.empty(), err);
+  CHECK(ch->transport() == TransportKind::kVerbs);
+  CHECK_FALSE(ch->stats().closed);
+  check_echo(*ch, 3, 3000);
+}
+
+// ====================================================== faults
+
+TEST_CASE("verbs: server stop fails pending calls with UNAVAILABLE") {
+  TestServer ts;
+  auto ch = connect(ts.address);
+  std::vector<Future<Reply<Pong>>> pending;
+  for (int i = 0; i < 5; ++i) pending.push_back(ch->call_typed<Pong>(kSlow, ping(i, 0, 8000)));
+  std::this_thread::sleep_for(50ms);
+  const auto t0 = Clock::now();
+  std::thread stopper([&] { ts.server->stop(); });
+  for (auto& f : pending) {
+    auto r = get_within(f, 5000ms);
+    CHECK(r.status().code() == StatusCode::kUnavailable);
+    CHECK_MESSAGE(contains(r.status().message(), "lost"), r.status().to_string());
+  }
+  CHECK(ms_since(t0) < 3000);
+  stopper.join();
+  CHECK(ch->stats().closed);
+}
+
+TEST_CASE("verbs: peer death -> UNAVAILABLE (process killed; process frozen)") {
+  SUBCASE("killed: the closed control connection tells at once") {
+    ChildServer child;
+    auto ch = connect(child.address());
+    REQUIRE(ch->transport() == TransportKind::kVerbs);
+    check_echo(*ch, 1);
+    std::vector<Future<Reply<Pong>>> pending;
+    for (int i = 0; i < 8; ++i) pending.push_back(ch->call_typed<Pong>(kSlow, ping(10 + i, 0, 10000)));
+    std::this_thread::sleep_for(100ms);
+    for (auto& f : pending) CHECK_FALSE(f.ready());
+    const auto t0 = Clock::now();
+    child.kill_and_reap();
+    for (auto& f : pending) {
+      auto r = get_within(f, 5000ms);
+      CHECK(r.status().code() == StatusCode::kUnavailable);
+      CHECK_MESSAGE(contains(r.status().message(), "lost"), r.status().to_string());
+    }
+    const double elapsed = ms_since(t0);
+    MESSAGE("killed server detected after " << elapsed << " ms");
+    CHECK(elapsed < 2500);  // not the 5 s peer timeout
+    CHECK(ch->stats().closed);
+    auto late = ch->call_typed<Pong>(kEcho, ping(99));
+    CHECK(get_within(late, 2000ms).status().code() == StatusCode::kUnavailable);
+  }
+  SUBCASE("frozen (SIGSTOP): the keepalive tells") {
+    ChildServer child;
+    Config c = base_config();
+    c.keepalive_ms = 100;
+    c.peer_timeout_ms = 600;
+    auto ch = connect(child.address(), c);
+    check_echo(*ch, 1);
+    child.signal(SIGSTOP);
+    const auto t0 = Clock::now();
+    auto f = ch->call_typed<Pong>(kEcho, ping(2));
+    auto r = get_within(f, 5000ms);
+    CHECK(r.status().code() == StatusCode::kUnavailable);
+    CHECK_MESSAGE(contains(r.status().message(), "silent"), r.status().to_string());
+    const double elapsed = ms_since(t0);
+    CHECK(elapsed >= 300);
+    CHECK(elapsed < 4000);
+    child.kill_and_reap();
+  }
+}
+
+// ====================================================== configuration
+
+TEST_CASE("verbs: invalid configuration is refused with the setting, value and what exists") {
+  const std::string dev = device_name();
+  TestServer ts;
+  SUBCASE("an unknown device, verbs forced") {
+    EnvVar t("SLOTRPC_TRANSPORT", "verbs");
+    EnvVar d("SLOTRPC_DEVICE", "nosuch0");
+    auto ch = Channel::connect(ts.address, base_config());
+    REQUIRE_FALSE(ch.ok());
+    CHECK(ch.status().code() == StatusCode::kUnavailable);
+    CHECK_MESSAGE(contains(ch.status().message(), "'nosuch0'"), ch.status().message());
+    CHECK_MESSAGE(contains(ch.status().message(), "SLOTRPC_DEVICE"), ch.status().message());
+    CHECK_MESSAGE(contains(ch.status().message(), "found: " + dev), ch.status().message());
+    Server s(base_config());
+    const Status st = s.start("127.0.0.1:0");
+    REQUIRE_FALSE(st.ok());
+    CHECK_MESSAGE(contains(st.message(), "'nosuch0'"), st.message());
+  }
+  SUBCASE("an unknown device with auto: tcp") {
+    EnvVar d("SLOTRPC_DEVICE", "nosuch0");
+    auto ch = connect(ts.address);
+    CHECK(ch->transport() == TransportKind::kTcp);
+    check_echo(*ch, 1);
+  }
+  SUBCASE("a port the device lacks, a GID index that is empty") {
+    EnvVar t("SLOTRPC_TRANSPORT", "verbs");
+    {
+      EnvVar p("SLOTRPC_PORT", "2");
+      auto ch = Channel::connect(ts.address, base_config());
+      REQUIRE_FALSE(ch.ok());
+      CHECK_MESSAGE(contains(ch.status().message(), "no port 2"), ch.status().message());
+    }
+    {
+      EnvVar g("SLOTRPC_GID_INDEX", "9");
+      auto ch = Channel::connect(ts.address, base_config());
+      REQUIRE_FALSE(ch.ok());
+      CHECK_MESSAGE(contains(ch.status().message(), "GID index 9"), ch.status().message());
+      CHECK_MESSAGE(contains(ch.status().message(), "valid entries: 0"), ch.status().message());
+    }
+  }
+  SUBCASE("out-of-range verbs settings") {
+    for (auto [var, value] : {std::pair{"SLOTRPC_SERVICE_LEVEL", "16"}, std::pair{"SLOTRPC_QP_TIMEOUT", "32"},
+                              std::pair{"SLOTRPC_RETRY_COUNT", "8"}, std::pair{"SLOTRPC_RNR_RETRY", "8"},
+                              std::pair{"SLOTRPC_MIN_RNR_TIMER", "32"}, std::pair{"SLOTRPC_TRAFFIC_CLASS", "256"},
+                              std::pair{"SLOTRPC_PORT", "0"}, std::pair{"SLOTRPC_INLINE_BYTES", "4097"},
+                              std::pair{"SLOTRPC_GID_INDEX", "x"}, std::pair{"SLOTRPC_RELAXED_ORDERING", "yes"}}) {
+      const std::string setting = std::string(var) + "=" + value;
+      CAPTURE(setting);
+      EnvVar v(var, value);
+      auto ch = Channel::connect(ts.address, base_config());
+      REQUIRE_FALSE(ch.ok());
+      CHECK(ch.status().code() == StatusCode::kInvalidArgument);
+      CHECK(contains(ch.status().message(), var));
+      CHECK(contains(ch.status().message(), value));
+    }
+  }
+  SUBCASE("valid settings at their edges all work") {
+    for (auto [var, value] :
+         {std::pair{"SLOTRPC_INLINE_BYTES", "0"}, std::pair{"SLOTRPC_INLINE_BYTES", "4096"},
+          std::pair{"SLOTRPC_RELAXED_ORDERING", "on"}, std::pair{"SLOTRPC_RELAXED_ORDERING", "auto"},
+          std::pair{"SLOTRPC_GID_INDEX", "0"}, std::pair{"SLOTRPC_TRAFFIC_CLASS", "184"},
+          std::pair{"SLOTRPC_SERVICE_LEVEL", "15"}, std::pair{"SLOTRPC_QP_TIMEOUT", "31"},
+          std::pair{"SLOTRPC_RETRY_COUNT", "0"}, std::pair{"SLOTRPC_RNR_RETRY", "0"},
+          std::pair{"SLOTRPC_MIN_RNR_TIMER", "1"}}) {
+      const std::string setting = std::string(var) + "=" + value;
+      CAPTURE(setting);
+      EnvVar v(var, value);
+      EnvVar t("SLOTRPC_TRANSPORT", "verbs");
+      auto ch = connect(ts.address);
+      REQUIRE(ch->transport() == TransportKind::kVerbs);
+      for (uint64_t i = 0; i < 20; ++i) check_echo(*ch, i, i * 300);
+      if (std::string(var) == "SLOTRPC_INLINE_BYTES") {
+        const auto s = ch->stats();
+        MESSAGE("inline_bytes " << std::string(value) << " -> max_inline " << s.max_inline);
+        if (std::string(value) == "0") {
+          CHECK(s.max_inline == 0);
+          CHECK(s.inline_sends == 0);
+        }
+      }
+    }
+  }
+}

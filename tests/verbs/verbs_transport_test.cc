@@ -1,0 +1,547 @@
+// The verbs transport on its own, without sessions: device selection, link
+// setup and teardown, slot writes and control sends both ways, inline and
+// non-inline sizes, doorbell batching and send-queue overflow, another
+// session's rkey, the control connection's EOF, and sleeping on wait_fd.
+//
+// Needs an RDMA device: run by the `rxe` suite inside the Soft-RoCE VM.
+#include "verbs_test_util.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/wire_format.h"
+#include "transport/verbs/verbs_transport.h"
+
+int main(int argc, char** argv) { return verbs_test::main(argc, argv); }
+
+namespace {
+
+using namespace std::chrono_literals;
+using slotrpc::Config;
+using slotrpc::StatusCode;
+using slotrpc::transport::Access;
+using slotrpc::transport::Completion;
+using slotrpc::transport::Lane;
+using slotrpc::transport::MemoryRegion;
+using slotrpc::transport::Outgoing;
+using namespace slotrpc::transport::verbs;
+using CKind = Completion::Kind;
+
+constexpr std::byte kFill{0xee};
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+Config test_config() {
+  auto c = Config{}.with_environment();
+  REQUIRE_MESSAGE(c.ok(), c.status().to_string());
+  return c.value();
+}
+
+std::unique_ptr<VerbsTransport> make_transport(const Config& cfg = test_config()) {
+  auto t = VerbsTransport::create(cfg);
+  REQUIRE_MESSAGE(t.ok(), t.status().to_string());
+  return std::move(t).value();
+}
+
+// One end of a link pair: its link, receive ring and send ring.
+struct End {
+  VerbsTransport& t;
+  uint32_t slots;
+  uint32_t size;
+  std::unique_ptr<VerbsLink> link;
+  std::vector<std::byte> recv;
+  std::vector<std::byte> send;
+  MemoryRegion recv_mr{};
+  MemoryRegion send_mr{};
+  std::vector<Completion> got;
+
+  End(VerbsTransport& transport, uint32_t s, uint32_t sz) : t(transport), slots(s), size(sz) {}
+  ~End() { destroy(); }
+  void destroy() {
+    if (!link) return;
+    link->deregister(recv_mr);
+    link->deregister(send_mr);
+    link.reset();
+  }
+  std::byte* rslot(uint32_t i) { return recv.data() + size_t{i} * size; }
+  std::byte* sslot(uint32_t i) { return send.data() + size_t{i} * size; }
+  size_t count(CKind k) const {
+    return static_cast<size_t>(std::count_if(got.begin(), got.end(), [k](const Completion& c) { return c.kind == k; }));
+  }
+  const Completion* first(CKind k) const {
+    for (const Completion& c : got)
+      if (c.kind == k) return &c;
+    return nullptr;
+  }
+};
+
+std::unique_ptr<End> make_end(VerbsTransport& t, uint32_t slots, uint32_t size, const std::string& name) {
+  auto e = std::make_unique<End>(t, slots, size);
+  auto l = t.create_link(name, slots);
+  REQUIRE_MESSAGE(l.ok(), l.status().to_string());
+  e->link = std::move(l).value();
+  e->recv.assign(size_t{slots} * size, kFill);
+  e->send.assign(size_t{slots} * size, std::byte{0});
+  auto r = e->link->register_memory(e->recv, Access::kRemoteWrite);
+  REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+  e->recv_mr = r.value();
+  auto s = e->link->register_memory(e->send, Access::kLocalSend);
+  REQUIRE_MESSAGE(s.ok(), s.status().to_string());
+  e->send_mr = s.value();
+  CHECK(e->recv_mr.rkey != 0);
+  auto st = e->link->attach(e->recv_mr, e->send_mr, slots, size, e.get());
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  for (uint32_t i = 0; i < slots; ++i) e->link->arm(static_cast<uint16_t>(i));
+  return e;
+}
+
+// Exchanges QpInfo (through the wire encoding) and connects both links.
+void connect_pair(End& a, End& b, int fd_a = -1, int fd_b = -1) {
+  auto through_wire = [](const QpInfo& info) {
+    std::array<std::byte, kQpInfoSize> buf;
+    encode_qp_info(info, buf.data());
+    auto back = decode_qp_info(buf);
+    REQUIRE_MESSAGE(back.ok(), back.status().to_string());
+    return back.value();
+  };
+  const QpInfo ia = through_wire(a.link->local_info());
+  const QpInfo ib = through_wire(b.link->local_info());
+  auto st = a.link->connect(ib, fd_a, "b");
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  st = b.link->connect(ia, fd_b, "a");
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  CHECK(a.link->connected());
+  CHECK(b.link->connected());
+}
+
+// Polls the transports, handing completions to their End, until done().
+bool pump(std::initializer_list<VerbsTransport*> ts, const std::function<bool()>& done,
+          std::chrono::milliseconds limit = 10000ms) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  std::array<Completion, 16> buf;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    for (VerbsTransport* t : ts) {
+      const size_t n = t->poll(buf);
+      for (size_t i = 0; i < n; ++i) static_cast<End*>(buf[i].context)->got.push_back(buf[i]);
+    }
+  }
+  return true;
+}
+void settle(std::initializer_list<VerbsTransport*> ts, std::chrono::milliseconds d = 100ms) {
+  (void)pump(ts, [] { return false; }, d);
+}
+
+uint8_t pattern(uint32_t seed, size_t i) { return static_cast<uint8_t>((seed * 131 + i * 7 + 1) & 0xff); }
+
+// A slot message of `len` bytes in send slot `slot`.
+Outgoing slot_message(End& e, uint16_t slot, uint32_t len, uint32_t gen) {
+  std::byte* p = e.sslot(slot);
+  for (uint32_t i = 0; i < len; ++i) p[i] = std::byte{pattern(gen + slot, i)};
+  return Outgoing{p, len, slotrpc::core::make_imm(slot, gen), Lane::kSlot};
+}
+bool slot_holds(End& e, uint16_t slot, uint32_t len, uint32_t gen) {
+  const std::byte* p = e.rslot(slot);
+  for (uint32_t i = 0; i < len; ++i)
+    if (p[i] != std::byte{pattern(gen + slot, i)}) return false;
+  return true;
+}
+std::array<std::byte, 32> control_bytes(uint32_t seq) {
+  std::array<std::byte, 32> b;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = std::byte{pattern(seq, i)};
+  std::memcpy(b.data(), &seq, sizeof seq);
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("device: chosen by default, by name, and errors that list what exists") {
+  Config cfg = test_config();
+  auto d = Device::open(cfg);
+  REQUIRE_MESSAGE(d.ok(), d.status().to_string());
+  const std::string name = d.value()->name();
+  MESSAGE("device: " << d.value()->describe());
+  CHECK(d.value()->port() == 1);
+  CHECK(mtu_bytes(d.value()->active_mtu()) >= 256);
+  CHECK(d.value()->ethernet() == d.value()->roce_v2());  // rxe: RoCE v2 only
+  CHECK(contains(d.value()->describe(), name));
+
+  SUBCASE("by name") {
+    cfg.device = name;
+    auto n = Device::open(cfg);
+    REQUIRE_MESSAGE(n.ok(), n.status().to_string());
+    CHECK(n.value()->name() == name);
+  }
+  SUBCASE("an unknown name lists the devices found") {
+    cfg.device = "nosuch0";
+    auto n = Device::open(cfg);
+    REQUIRE_FALSE(n.ok());
+    CHECK(n.status().code() == StatusCode::kUnavailable);
+    CHECK_MESSAGE(contains(n.status().message(), "'nosuch0'"), n.status().message());
+    CHECK_MESSAGE(contains(n.status().message(), "not found"), n.status().message());
+    CHECK_MESSAGE(contains(n.status().message(), name), n.status().message());
+  }
+  SUBCASE("a port the device does not have") {
+    cfg.device_port = 2;
+    auto n = Device::open(cfg);
+    REQUIRE_FALSE(n.ok());
+    CHECK_MESSAGE(contains(n.status().message(), "no port 2"), n.status().message());
+    CHECK_MESSAGE(contains(n.status().message(), name), n.status().message());
+  }
+  SUBCASE("GID index: auto picks RoCE v2; an empty entry is refused with the valid ones") {
+    cfg.gid_index = static_cast<int32_t>(d.value()->gid_index());
+    auto n = Device::open(cfg);
+    REQUIRE_MESSAGE(n.ok(), n.status().to_string());
+    CHECK(std::memcmp(n.value()->gid().raw, d.value()->gid().raw, 16) == 0);
+    cfg.device = name;
+    cfg.gid_index = 200;
+    n = Device::open(cfg);
+    REQUIRE_FALSE(n.ok());
+    CHECK_MESSAGE(contains(n.status().message(), "GID index 200"), n.status().message());
+    CHECK_MESSAGE(contains(n.status().message(), "valid entries: " + std::to_string(d.value()->gid_index())),
+                  n.status().message());
+  }
+  SUBCASE("probe describes the choice") {
+    auto p = probe(cfg);
+    REQUIRE(p.ok());
+    CHECK(p.value() == d.value()->describe());
+  }
+}
+
+TEST_CASE("verbs link: slot writes and control sends both ways; setup and teardown 20 times") {
+  auto ta = make_transport();
+  auto tb = make_transport();
+  constexpr uint32_t kSlots = 8, kSize = 4096;
+  for (uint32_t round = 0; round < 20; ++round) {
+    CAPTURE(round);
+    auto a = make_end(*ta, kSlots, kSize, "a");
+    auto b = make_end(*tb, kSlots, kSize, "b");
+    connect_pair(*a, *b);
+    CHECK(contains(a->link->describe(), "qp " + std::to_string(b->link->qp_num())));
+
+    // a -> b: one message per slot, one batch.
+    std::vector<Outgoing> batch;
+    for (uint16_t s = 0; s < kSlots; ++s) batch.push_back(slot_message(*a, s, 100 + 500 * s, round));
+    const auto before = a->link->stats();
+    a->link->post(batch);
+    CHECK(a->link->stats().doorbells == before.doorbells + 1);
+    REQUIRE(pump({ta.get(), tb.get()}, [&] { return b->got.size() == kSlots; }));
+    for (uint16_t s = 0; s < kSlots; ++s) {
+      const Completion& c = b->got[s];
+      CHECK(c.kind == CKind::kMessage);
+      CHECK(c.slot == s);  // in order
+      CHECK(c.length == 100 + 500u * s);
+      CHECK(c.imm == slotrpc::core::make_imm(s, round));
+      CHECK(c.link == b->link.get());
+      CHECK(slot_holds(*b, s, c.length, round));
+    }
+    // b -> a, and control messages both ways.
+    batch.clear();
+    for (uint16_t s = 0; s < kSlots; ++s) batch.push_back(slot_message(*b, s, 32 + s, round + 1));
+    auto ctl = control_bytes(round);
+    batch.push_back(Outgoing{ctl.data(), 32, 0, Lane::kControl});
+    b->link->post(batch);
+    ctl.fill(std::byte{0});  // post() copied it
+    auto ctl2 = control_bytes(round + 100);
+    a->link->post(std::vector<Outgoing>{Outgoing{ctl2.data(), 32, 0, Lane::kControl}});
+    REQUIRE(pump({ta.get(), tb.get()}, [&] { return a->got.size() == kSlots + 1 && b->got.size() == kSlots + 1; }));
+    for (uint16_t s = 0; s < kSlots; ++s) CHECK(slot_holds(*a, s, 32 + s, round + 1));
+    REQUIRE(a->got.back().kind == CKind::kControl);
+    CHECK(a->got.back().control == control_bytes(round));
+    REQUIRE(b->got.back().kind == CKind::kControl);
+    CHECK(b->got.back().control == control_bytes(round + 100));
+    CHECK(a->count(CKind::kLinkDown) == 0);
+    CHECK(b->count(CKind::kLinkDown) == 0);
+    // Closing is idempotent and reported once.
+    a->link->close("test closes a");
+    a->link->close("again");
+    settle({ta.get(), tb.get()}, 20ms);
+    CHECK(a->count(CKind::kLinkDown) == 1);
+    CHECK(a->link->down_reason() == "test closes a");
+  }
+  // Once the stale completions of the closed links are drained, it sleeps.
+  CHECK(verbs_test::wait_until([&] { return ta->prepare_sleep(); }, 2000ms));
+}
+
+TEST_CASE("verbs link: inline up to max_inline, larger messages read from the send slot") {
+  auto t = make_transport();
+  constexpr uint32_t kSlots = 16, kSize = 8192;
+  auto a = make_end(*t, kSlots, kSize, "a");
+  auto b = make_end(*t, kSlots, kSize, "b");
+  connect_pair(*a, *b);
+  const uint32_t mi = a->link->max_inline();
+  MESSAGE("max_inline_data of the queue pair: " << mi);
+  CHECK(mi > 0);
+  CHECK(mi <= test_config().inline_bytes);
+  CHECK(a->link->stats().max_inline == mi);
+  const std::vector<uint32_t> sizes = {1, 31, 32, 33, mi - 1, mi, mi + 1, 1000, 4096, kSize - 1, kSize};
+  uint32_t want_inline = 0, want_copy = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const uint32_t len = sizes[i];
+    CAPTURE(len);
+    const auto before = a->link->stats();
+    a->link->post(std::vector<Outgoing>{slot_message(*a, static_cast<uint16_t>(i), len, 7)});
+    const auto after = a->link->stats();
+    if (len <= mi) {
+      ++want_inline;
+      CHECK(after.inline_sends == before.inline_sends + 1);
+    } else {
+      ++want_copy;
+      CHECK(after.noninline_sends == before.noninline_sends + 1);
+    }
+    REQUIRE(pump({t.get()}, [&] { return b->got.size() == i + 1; }));
+    CHECK(b->got.back().length == len);
+    CHECK(slot_holds(*b, static_cast<uint16_t>(i), len, 7));
+    // Nothing past the message was touched.
+    if (len < kSize) CHECK(b->rslot(static_cast<uint32_t>(i))[len] == kFill);
+  }
+  CHECK(a->link->stats().inline_sends == want_inline);
+  CHECK(a->link->stats().noninline_sends == want_copy);
+  CHECK(a->link->stats().slot_sends == sizes.size());
+}
+
+TEST_CASE("verbs link: the configured inline size falls back to what the device accepts") {
+  Config cfg = test_config();
+  cfg.inline_bytes = 4096;
+  auto t = make_transport(cfg);
+  auto a = make_end(*t, 4, 8192, "a");
+  MESSAGE("inline_bytes 4096 -> max_inline " << a->link->max_inline());
+  CHECK(a->link->max_inline() <= 4096u);
+  cfg.inline_bytes = 0;
+  auto t0 = make_transport(cfg);
+  auto z = make_end(*t0, 4, 8192, "z");
+  CHECK(z->link->max_inline() == 0);
+}
+
+TEST_CASE("verbs link: one doorbell per batch, selective signaling, overflow waits in order") {
+  for (uint32_t inline_bytes : {256u, 0u}) {
+    CAPTURE(inline_bytes);
+    Config cfg = test_config();
+    cfg.inline_bytes = inline_bytes;  // 0: control headers go through the link's send buffers
+    auto t = make_transport(cfg);
+    constexpr uint32_t kSlots = 64;
+    auto a = make_end(*t, kSlots, 1024, "a");
+    auto b = make_end(*t, kSlots, 1024, "b");
+    connect_pair(*a, *b);
+    const uint32_t sq = a->link->send_queue_depth();
+    const uint32_t rq = b->link->receive_queue_depth();
+    MESSAGE("send queue " << sq << ", receive queue " << rq);
+    // More than the send queue holds, within what the receiver has posted
+    // (as the credit protocol guarantees): the rest waits and goes out as
+    // completions free room, in order.
+    const uint32_t n = std::min(rq, sq + sq / 4);
+    REQUIRE(n > sq);
+    std::vector<std::array<std::byte, 32>> bodies;
+    for (uint32_t i = 0; i < n; ++i) bodies.push_back(control_bytes(i));
+    std::vector<Outgoing> batch;
+    for (auto& body : bodies) batch.push_back(Outgoing{body.data(), 32, 0, Lane::kControl});
+    a->link->post(batch);
+    for (auto& body : bodies) body.fill(std::byte{0});  // copied by post()
+    const auto s1 = a->link->stats();
+    CHECK(s1.doorbells == 1);
+    CHECK(s1.backlogged == n - sq);
+    REQUIRE(pump({t.get()}, [&] { return b->got.size() == n; }));
+    for (uint32_t i = 0; i < n; ++i) {
+      CAPTURE(i);
+      CHECK(b->got[i].kind == CKind::kControl);
+      CHECK(b->got[i].control == control_bytes(i));
+    }
+    const auto s2 = a->link->stats();
+    CHECK(s2.doorbells >= 2);
+    CHECK(s2.control_sends == n);
+    CHECK(s2.signaled < n / 2);  // only every k-th request reports
+    CHECK(s2.signaled >= n / 64);
+    if (inline_bytes == 0) CHECK(s2.noninline_sends == n);
+    CHECK(a->count(CKind::kLinkDown) == 0);
+  }
+}
+
+TEST_CASE("verbs link: a write with another session's rkey fails and corrupts nothing") {
+  // Server side: two sessions on one transport (one CQ, one device
+  // context), each link in its own protection domain.
+  auto ts = make_transport();
+  auto tc = make_transport();
+  constexpr uint32_t kSlots = 4, kSize = 4096;
+  auto a1 = make_end(*tc, kSlots, kSize, "a1");
+  auto a2 = make_end(*ts, kSlots, kSize, "a2");
+  auto b1 = make_end(*tc, kSlots, kSize, "b1");
+  auto b2 = make_end(*ts, kSlots, kSize, "b2");
+  connect_pair(*a1, *a2);
+  connect_pair(*b1, *b2);
+  std::byte* src = a1->sslot(0);
+  std::memset(src, 0xab, 256);
+
+  // The raw write itself works with the right rkey (a2's ring)...
+  REQUIRE(a1->link->post_raw_write(src, 256, reinterpret_cast<uintptr_t>(a2->recv_mr.base), a2->recv_mr.rkey,
+                                   slotrpc::core::make_imm(0, 1)).ok());
+  REQUIRE(pump({ts.get(), tc.get()}, [&] { return a2->got.size() == 1; }));
+  CHECK(a2->got[0].kind == CKind::kMessage);
+  CHECK(a2->rslot(0)[255] == std::byte{0xab});
+
+  // ...and fails with b2's: the responder (a2's QP) refuses an rkey of
+  // another protection domain.
+  REQUIRE(a1->link->post_raw_write(src, 256, reinterpret_cast<uintptr_t>(b2->recv_mr.base) + kSize,
+                                   b2->recv_mr.rkey, slotrpc::core::make_imm(1, 1)).ok());
+  REQUIRE(pump({ts.get(), tc.get()}, [&] { return a1->count(CKind::kLinkDown) == 1; }));
+  const std::string why = a1->link->down_reason();
+  MESSAGE("a1: " << why);
+  CHECK_MESSAGE(contains(why, ibv_wc_status_str(IBV_WC_REM_ACCESS_ERR)), why);
+  CHECK(contains(why, "send completion failed"));
+  settle({ts.get(), tc.get()}, 300ms);
+  CHECK(a1->count(CKind::kLinkDown) == 1);  // later flush errors are ignored
+  if (a2->count(CKind::kLinkDown) == 1) MESSAGE("a2 (responder): " << a2->link->down_reason());
+
+  // b2's ring is untouched, b2 saw nothing, and session b still works.
+  CHECK(std::all_of(b2->recv.begin(), b2->recv.end(), [](std::byte x) { return x == kFill; }));
+  CHECK(b2->got.empty());
+  b1->link->post(std::vector<Outgoing>{slot_message(*b1, 2, 300, 9)});
+  REQUIRE(pump({ts.get(), tc.get()}, [&] { return b2->got.size() == 1; }));
+  CHECK(b2->got[0].kind == CKind::kMessage);
+  CHECK(slot_holds(*b2, 2, 300, 9));
+  CHECK(b1->count(CKind::kLinkDown) == 0);
+  CHECK(b2->count(CKind::kLinkDown) == 0);
+}
+
+TEST_CASE("verbs link: a write into a slot that was not armed fails the receiving link") {
+  auto t = make_transport();
+  auto a = make_end(*t, 4, 1024, "a");
+  auto b = make_end(*t, 4, 1024, "b");
+  connect_pair(*a, *b);
+  a->link->post(std::vector<Outgoing>{slot_message(*a, 1, 64, 1)});
+  REQUIRE(pump({t.get()}, [&] { return b->got.size() == 1; }));
+  a->link->post(std::vector<Outgoing>{slot_message(*a, 1, 64, 2)});  // slot 1 not re-armed
+  REQUIRE(pump({t.get()}, [&] { return b->count(CKind::kLinkDown) == 1; }));
+  CHECK_MESSAGE(contains(b->link->down_reason(), "slot 1 which was not armed"), b->link->down_reason());
+}
+
+TEST_CASE("verbs link: EOF or stray bytes on the control connection fail the link at once") {
+  auto t = make_transport();
+  for (bool stray : {false, true}) {
+    CAPTURE(stray);
+    int sa[2], sb[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sa) == 0);
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sb) == 0);
+    auto a = make_end(*t, 4, 1024, "a");
+    auto b = make_end(*t, 4, 1024, "b");
+    connect_pair(*a, *b, sa[0], sb[0]);  // the links own sa[0], sb[0]
+    if (stray) {
+      REQUIRE(::write(sa[1], "x", 1) == 1);
+    } else {
+      ::close(sa[1]);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    REQUIRE(pump({t.get()}, [&] { return a->count(CKind::kLinkDown) == 1; }, 2000ms));
+    CHECK(std::chrono::steady_clock::now() - t0 < 500ms);
+    CHECK_MESSAGE(contains(a->link->down_reason(), stray ? "unexpected" : "peer closed the connection"),
+                  a->link->down_reason());
+    if (stray) {
+      // The failed link shut its socket down: the other end sees EOF.
+      char c;
+      CHECK(::read(sa[1], &c, 1) == 0);
+      ::close(sa[1]);
+    }
+    CHECK(b->count(CKind::kLinkDown) == 0);
+    ::close(sb[1]);
+  }
+}
+
+TEST_CASE("verbs transport: wait_fd wakes a sleeping loop; a completion before the arm is not lost") {
+  auto ta = make_transport();
+  auto tb = make_transport();
+  auto a = make_end(*ta, 4, 1024, "a");
+  auto b = make_end(*tb, 4, 1024, "b");
+  connect_pair(*a, *b);
+  auto readable = [&](int ms) {
+    pollfd p{tb->wait_fd(), POLLIN, 0};
+    return ::poll(&p, 1, ms) == 1;
+  };
+  std::array<Completion, 8> out;
+
+  // Idle: it may sleep, and nothing wakes it.
+  REQUIRE(tb->prepare_sleep());
+  (void)tb->poll(out);  // consume anything left from the setup
+  REQUIRE(tb->prepare_sleep());
+  CHECK_FALSE(readable(50));
+
+  // Armed, then a message: the completion channel wakes the fd.
+  a->link->post(std::vector<Outgoing>{slot_message(*a, 0, 100, 1)});
+  CHECK(readable(5000));
+  size_t n = 0;
+  REQUIRE(verbs_test::wait_until([&] { return (n = tb->poll(out)) > 0; }));
+  CHECK(out[0].kind == CKind::kMessage);
+  CHECK(out[0].slot == 0);
+  CHECK(tb->prepare_sleep());
+  CHECK_FALSE(readable(20));  // the event was consumed
+
+  // A completion already in the CQ when the loop prepares to sleep.
+  b->link->arm(1);
+  a->link->post(std::vector<Outgoing>{slot_message(*a, 1, 100, 2)});
+  std::this_thread::sleep_for(100ms);  // it has arrived, unpolled
+  CHECK_FALSE(tb->prepare_sleep());
+  n = tb->poll(out);
+  REQUIRE(n == 1);
+  CHECK(out[0].slot == 1);
+}
+
+TEST_CASE("verbs link: queue-pair settings from Config are accepted") {
+  struct Case {
+    uint32_t timeout, retry, rnr, min_rnr, tc, sl;
+  };
+  for (const Case& k : {Case{0, 0, 0, 0, 0, 0}, Case{31, 7, 7, 31, 255, 15}, Case{1, 3, 1, 1, 32, 3},
+                        Case{14, 7, 7, 12, 0, 0}}) {
+    CAPTURE(k.timeout);
+    CAPTURE(k.sl);
+    Config cfg = test_config();
+    cfg.qp_timeout = k.timeout;
+    cfg.retry_count = k.retry;
+    cfg.rnr_retry = k.rnr;
+    cfg.min_rnr_timer = k.min_rnr;
+    cfg.traffic_class = k.tc;
+    cfg.service_level = k.sl;
+    REQUIRE(cfg.validate().ok());
+    auto t = make_transport(cfg);
+    auto a = make_end(*t, 2, 512, "a");
+    auto b = make_end(*t, 2, 512, "b");
+    connect_pair(*a, *b);
+    a->link->post(std::vector<Outgoing>{slot_message(*a, 0, 200, 3)});
+    REQUIRE(pump({t.get()}, [&] { return b->got.size() == 1; }));
+    CHECK(slot_holds(*b, 0, 200, 3));
+  }
+}
+
+TEST_CASE("verbs link: connect and attach refuse what does not match") {
+  auto t = make_transport();
+  auto a = make_end(*t, 4, 1024, "a");
+  auto b = make_end(*t, 8, 1024, "b");
+  auto st = a->link->connect(b->link->local_info(), -1, "b");
+  CHECK_FALSE(st.ok());
+  CHECK_MESSAGE(contains(st.message(), "8 slots"), st.message());
+  // Posting before connect waits; after a close it is dropped.
+  auto c = make_end(*t, 4, 1024, "c");
+  a->link->post(std::vector<Outgoing>{slot_message(*a, 0, 64, 1)});
+  CHECK(a->link->stats().backlogged == 1);
+  connect_pair(*a, *c);
+  REQUIRE(pump({t.get()}, [&] { return c->got.size() == 1; }));
+  CHECK(slot_holds(*c, 0, 64, 1));
+
+  // attach: rings from another link are refused.
+  auto l = t->create_link("d", 4);
+  REQUIRE(l.ok());
+  auto st2 = l.value()->attach(a->recv_mr, a->send_mr, 4, 1024, nullptr);
+  CHECK(st2.code() == StatusCode::kInvalidArgument);
+  // Queues are sized at creation: more slots than that are refused.
+  std::vector<std::byte> mem(8 * 1024);
+  auto r = l.value()->register_memory(mem, Access::kRemoteWrite);
+  REQUIRE(r.ok());
+  CHECK(l.value()->attach(r.value(), r.value(), 8, 1024, nullptr).code() == StatusCode::kInvalidArgument);
+  CHECK(l.value()->attach(r.value(), r.value(), 4, 1024, nullptr).ok());
+  l.value()->deregister(r.value());
+}
