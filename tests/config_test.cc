@@ -151,6 +151,7 @@ TEST_CASE("config: the settings table covers every whole-number field") {
       {"rnr_retry", "SLOTRPC_RNR_RETRY", &Config::rnr_retry, 0, 7},
       {"min_rnr_timer", "SLOTRPC_MIN_RNR_TIMER", &Config::min_rnr_timer, 0, 31},
       {"inline_bytes", "SLOTRPC_INLINE_BYTES", &Config::inline_bytes, 0, 4096},
+      {"srq_depth", "SLOTRPC_SRQ_DEPTH", &Config::srq_depth, 64, 1u << 20},
   };
   CHECK(slotrpc::core::uint_settings().size() == std::size(expected));
   for (const Expect& e : expected) {
@@ -354,6 +355,53 @@ TEST_CASE("config: to_string of the enumerations") {
   CHECK(slotrpc::to_string(slotrpc::RelaxedOrdering::kOff) == "off");
   CHECK(slotrpc::to_string(slotrpc::RelaxedOrdering::kOn) == "on");
   CHECK(slotrpc::to_string(slotrpc::RelaxedOrdering::kAuto) == "auto");
+  CHECK(slotrpc::to_string(slotrpc::SharedReceiveQueue::kOff) == "off");
+  CHECK(slotrpc::to_string(slotrpc::SharedReceiveQueue::kOn) == "on");
+  CHECK(slotrpc::to_string(slotrpc::SharedReceiveQueue::kAuto) == "auto");
+}
+
+TEST_CASE("config: shared receive queue mode and depth") {
+  CleanEnv clean;
+  CHECK(Config{}.srq == slotrpc::SharedReceiveQueue::kAuto);
+  CHECK(Config{}.srq_depth == 16384);
+  for (auto [text, mode] : {std::pair{"off", slotrpc::SharedReceiveQueue::kOff},
+                            std::pair{"on", slotrpc::SharedReceiveQueue::kOn},
+                            std::pair{"auto", slotrpc::SharedReceiveQueue::kAuto}}) {
+    EnvVar v("SLOTRPC_SRQ", text);
+    EnvVar d("SLOTRPC_SRQ_DEPTH", "64");
+    auto c = Config{}.with_environment();
+    CAPTURE(text);
+    REQUIRE_MESSAGE(c.ok(), c.status().to_string());
+    CHECK(c->srq == mode);
+    CHECK(c->srq_depth == 64);
+  }
+  for (const char* text : {"yes", "ON", "", "1", "shared"}) {
+    EnvVar v("SLOTRPC_SRQ", text);
+    auto c = Config{}.with_environment();
+    CAPTURE(text);
+    REQUIRE_FALSE(c.ok());
+    CHECK(c.status().code() == StatusCode::kInvalidArgument);
+    CHECK(contains(c.status().message(), "SLOTRPC_SRQ"));
+    CHECK(contains(c.status().message(), std::string("'") + text + "'"));
+    CHECK(contains(c.status().message(), "off on auto"));
+  }
+  for (const char* text : {"63", "1048577", "0", "-1", "x"}) {
+    EnvVar d("SLOTRPC_SRQ_DEPTH", text);
+    auto c = Config{}.with_environment();
+    CAPTURE(text);
+    REQUIRE_FALSE(c.ok());
+    CHECK(contains(c.status().message(), "SLOTRPC_SRQ_DEPTH"));
+    CHECK(contains_number(c.status().message(), "1048576"));
+  }
+  Config bad;
+  bad.srq = static_cast<slotrpc::SharedReceiveQueue>(9);
+  const auto st = bad.validate();
+  REQUIRE_FALSE(st.ok());
+  CHECK(contains(st.message(), "Config.srq"));
+  CHECK(contains(st.message(), "off, on or auto"));
+  bad = Config{};
+  bad.srq_depth = 10;
+  CHECK(contains(bad.validate().message(), "Config.srq_depth"));
 }
 
 TEST_CASE("config: verbs device, GID index and relaxed ordering") {

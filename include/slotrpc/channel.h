@@ -121,6 +121,12 @@ class Channel {
     uint64_t noninline_sends = 0;
     uint64_t doorbells = 0;
     uint32_t max_inline = 0;
+    // Verbs: receives come from the event loop's shared receive queue; the
+    // server writes replies through a type-2 memory window bound to this
+    // session's queue pair (docs/design.md, "Receive queues and ring
+    // protection").
+    bool shared_receive_queue = false;
+    bool memory_window = false;
     bool closed = false;
   };
   Stats stats() const;

@@ -34,6 +34,16 @@ enum class RelaxedOrdering : uint8_t {
   kAuto,  // on when the device sits on PCI and accepts the flag
 };
 
+// How a verbs event loop receives and protects its sessions' rings
+// (docs/design.md, "Receive queues and ring protection").
+enum class SharedReceiveQueue : uint8_t {
+  kOff,   // each session: its own protection domain and receive queue
+  kOn,    // one protection domain and SRQ per event loop; each receive ring
+          // is exposed through a type-2 memory window bound to its session's
+          // queue pair.  An error where the device lacks either.
+  kAuto,  // on when the device has SRQs and type-2 memory windows (default)
+};
+
 struct Config {
   // Slot ring geometry, per session and direction.  A message (32-byte
   // header + payload) must fit one slot.  A Channel proposes its geometry;
@@ -68,6 +78,8 @@ struct Config {
   uint32_t rnr_retry = 7;            // SLOTRPC_RNR_RETRY: 7 = retry forever
   uint32_t min_rnr_timer = 12;       // SLOTRPC_MIN_RNR_TIMER: IB encoding, 12 = 0.64 ms
   uint32_t inline_bytes = 256;       // SLOTRPC_INLINE_BYTES: messages up to this go inline
+  SharedReceiveQueue srq = SharedReceiveQueue::kAuto;  // SLOTRPC_SRQ off|on|auto
+  uint32_t srq_depth = 16384;        // SLOTRPC_SRQ_DEPTH: receive requests of a loop's SRQ
   std::string log_level = "info";  // SLOTRPC_LOG_LEVEL trace|debug|info|warn|error|critical|off
 
   // Checks every field; the error names the first bad setting.
@@ -79,5 +91,6 @@ struct Config {
 std::string_view to_string(PollMode mode);
 std::string_view to_string(TransportKind kind);
 std::string_view to_string(RelaxedOrdering mode);
+std::string_view to_string(SharedReceiveQueue mode);
 
 }  // namespace slotrpc

@@ -54,6 +54,8 @@ std::span<const UintSetting> uint_settings() {
        "verbs: RNR NAK delay the peer is told to wait (IB encoding)"},
       {"SLOTRPC_INLINE_BYTES", "inline_bytes", &Config::inline_bytes, 0, 4096,
        "verbs: header + payload up to this many bytes is posted inline"},
+      {"SLOTRPC_SRQ_DEPTH", "srq_depth", &Config::srq_depth, 64, 1u << 20,
+       "verbs: receive requests in an event loop's shared receive queue (capped by the device)"},
   };
   return kTable;
 }
@@ -62,6 +64,7 @@ std::span<const std::string_view> named_settings() {
   static constexpr std::string_view kNames[] = {
       "SLOTRPC_POLL_MODE", "SLOTRPC_TRANSPORT",  "SLOTRPC_LOG_LEVEL",
       "SLOTRPC_DEVICE",    "SLOTRPC_GID_INDEX", "SLOTRPC_RELAXED_ORDERING",
+      "SLOTRPC_SRQ",
   };
   return kNames;
 }
@@ -105,6 +108,8 @@ constexpr std::pair<std::string_view, TransportKind> kTransports[] = {
     {"auto", TransportKind::kAuto}, {"tcp", TransportKind::kTcp}, {"verbs", TransportKind::kVerbs}};
 constexpr std::pair<std::string_view, RelaxedOrdering> kRelaxedOrdering[] = {
     {"off", RelaxedOrdering::kOff}, {"on", RelaxedOrdering::kOn}, {"auto", RelaxedOrdering::kAuto}};
+constexpr std::pair<std::string_view, SharedReceiveQueue> kSrqModes[] = {
+    {"off", SharedReceiveQueue::kOff}, {"on", SharedReceiveQueue::kOn}, {"auto", SharedReceiveQueue::kAuto}};
 constexpr std::pair<std::string_view, int> kLogLevels[] = {
     {"trace", 0}, {"debug", 1}, {"info", 2}, {"warn", 3}, {"error", 4}, {"critical", 5}, {"off", 6}};
 
@@ -142,6 +147,12 @@ Result<int32_t> parse_gid_index(std::string_view setting, std::string_view text)
 
 std::string_view to_string(RelaxedOrdering mode) {
   for (const auto& [name, value] : core::kRelaxedOrdering)
+    if (value == mode) return name;
+  return "?";
+}
+
+std::string_view to_string(SharedReceiveQueue mode) {
+  for (const auto& [name, value] : core::kSrqModes)
     if (value == mode) return name;
   return "?";
 }
@@ -195,6 +206,10 @@ Status Config::validate() const {
     return out_of_range("Config.relaxed_ordering (SLOTRPC_RELAXED_ORDERING)",
                         std::to_string(static_cast<int>(relaxed_ordering)), "off, on or auto");
   }
+  if (!parse_name("Config.srq (SLOTRPC_SRQ)", to_string(srq), kSrqModes).ok()) {
+    return out_of_range("Config.srq (SLOTRPC_SRQ)", std::to_string(static_cast<int>(srq)),
+                        "off, on or auto");
+  }
   return {};
 }
 
@@ -236,6 +251,11 @@ Result<Config> Config::with_environment() const {
     auto v = parse_name("SLOTRPC_RELAXED_ORDERING", text, kRelaxedOrdering);
     if (!v.ok()) return v.status();
     out.relaxed_ordering = v.value();
+  }
+  if (const char* text = std::getenv("SLOTRPC_SRQ")) {
+    auto v = parse_name("SLOTRPC_SRQ", text, kSrqModes);
+    if (!v.ok()) return v.status();
+    out.srq = v.value();
   }
   Status st = out.validate();
   if (!st.ok()) return st;

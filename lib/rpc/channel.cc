@@ -485,6 +485,8 @@ Channel::Stats Channel::stats() const {
     out.noninline_sends = c.link.noninline_sends;
     out.doorbells = c.link.doorbells;
     out.max_inline = c.link.max_inline;
+    out.shared_receive_queue = c.link.shared_receive_queue;
+    out.memory_window = c.link.memory_window;
     out.closed = impl->session->closed();
     return out;
   };

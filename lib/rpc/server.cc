@@ -236,9 +236,10 @@ void Server::Impl::handshake_and_hand_over(int fd) {
         return refuse(StatusCode::kUnavailable,
                       "handshake failed: the verbs extension's ring geometry differs from the hello's");
       }
-      // The session is made on its loop (the rings are registered in the
-      // link's protection domain); its link gets a duplicate of the fd and
-      // watches it for EOF, this thread answers on the original.
+      // The session is made on its loop (its rings are registered and its
+      // window bound there, before this thread answers); its link gets a
+      // duplicate of the fd and watches it for EOF, this thread answers on
+      // the original.
       const size_t index = next_loop++ % loops.size();
       const int link_fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
       if (link_fd < 0) {

@@ -7,9 +7,10 @@
 //              batch of messages to the peer.
 //
 // Registration belongs to the Link, not the Transport, because on verbs
-// each session has its own protection domain: a queue pair can then only
-// reach the memory registered for its own session, never another session's
-// ring (see docs/design.md, "Verbs transport").
+// what the peer may write is bound to the session's own queue pair (a
+// type-2 memory window, or a protection domain of its own): a queue pair can
+// only reach its own session's ring, never another session's (see
+// docs/design.md, "Receive queues and ring protection").
 //
 // A message is placed by the transport into a *slot* of the receiver's
 // registered ring (RDMA WRITE_WITH_IMM into the slot; TCP copies the frame
@@ -34,8 +35,8 @@
 namespace slotrpc::transport {
 
 // Memory the transport may read (send rings) or write (receive rings).  For
-// TCP the keys are 0; for verbs they are the MR's lkey/rkey (registered in
-// the link's protection domain).
+// TCP the keys are 0; for verbs `lkey` is the MR's and `rkey` is what the
+// peer gets: the memory window's, or the MR's in a per-session PD.
 struct MemoryRegion {
   std::byte* base = nullptr;
   size_t length = 0;
@@ -91,6 +92,8 @@ struct LinkStats {
   uint64_t signaled = 0;        // verbs: sends posted with IBV_SEND_SIGNALED
   uint64_t backlogged = 0;      // verbs: messages that waited for send-queue room
   uint32_t max_inline = 0;      // verbs: the queue pair's real max_inline_data
+  bool shared_receive_queue = false;  // verbs: receives come from the loop's SRQ
+  bool memory_window = false;         // verbs: the peer writes through a type-2 window
 };
 
 class Link {
@@ -120,8 +123,9 @@ class Link {
   // byte is written (a frame into a slot not armed closes the link, so a
   // misbehaving peer cannot overwrite a request a handler is reading in
   // place).  On verbs the bytes have landed by the time the completion is
-  // seen: there the region is writable by this link's peer only (its own
-  // protection domain), and a write into an unarmed slot fails the link
+  // seen: there the region is writable by this link's peer only (a window
+  // bound to its queue pair, or its own protection domain), and a write
+  // into an unarmed slot fails the link
   // before the core sees it.
   void arm(uint16_t slot) {
     if (slot < armed_.size()) armed_[slot] = true;

@@ -341,6 +341,52 @@ TEST_CASE("verbs: auto picks verbs when both ends have a device; tcp when either
   }
 }
 
+TEST_CASE("verbs: shared receive queue and memory windows by default; SLOTRPC_SRQ=off still serves") {
+  // rxe has SRQs and type-2 memory windows: auto takes them.  Each end
+  // decides for itself, so every mix must work.
+  using slotrpc::SharedReceiveQueue;
+  for (auto server_mode : {SharedReceiveQueue::kAuto, SharedReceiveQueue::kOff}) {
+    for (auto client_mode : {SharedReceiveQueue::kAuto, SharedReceiveQueue::kOff, SharedReceiveQueue::kOn}) {
+      CAPTURE(server_mode);
+      CAPTURE(client_mode);
+      Config sc = base_config();
+      sc.srq = server_mode;
+      TestServer ts(sc);
+      Config c = base_config();
+      c.srq = client_mode;
+      auto a = connect(ts.address, c);
+      auto b = connect(ts.address, c);
+      REQUIRE(a->transport() == TransportKind::kVerbs);
+      const bool shared = client_mode != SharedReceiveQueue::kOff;
+      CHECK(a->stats().shared_receive_queue == shared);
+      CHECK(a->stats().memory_window == shared);
+      for (uint64_t i = 0; i < 200; ++i) {
+        check_echo(*a, i, i * 37 % 3000);
+        check_echo(*b, i + 1000, i * 53 % 3000);
+      }
+      CHECK_FALSE(a->stats().closed);
+      CHECK_FALSE(b->stats().closed);
+    }
+  }
+}
+
+TEST_CASE("verbs: SLOTRPC_SRQ and SLOTRPC_SRQ_DEPTH are validated") {
+  {
+    TestServer ts;
+    for (auto [var, value] : {std::pair{"SLOTRPC_SRQ", "yes"}, std::pair{"SLOTRPC_SRQ_DEPTH", "63"},
+                              std::pair{"SLOTRPC_SRQ_DEPTH", "1048577"}}) {
+      const std::string setting = std::string(var) + "=" + value;
+      CAPTURE(setting);
+      EnvVar v(var, value);
+      auto ch = Channel::connect(ts.address, base_config());
+      REQUIRE_FALSE(ch.ok());
+      CHECK(ch.status().code() == StatusCode::kInvalidArgument);
+      CHECK(contains(ch.status().message(), var));
+      CHECK(contains(ch.status().message(), value));
+    }
+  }
+}
+
 // ====================================================== setup and teardown
 
 TEST_CASE("verbs: connection setup and teardown, 40 times, resources come back") {

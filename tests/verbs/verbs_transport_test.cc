@@ -1,7 +1,9 @@
 // The verbs transport on its own, without sessions: device selection, link
 // setup and teardown, slot writes and control sends both ways, inline and
 // non-inline sizes, doorbell batching and send-queue overflow, another
-// session's rkey, the control connection's EOF, and sleeping on wait_fd.
+// session's rkey (both ring protections: memory windows in a shared PD, and
+// a PD per session), the shared receive queue and its budget, the control
+// connection's EOF, and sleeping on wait_fd.
 //
 // Needs an RDMA device: run by the `rxe` suite inside the Soft-RoCE VM.
 #include "verbs_test_util.h"
@@ -44,6 +46,16 @@ Config test_config() {
   REQUIRE_MESSAGE(c.ok(), c.status().to_string());
   return c.value();
 }
+
+Config with_srq(slotrpc::SharedReceiveQueue mode) {
+  Config c = test_config();
+  c.srq = mode;
+  return c;
+}
+// Both ways of receiving and protecting rings (rxe has SRQs and type-2
+// memory windows, so "on" is the shared mode).
+constexpr slotrpc::SharedReceiveQueue kModes[] = {slotrpc::SharedReceiveQueue::kOn,
+                                                  slotrpc::SharedReceiveQueue::kOff};
 
 std::unique_ptr<VerbsTransport> make_transport(const Config& cfg = test_config()) {
   auto t = VerbsTransport::create(cfg);
@@ -217,13 +229,20 @@ TEST_CASE("device: chosen by default, by name, and errors that list what exists"
 }
 
 TEST_CASE("verbs link: slot writes and control sends both ways; setup and teardown 20 times") {
-  auto ta = make_transport();
-  auto tb = make_transport();
+ for (const auto mode : kModes) {
+  CAPTURE(mode);
+  auto ta = make_transport(with_srq(mode));
+  auto tb = make_transport(with_srq(mode));
+  const bool shared = mode == slotrpc::SharedReceiveQueue::kOn;
+  CHECK(ta->shared_mode() == shared);
   constexpr uint32_t kSlots = 8, kSize = 4096;
   for (uint32_t round = 0; round < 20; ++round) {
     CAPTURE(round);
     auto a = make_end(*ta, kSlots, kSize, "a");
     auto b = make_end(*tb, kSlots, kSize, "b");
+    CHECK(a->link->shared_receive_queue() == shared);
+    CHECK(a->link->memory_window() == shared);
+    CHECK(a->link->stats().shared_receive_queue == shared);
     connect_pair(*a, *b);
     CHECK(contains(a->link->describe(), "qp " + std::to_string(b->link->qp_num())));
 
@@ -269,6 +288,8 @@ TEST_CASE("verbs link: slot writes and control sends both ways; setup and teardo
   }
   // Once the stale completions of the closed links are drained, it sleeps.
   CHECK(verbs_test::wait_until([&] { return ta->prepare_sleep(); }, 2000ms));
+  CHECK(ta->srq_committed() == 0);  // every link gave its reservation back
+ }
 }
 
 TEST_CASE("verbs link: inline up to max_inline, larger messages read from the send slot") {
@@ -365,10 +386,16 @@ TEST_CASE("verbs link: one doorbell per batch, selective signaling, overflow wai
 }
 
 TEST_CASE("verbs link: a write with another session's rkey fails and corrupts nothing") {
-  // Server side: two sessions on one transport (one CQ, one device
-  // context), each link in its own protection domain.
-  auto ts = make_transport();
-  auto tc = make_transport();
+ // Server side: two sessions on one transport (one CQ, one device context):
+ // shared PD with each ring behind a window bound to its own queue pair, or
+ // each link in its own protection domain.  The attacker also tries the
+ // ring's MR key itself.
+ for (const auto mode : kModes) {
+ for (const bool use_mr_key : {false, true}) {
+  CAPTURE(mode);
+  CAPTURE(use_mr_key);
+  auto ts = make_transport(with_srq(mode));
+  auto tc = make_transport(with_srq(mode));
   constexpr uint32_t kSlots = 4, kSize = 4096;
   auto a1 = make_end(*tc, kSlots, kSize, "a1");
   auto a2 = make_end(*ts, kSlots, kSize, "a2");
@@ -386,10 +413,14 @@ TEST_CASE("verbs link: a write with another session's rkey fails and corrupts no
   CHECK(a2->got[0].kind == CKind::kMessage);
   CHECK(a2->rslot(0)[255] == std::byte{0xab});
 
-  // ...and fails with b2's: the responder (a2's QP) refuses an rkey of
+  // ...and fails with b2's: the responder (a2's QP) refuses a window bound
+  // to another queue pair, an MR without remote access, or a key of
   // another protection domain.
+  const uint32_t b2_mr_key = static_cast<ibv_mr*>(b2->recv_mr.handle)->rkey;
+  if (mode == slotrpc::SharedReceiveQueue::kOn) CHECK(b2_mr_key != b2->recv_mr.rkey);
   REQUIRE(a1->link->post_raw_write(src, 256, reinterpret_cast<uintptr_t>(b2->recv_mr.base) + kSize,
-                                   b2->recv_mr.rkey, slotrpc::core::make_imm(1, 1)).ok());
+                                   use_mr_key ? b2_mr_key : b2->recv_mr.rkey,
+                                   slotrpc::core::make_imm(1, 1)).ok());
   REQUIRE(pump({ts.get(), tc.get()}, [&] { return a1->count(CKind::kLinkDown) == 1; }));
   const std::string why = a1->link->down_reason();
   MESSAGE("a1: " << why);
@@ -408,6 +439,123 @@ TEST_CASE("verbs link: a write with another session's rkey fails and corrupts no
   CHECK(slot_holds(*b2, 2, 300, 9));
   CHECK(b1->count(CKind::kLinkDown) == 0);
   CHECK(b2->count(CKind::kLinkDown) == 0);
+ }
+ }
+}
+
+TEST_CASE("verbs link: sessions share one SRQ up to its depth, then get their own receive queue") {
+  Config cfg = with_srq(slotrpc::SharedReceiveQueue::kOn);
+  constexpr uint32_t kSlots = 4, kSize = 1024;
+  constexpr uint32_t kWant = 3 * kSlots + 16;  // receive requests a link reserves
+  cfg.srq_depth = 2 * kWant + kWant / 2;       // room for two links
+  auto ts = make_transport(cfg);
+  auto tc = make_transport(with_srq(slotrpc::SharedReceiveQueue::kOff));
+  REQUIRE(ts->shared_mode());
+  REQUIRE(ts->srq_depth() == cfg.srq_depth);
+  auto c1 = make_end(*tc, kSlots, kSize, "c1");
+  auto c2 = make_end(*tc, kSlots, kSize, "c2");
+  auto c3 = make_end(*tc, kSlots, kSize, "c3");
+  auto s1 = make_end(*ts, kSlots, kSize, "s1");
+  auto s2 = make_end(*ts, kSlots, kSize, "s2");
+  auto s3 = make_end(*ts, kSlots, kSize, "s3");
+  CHECK(s1->link->shared_receive_queue());
+  CHECK(s2->link->shared_receive_queue());
+  CHECK_FALSE(s3->link->shared_receive_queue());  // the SRQ is fully reserved
+  CHECK(s3->link->memory_window());                // still the shared PD
+  CHECK(ts->srq_committed() == 2 * kWant);
+  CHECK_FALSE(c1->link->shared_receive_queue());
+  CHECK_FALSE(c1->link->memory_window());
+  connect_pair(*c1, *s1);
+  connect_pair(*c2, *s2);
+  connect_pair(*c3, *s3);
+
+  // Far more messages than the SRQ holds, on all three sessions at once, so
+  // its buffers go round many times; replies come back the same way.
+  End* clients[] = {c1.get(), c2.get(), c3.get()};
+  End* servers[] = {s1.get(), s2.get(), s3.get()};
+  constexpr uint32_t kRounds = 150;
+  for (uint32_t r = 0; r < kRounds; ++r) {
+    for (int i = 0; i < 3; ++i) {
+      std::vector<Outgoing> batch;
+      for (uint16_t k = 0; k < kSlots; ++k) batch.push_back(slot_message(*clients[i], k, 40 + 10 * k + i, r));
+      auto ctl = control_bytes(r * 3 + i);
+      batch.push_back(Outgoing{ctl.data(), 32, 0, Lane::kControl});
+      clients[i]->link->post(batch);
+    }
+    const size_t want = size_t{r + 1} * (kSlots + 1);
+    REQUIRE(pump({ts.get(), tc.get()}, [&] {
+      return s1->got.size() == want && s2->got.size() == want && s3->got.size() == want;
+    }));
+    for (int i = 0; i < 3; ++i) {
+      CAPTURE(i);
+      End& s = *servers[i];
+      for (uint16_t k = 0; k < kSlots; ++k) {
+        const Completion& c = s.got[want - kSlots - 1 + k];
+        REQUIRE(c.kind == CKind::kMessage);
+        CHECK(c.link == s.link.get());  // the SRQ completion found its own link
+        CHECK(slot_holds(s, k, 40 + 10 * k + i, r));
+        s.link->arm(k);
+      }
+      REQUIRE(s.got.back().kind == CKind::kControl);
+      CHECK(s.got.back().control == control_bytes(r * 3 + i));
+      // A reply per slot, into the client's ring.
+      std::vector<Outgoing> replies;
+      for (uint16_t k = 0; k < kSlots; ++k) replies.push_back(slot_message(s, k, 20 + k, r + 7));
+      s.link->post(replies);
+    }
+    REQUIRE(pump({ts.get(), tc.get()}, [&] {
+      return c1->got.size() == size_t{r + 1} * kSlots && c2->got.size() == size_t{r + 1} * kSlots &&
+             c3->got.size() == size_t{r + 1} * kSlots;
+    }));
+    for (End* c : clients)
+      for (uint16_t k = 0; k < kSlots; ++k) {
+        CHECK(slot_holds(*c, k, 20 + k, r + 7));
+        c->link->arm(k);
+      }
+  }
+  for (End* e : servers) CHECK(e->count(CKind::kLinkDown) == 0);
+
+  // A link leaves: its reservation comes back and the next link shares again.
+  s1->destroy();
+  c1->destroy();
+  CHECK(ts->srq_committed() == kWant);
+  auto s4 = make_end(*ts, kSlots, kSize, "s4");
+  auto c4 = make_end(*tc, kSlots, kSize, "c4");
+  CHECK(s4->link->shared_receive_queue());
+  connect_pair(*c4, *s4);
+  c4->link->post(std::vector<Outgoing>{slot_message(*c4, 3, 77, 5)});
+  REQUIRE(pump({ts.get(), tc.get()}, [&] { return s4->got.size() == 1; }));
+  CHECK(s4->got[0].link == s4->link.get());
+  CHECK(slot_holds(*s4, 3, 77, 5));
+}
+
+TEST_CASE("verbs link: with an SRQ, a torn-down queue pair's messages never reach a new link") {
+  // SRQ completions are matched by queue-pair number, and a device may
+  // reuse a destroyed queue pair's number at once: messages that landed but
+  // were never polled must leave with their link.
+  auto ts = make_transport(with_srq(slotrpc::SharedReceiveQueue::kOn));
+  auto tc = make_transport(with_srq(slotrpc::SharedReceiveQueue::kOn));
+  constexpr uint32_t kSlots = 8, kSize = 512;
+  for (int round = 0; round < 30; ++round) {
+    CAPTURE(round);
+    auto c = make_end(*tc, kSlots, kSize, "c");
+    auto s = make_end(*ts, kSlots, kSize, "s");
+    connect_pair(*c, *s);
+    std::vector<Outgoing> batch;
+    for (uint16_t k = 0; k < kSlots; ++k) batch.push_back(slot_message(*c, k, 64, round));
+    auto ctl = control_bytes(round);
+    batch.push_back(Outgoing{ctl.data(), 32, 0, Lane::kControl});
+    c->link->post(batch);
+    // Let them land in the server's CQ without polling it, then tear down.
+    settle({tc.get()}, 10ms);  // the client's sends complete: they have landed
+    const uint32_t old_qpn = s->link->qp_num();
+    s.reset();  // never polled: its completions are in ts's CQ
+    auto fresh = make_end(*ts, kSlots, kSize, "fresh");
+    if (fresh->link->qp_num() == old_qpn) MESSAGE("queue-pair number " << old_qpn << " reused");
+    settle({ts.get()}, 20ms);
+    CHECK(fresh->got.empty());
+  }
+  CHECK(ts->srq_committed() == 0);
 }
 
 TEST_CASE("verbs link: a write into a slot that was not armed fails the receiving link") {

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cassert>
+#include <chrono>
+#include <thread>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -26,6 +28,10 @@ namespace {
 // requests it retires (itself and the unsignaled ones before it).
 constexpr uint64_t kRecvBit = 1ull << 31;
 constexpr uint32_t kValueMask = 0x7fff'ffffu;
+// A send value with this bit is the memory-window bind (it retires the rest).
+constexpr uint32_t kBindBit = 1u << 30;
+// Receives from the shared receive queue: this table index (never a link's).
+constexpr uint16_t kSrqIndex = 0xffff;
 
 uint64_t make_wr_id(uint16_t gen, uint16_t index, bool recv, uint32_t value) {
   return uint64_t{gen} << 48 | uint64_t{index} << 32 | (recv ? kRecvBit : 0) | (value & kValueMask);
@@ -37,11 +43,12 @@ constexpr uint64_t kTagChannel = 1;
 constexpr uint64_t kTagAsync = 2;
 constexpr uint64_t kTagLink = 1ull << 63;
 
-constexpr size_t kRecvBufSize = 64;  // a control message is 32; more is an error
-constexpr size_t kMaxLinks = 0x10000;
+constexpr size_t kMaxLinks = kSrqIndex;  // indices 0 .. 0xfffe
 constexpr int kInitialCq = 1024;
 constexpr size_t kReadyReserve = 1024;
 constexpr size_t kBacklogReserve = 64;
+// A bind is local work: it completes in microseconds, or the device is stuck.
+constexpr auto kBindTimeout = std::chrono::seconds(5);
 
 void put16(std::byte* p, uint16_t v) {
   for (int i = 0; i < 2; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
@@ -155,19 +162,27 @@ VerbsLink::~VerbsLink() {
   // The QP goes first: after ibv_destroy_qp the NIC touches none of the
   // memory below.  CQEs it left in the shared CQ carry our old generation
   // and are dropped by lookup().
-  if (qp_ != nullptr && ibv_destroy_qp(qp_) != 0)
-    spdlog::error("slotrpc: ibv_destroy_qp ({}): {}", description_, std::strerror(errno));
+  if (qp_ != nullptr) {
+    if (ibv_destroy_qp(qp_) != 0)
+      spdlog::error("slotrpc: ibv_destroy_qp ({}): {}", description_, std::strerror(errno));
+    // SRQ completions are matched by queue-pair number, which the device
+    // may hand to the next queue pair: ours leave the CQ now (their
+    // buffers go back to the SRQ; the messages are dropped).
+    if (srq_budget_ != 0) owner_.drain_cq();
+  }
+  for (Window& w : windows_)
+    if (w.mw != nullptr) ibv_dealloc_mw(w.mw);
   if (!mrs_.empty()) {
     spdlog::warn("slotrpc: {} destroyed with {} memory region(s) still registered", description_,
                  mrs_.size());
     for (ibv_mr* mr : mrs_) ibv_dereg_mr(mr);
   }
-  if (recv_mr_ != nullptr) ibv_dereg_mr(recv_mr_);
+  own_rq_.reset();
   if (ctrl_mr_ != nullptr) ibv_dereg_mr(ctrl_mr_);
-  if (recv_bufs_ != nullptr) ::munmap(recv_bufs_, recv_bytes_);
   if (ctrl_bufs_ != nullptr) ::munmap(ctrl_bufs_, ctrl_bytes_);
-  if (pd_ != nullptr && ibv_dealloc_pd(pd_) != 0)
+  if (owns_pd_ && pd_ != nullptr && ibv_dealloc_pd(pd_) != 0)
     spdlog::error("slotrpc: ibv_dealloc_pd ({}): {}", description_, std::strerror(errno));
+  owner_.srq_committed_ -= srq_budget_;
   owner_.cq_committed_ -= cq_budget_;
   --owner_.live_links_;
 }
@@ -185,11 +200,24 @@ Status VerbsLink::setup(uint32_t slot_count) {
   // docs/design.md, "No RNR".
   sq_depth_ = std::min<uint32_t>(2 * slot_count + 32, max_wr);
   const uint32_t want_rq = 3 * slot_count + 16;
-  rq_depth_ = std::min<uint32_t>(want_rq, max_wr);
-  if (rq_depth_ < want_rq) {
-    spdlog::warn("slotrpc: {} allows {} receive requests per QP; {} slots want {}: a burst of "
-                 "control messages could meet receiver-not-ready",
-                 dev.name(), max_wr, slot_count, want_rq);
+  const bool use_srq = owner_.srq_ != nullptr &&
+                       uint64_t{owner_.srq_committed_} + want_rq <= owner_.srq_->depth();
+  if (use_srq) {
+    rq_depth_ = want_rq;
+  } else {
+    rq_depth_ = std::min<uint32_t>(want_rq, max_wr);
+    if (rq_depth_ < want_rq) {
+      spdlog::warn("slotrpc: {} allows {} receive requests per QP; {} slots want {}: a burst of "
+                   "control messages could meet receiver-not-ready",
+                   dev.name(), max_wr, slot_count, want_rq);
+    }
+    if (owner_.srq_ != nullptr && !owner_.srq_full_logged_) {
+      owner_.srq_full_logged_ = true;
+      spdlog::info("slotrpc: {}: the shared receive queue ({} requests, {} reserved) cannot take "
+                   "a session of {} slots more; such sessions get receive queues of their own "
+                   "(raise SLOTRPC_SRQ_DEPTH)", dev.name(), owner_.srq_->depth(),
+                   owner_.srq_committed_, slot_count);
+    }
   }
   signal_every_ = std::clamp<uint32_t>(sq_depth_ / 4, 1, 64);
 
@@ -216,8 +244,23 @@ Status VerbsLink::setup(uint32_t slot_count) {
   }
   owner_.cq_committed_ += cq_budget_;
 
-  pd_ = ibv_alloc_pd(ctx);
-  if (pd_ == nullptr) return Status(StatusCode::kUnavailable, errno_text("ibv_alloc_pd", errno));
+  if (owner_.pd_ != nullptr) {
+    pd_ = owner_.pd_;
+  } else {
+    pd_ = ibv_alloc_pd(ctx);
+    if (pd_ == nullptr) return Status(StatusCode::kUnavailable, errno_text("ibv_alloc_pd", errno));
+    owns_pd_ = true;
+  }
+  if (use_srq) {
+    rq_ = owner_.srq_.get();
+    srq_budget_ = want_rq;
+    owner_.srq_committed_ += want_rq;
+  } else {
+    auto q = ReceiveQueue::create_private(pd_, rq_depth_);
+    if (!q.ok()) return q.status();
+    own_rq_ = std::move(q.value());
+    rq_ = own_rq_.get();
+  }
 
   // The real max_inline_data: ask for the configured size, halve until the
   // device agrees (0 always works).
@@ -228,10 +271,11 @@ Status VerbsLink::setup(uint32_t slot_count) {
     a.recv_cq = owner_.cq_;
     a.qp_type = IBV_QPT_RC;
     a.sq_sig_all = 0;
+    a.srq = rq_->srq();  // nullptr: a receive queue of its own
     a.cap.max_send_wr = sq_depth_;
-    a.cap.max_recv_wr = rq_depth_;
+    a.cap.max_recv_wr = use_srq ? 0 : rq_depth_;
     a.cap.max_send_sge = 1;
-    a.cap.max_recv_sge = 1;
+    a.cap.max_recv_sge = use_srq ? 0 : 1;
     a.cap.max_inline_data = inline_want;
     qp_ = ibv_create_qp(pd_, &a);
     if (qp_ != nullptr) {
@@ -265,13 +309,8 @@ Status VerbsLink::setup(uint32_t slot_count) {
     return Status(StatusCode::kUnavailable, errno_text("ibv_modify_qp to INIT", rc));
   }
   psn_ = random_psn();
+  if (use_srq) owner_.by_qpn_[qp_->qp_num] = index_;
 
-  recv_bytes_ = std::max<size_t>(size_t{rq_depth_} * kRecvBufSize, 4096);
-  recv_bufs_ = map_zeroed(recv_bytes_);
-  if (recv_bufs_ == nullptr) return Status(StatusCode::kResourceExhausted, "out of memory");
-  recv_mr_ = ibv_reg_mr(pd_, recv_bufs_, recv_bytes_, IBV_ACCESS_LOCAL_WRITE);
-  if (recv_mr_ == nullptr)
-    return Status(StatusCode::kUnavailable, errno_text("ibv_reg_mr (receive buffers)", errno));
   if (max_inline_ < core::kHeaderSize) {
     ctrl_bytes_ = std::max<size_t>(size_t{sq_depth_} * core::kHeaderSize, 4096);
     ctrl_bufs_ = map_zeroed(ctrl_bytes_);
@@ -283,25 +322,31 @@ Status VerbsLink::setup(uint32_t slot_count) {
 
   wr_.resize(sq_depth_);
   sge_.resize(sq_depth_);
-  rwr_.resize(rq_depth_);
-  rsge_.resize(rq_depth_);
-  repost_.resize(rq_depth_);
   backlog_.reserve(kBacklogReserve);
 
-  // Every receive is posted now (allowed in INIT), as one chain.
-  for (uint32_t i = 0; i < rq_depth_; ++i) repost_[i] = i;
-  n_repost_ = rq_depth_;
-  repost();
-  if (down_) return Status(StatusCode::kUnavailable, down_reason_);
+  // A queue of its own: every receive is posted now (allowed in INIT), as
+  // one chain.  The SRQ's were posted when the transport was created.
+  if (own_rq_ != nullptr) {
+    own_rq_->set_queue_pair(qp_);
+    own_rq_->set_tag(make_wr_id(gen_, index_, true, 0));
+    if (const int rc = own_rq_->post_all(); rc != 0)
+      return Status(StatusCode::kUnavailable, errno_text("ibv_post_recv", rc));
+  }
   stats_.max_inline = max_inline_;
   return {};
 }
 
 Result<MemoryRegion> VerbsLink::register_memory(std::span<std::byte> memory, Access access) {
   if (pd_ == nullptr) return Status(StatusCode::kInternal, "verbs link has no protection domain");
-  // REMOTE_WRITE (which requires LOCAL_WRITE) only for the receive ring;
-  // never remote read or atomics.  Send rings are read by the NIC only.
-  int flags = access == Access::kRemoteWrite ? (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) : 0;
+  // Remote write only for the receive ring, never remote read or atomics;
+  // send rings are read by the NIC only.  In its own PD the ring is
+  // registered REMOTE_WRITE; in the shared PD the MR allows no remote
+  // access at all and a type-2 window bound to this link's queue pair
+  // grants the write (bind_ring_window).
+  const bool window = access == Access::kRemoteWrite && !owns_pd_;
+  int flags = 0;
+  if (access == Access::kRemoteWrite)
+    flags = IBV_ACCESS_LOCAL_WRITE | (window ? IBV_ACCESS_MW_BIND : IBV_ACCESS_REMOTE_WRITE);
   if (owner_.device().relaxed_ordering()) flags |= IBV_ACCESS_RELAXED_ORDERING;
   ibv_mr* mr = ibv_reg_mr(pd_, memory.data(), memory.size(), flags);
   if (mr == nullptr) {
@@ -312,13 +357,28 @@ Result<MemoryRegion> VerbsLink::register_memory(std::span<std::byte> memory, Acc
                                   ? " (locked-memory limit too low? see ulimit -l)"
                                   : ""));
   }
-  mrs_.push_back(mr);
   MemoryRegion r;
   r.base = memory.data();
   r.length = memory.size();
   r.lkey = mr->lkey;
   r.rkey = mr->rkey;
   r.handle = mr;
+  if (window) {
+    ibv_mw* mw = ibv_alloc_mw(pd_, IBV_MW_TYPE_2);
+    if (mw == nullptr) {
+      const int err = errno;
+      ibv_dereg_mr(mr);
+      return Status(StatusCode::kUnavailable,
+                    fmt::format("ibv_alloc_mw (type 2): {} (SLOTRPC_SRQ=off uses a protection "
+                                "domain per session instead)", std::strerror(err)));
+    }
+    // The peer learns this key now; the bind in connect() gives it to the
+    // window.
+    const uint32_t rkey = ibv_inc_rkey(mw->rkey);
+    windows_.push_back(Window{mr, mw, rkey});
+    r.rkey = rkey;
+  }
+  mrs_.push_back(mr);
   return r;
 }
 
@@ -332,6 +392,15 @@ void VerbsLink::deregister(MemoryRegion& region) {
   // Memory must not vanish under work the NIC may still do: a live link
   // stops first (sessions close their link before this anyway).
   if (!down_ && connected_) fail("memory deregistered while the link was up");
+  // A window goes before its MR (an MR with a bound window cannot go).
+  for (auto w = windows_.begin(); w != windows_.end(); ++w) {
+    if (w->mr != mr) continue;
+    if (w->mw == ring_mw_) ring_mw_ = nullptr;
+    if (ibv_dealloc_mw(w->mw) != 0)
+      spdlog::error("slotrpc: ibv_dealloc_mw ({}): {}", description_, std::strerror(errno));
+    windows_.erase(w);
+    break;
+  }
   mrs_.erase(it);
   if (ibv_dereg_mr(mr) != 0)
     spdlog::error("slotrpc: ibv_dereg_mr ({}): {}", description_, std::strerror(errno));
@@ -360,6 +429,18 @@ Status VerbsLink::attach(const MemoryRegion& receive_ring, const MemoryRegion& s
     return Status(StatusCode::kInvalidArgument,
                   fmt::format("rings of {} / {} bytes cannot hold {} slots of {}",
                               receive_ring.length, send_ring.length, slot_count, slot_size));
+  if (!owns_pd_) {
+    for (const Window& w : windows_) {
+      if (w.mr == receive_ring.handle) {
+        ring_mw_ = w.mw;
+        ring_mr_ = w.mr;
+        ring_mw_rkey_ = w.rkey;
+      }
+    }
+    if (ring_mw_ == nullptr)
+      return Status(StatusCode::kInvalidArgument,
+                    "verbs link: the receive ring must be registered for remote write");
+  }
   ring_ = receive_ring;
   send_base_ = send_ring.base;
   send_len_ = send_ring.length;
@@ -446,6 +527,13 @@ Status VerbsLink::connect(const QpInfo& peer, int control_fd, const std::string&
     return refuse(errno_text("ibv_modify_qp to RTS", rc));
   }
 
+  // The window must be bound before the peer can write: the server answers
+  // the handshake only after this returns, and a client's bind completes
+  // before its first request goes out.
+  if (ring_mw_ != nullptr) {
+    if (Status st = bind_ring_window(); !st.ok()) return st;
+  }
+
   if (control_fd >= 0) {
     if (!set_nonblocking(control_fd)) return refuse(errno_text("fcntl(O_NONBLOCK)", errno));
     epoll_event ev{};
@@ -462,6 +550,41 @@ Status VerbsLink::connect(const QpInfo& peer, int control_fd, const std::string&
   description_ = fmt::format("verbs {}:{} qp {} -> {} qp {} (MTU {})", dev.name(),
                              unsigned{dev.port()}, qp_num(), peer_name, peer.qpn, mtu_bytes(mtu));
   flush_backlog();
+  return {};
+}
+
+Status VerbsLink::bind_ring_window() {
+  ibv_send_wr& w = wr_[0];
+  w = ibv_send_wr{};
+  w.opcode = IBV_WR_BIND_MW;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.wr_id = make_wr_id(gen_, index_, false, kBindBit | (unsignaled_ + 1));
+  unsignaled_ = 0;
+  w.bind_mw.mw = ring_mw_;
+  w.bind_mw.rkey = ring_mw_rkey_;
+  w.bind_mw.bind_info.mr = ring_mr_;
+  w.bind_mw.bind_info.addr = reinterpret_cast<uintptr_t>(ring_.base);
+  w.bind_mw.bind_info.length = uint64_t{slot_count_} * slot_size_;
+  w.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+  ++send_seq_;
+  ibv_send_wr* bad = nullptr;
+  if (const int rc = ibv_post_send(qp_, &w, &bad); rc != 0) {
+    w = ibv_send_wr{};
+    return Status(StatusCode::kUnavailable, errno_text("ibv_post_send (bind memory window)", rc));
+  }
+  w = ibv_send_wr{};
+  ++sq_outstanding_;  // not in the message counters (doorbells, signaled)
+  const auto give_up = std::chrono::steady_clock::now() + kBindTimeout;
+  while (!bound_ && !down_) {
+    if (owner_.poll_into_ready() == 0) {
+      if (std::chrono::steady_clock::now() > give_up) {
+        fail("binding the memory window timed out");
+        break;
+      }
+      std::this_thread::yield();
+    }
+  }
+  if (!bound_) return Status(StatusCode::kUnavailable, "memory window bind failed: " + down_reason_);
   return {};
 }
 
@@ -610,35 +733,11 @@ void VerbsLink::on_send_done(uint32_t retired) {
 }
 
 void VerbsLink::repost() {
-  repost_queued_ = false;
-  const size_t n = n_repost_;
-  n_repost_ = 0;
-  if (down_ || n == 0) return;
-  const uint32_t lkey = recv_mr_->lkey;
-  for (size_t j = 0; j < n; ++j) {
-    const uint32_t idx = repost_[j];
-    rsge_[j].addr = reinterpret_cast<uintptr_t>(recv_bufs_ + size_t{idx} * kRecvBufSize);
-    rsge_[j].length = kRecvBufSize;
-    rsge_[j].lkey = lkey;
-    rwr_[j].wr_id = make_wr_id(gen_, index_, true, idx);
-    rwr_[j].sg_list = &rsge_[j];
-    rwr_[j].num_sge = 1;
-    rwr_[j].next = j + 1 < n ? &rwr_[j + 1] : nullptr;
-  }
-  ibv_recv_wr* bad = nullptr;
-  if (const int rc = ibv_post_recv(qp_, rwr_.data(), &bad); rc != 0)
-    fail(errno_text("ibv_post_recv", rc));
+  if (down_ || own_rq_ == nullptr) return;
+  if (const int rc = own_rq_->post_consumed(); rc != 0) fail(errno_text("ibv_post_recv", rc));
 }
 
-bool VerbsLink::on_receive(const ibv_wc& wc, Completion* out) {
-  const uint32_t idx = static_cast<uint32_t>(wc.wr_id & kValueMask);
-  if (idx < rq_depth_ && n_repost_ < repost_.size()) {
-    repost_[n_repost_++] = idx;
-    if (!repost_queued_) {
-      repost_queued_ = true;
-      owner_.repost_list_.push_back(this);
-    }
-  }
+bool VerbsLink::on_receive(const ibv_wc& wc, const std::byte* buffer, Completion* out) {
   switch (wc.opcode) {
     case IBV_WC_RECV_RDMA_WITH_IMM: {
       const uint32_t imm = be32toh(wc.imm_data);
@@ -677,7 +776,7 @@ bool VerbsLink::on_receive(const ibv_wc& wc, Completion* out) {
       out->imm = (wc.wc_flags & IBV_WC_WITH_IMM) != 0 ? be32toh(wc.imm_data) : 0;
       out->context = context_;
       out->link = this;
-      std::memcpy(out->control.data(), recv_bufs_ + size_t{idx} * kRecvBufSize, core::kHeaderSize);
+      std::memcpy(out->control.data(), buffer, core::kHeaderSize);
       return true;
     }
     default:
@@ -740,6 +839,8 @@ void VerbsLink::fail(std::string reason) {
 LinkStats VerbsLink::stats() const {
   LinkStats s = stats_;
   s.max_inline = max_inline_;
+  s.shared_receive_queue = shared_receive_queue();
+  s.memory_window = memory_window();
   return s;
 }
 
@@ -800,18 +901,58 @@ Result<std::unique_ptr<VerbsTransport>> VerbsTransport::create(const Config& con
   if (::epoll_ctl(t->epoll_fd_, EPOLL_CTL_ADD, ctx->async_fd, &ev) != 0)
     return Status(StatusCode::kInternal, errno_text("epoll_ctl", errno));
 
+  // Receive queues and ring protection (see verbs_transport.h).
+  const ibv_device_attr& a = t->device_->attr();
+  const bool has_windows = (a.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0 && a.max_mw > 0;
+  const bool has_srq = a.max_srq > 0 && a.max_srq_wr > 0;
+  bool shared = false;
+  switch (config.srq) {
+    case SharedReceiveQueue::kOff:
+      break;
+    case SharedReceiveQueue::kAuto:
+      shared = has_windows && has_srq;
+      break;
+    case SharedReceiveQueue::kOn:
+      if (!has_windows || !has_srq) {
+        return Status(StatusCode::kUnavailable,
+                      fmt::format("SLOTRPC_SRQ=on: {} has {}{}{}; use auto or off", t->device_->name(),
+                                  has_srq ? "" : "no shared receive queues",
+                                  !has_srq && !has_windows ? " and " : "",
+                                  has_windows ? "" : "no type-2 memory windows"));
+      }
+      shared = true;
+      break;
+  }
+  if (shared) {
+    t->pd_ = ibv_alloc_pd(ctx);
+    if (t->pd_ == nullptr) return Status(StatusCode::kUnavailable, errno_text("ibv_alloc_pd", errno));
+    const uint32_t depth = std::min<uint32_t>(config.srq_depth, static_cast<uint32_t>(a.max_srq_wr));
+    auto q = ReceiveQueue::create_shared(t->pd_, depth);
+    if (!q.ok()) return q.status();
+    t->srq_ = std::move(q.value());
+    t->srq_->set_tag(make_wr_id(0, kSrqIndex, true, 0));
+    if (const int rc = t->srq_->post_all(); rc != 0)
+      return Status(StatusCode::kUnavailable, errno_text("ibv_post_srq_recv", rc));
+  }
+
   t->wc_.resize(std::max<uint32_t>(config.poll_batch, 1));
   t->scratch_.resize(t->wc_.size());
   t->ready_.reserve(kReadyReserve);
   t->repost_list_.reserve(64);
   t->flush_list_.reserve(64);
-  spdlog::debug("slotrpc: verbs transport on {} (CQ of {} entries)", t->device_->describe(),
-                t->cq_capacity_);
+  spdlog::debug("slotrpc: verbs transport on {} (CQ of {} entries; {})", t->device_->describe(),
+                t->cq_capacity_,
+                shared ? fmt::format("shared receive queue of {}, rings behind type-2 memory windows",
+                                     t->srq_->depth())
+                       : std::string("a protection domain and receive queue per session"));
   return t;
 }
 
 VerbsTransport::~VerbsTransport() {
   assert(live_links_ == 0 && "destroy every VerbsLink before its VerbsTransport");
+  srq_.reset();  // after every queue pair, before the PD and the CQ
+  if (pd_ != nullptr && ibv_dealloc_pd(pd_) != 0)
+    spdlog::error("slotrpc: ibv_dealloc_pd: {}", std::strerror(errno));
   if (cq_ != nullptr && ibv_destroy_cq(cq_) != 0)
     spdlog::error("slotrpc: ibv_destroy_cq: {}", std::strerror(errno));
   if (channel_ != nullptr) ibv_destroy_comp_channel(channel_);
@@ -851,14 +992,23 @@ VerbsLink* VerbsTransport::lookup(uint64_t wr_id) const {
   return e.gen == gen ? e.link : nullptr;
 }
 
+VerbsLink* VerbsTransport::lookup_qp(uint32_t qp_num) const {
+  const auto it = by_qpn_.find(qp_num);
+  return it == by_qpn_.end() ? nullptr : table_[it->second].link;
+}
+
 void VerbsTransport::forget(VerbsLink* link) {
+  if (link->qp_ != nullptr) {
+    const auto it = by_qpn_.find(link->qp_->qp_num);
+    if (it != by_qpn_.end() && it->second == link->index_) by_qpn_.erase(it);
+  }
   Entry& e = table_[link->index_];
   if (e.link == link) {
     e.link = nullptr;
     ++e.gen;  // completions still in the CQ for this entry are now stale
     free_entries_.push_back(link->index_);
   }
-  std::erase(repost_list_, link);
+  std::erase(repost_list_, link);  // its own receive queue goes with it
   std::erase(flush_list_, link);
   auto first = ready_.begin() + static_cast<ptrdiff_t>(ready_head_);
   ready_.erase(std::remove_if(first, ready_.end(),
@@ -885,7 +1035,22 @@ size_t VerbsTransport::process(const ibv_wc* wc, int n, Completion* out) {
   size_t k = 0;
   for (int i = 0; i < n; ++i) {
     const ibv_wc& w = wc[i];
-    VerbsLink* link = lookup(w.wr_id);
+    const auto index = static_cast<uint16_t>(w.wr_id >> 32);
+    const auto value = static_cast<uint32_t>(w.wr_id & kValueMask);
+    VerbsLink* link = nullptr;
+    const std::byte* buffer = nullptr;
+    if (index == kSrqIndex && (w.wr_id & kRecvBit) != 0 && srq_ != nullptr) {
+      // An SRQ buffer always goes back, whatever became of its queue pair.
+      srq_->consumed(value);
+      buffer = srq_->buffer(value);
+      link = lookup_qp(w.qp_num);
+    } else {
+      link = lookup(w.wr_id);
+      if (link != nullptr && !link->down_ && (w.wr_id & kRecvBit) != 0 && link->own_rq_ != nullptr) {
+        if (link->own_rq_->consumed(value)) repost_list_.push_back(link);
+        buffer = link->own_rq_->buffer(value);
+      }
+    }
     // Stale (the link is gone) or already failed: flush errors and the
     // like after a link is down carry no news.
     if (link == nullptr || link->down_) continue;
@@ -894,18 +1059,43 @@ size_t VerbsTransport::process(const ibv_wc* wc, int n, Completion* out) {
       continue;
     }
     if ((w.wr_id & kRecvBit) != 0) {
-      if (link->on_receive(w, out + k)) ++k;
+      if (buffer != nullptr && link->on_receive(w, buffer, out + k)) ++k;
     } else {
-      link->on_send_done(static_cast<uint32_t>(w.wr_id & kValueMask));
+      if ((value & kBindBit) != 0) link->bound_ = true;
+      link->on_send_done(value & ~kBindBit);
     }
   }
-  // Receive buffers go back (one chain per link) and waiting sends go out
+  // Receive buffers go back (one chain per queue) and waiting sends go out
   // before the core sees these completions.
+  if (srq_ != nullptr) {
+    if (const int rc = srq_->post_consumed(); rc != 0) {
+      spdlog::error("slotrpc: {}: ibv_post_srq_recv: {}", device_->name(), std::strerror(rc));
+      fail_all(errno_text("ibv_post_srq_recv", rc));
+    }
+  }
   for (VerbsLink* l : repost_list_) l->repost();
   repost_list_.clear();
   for (VerbsLink* l : flush_list_) l->flush_backlog();
   flush_list_.clear();
   return k;
+}
+
+int VerbsTransport::poll_into_ready() {
+  const int n = ibv_poll_cq(cq_, static_cast<int>(wc_.size()), wc_.data());
+  if (n < 0) {
+    fail_all(fmt::format("ibv_poll_cq failed ({})", n));
+    return 0;
+  }
+  if (n > 0) {
+    const size_t k = process(wc_.data(), n, scratch_.data());
+    ready_.insert(ready_.end(), scratch_.begin(), scratch_.begin() + static_cast<ptrdiff_t>(k));
+  }
+  return n;
+}
+
+void VerbsTransport::drain_cq() {
+  while (poll_into_ready() > 0) {
+  }
 }
 
 size_t VerbsTransport::poll(std::span<Completion> out) {
@@ -1006,8 +1196,13 @@ void VerbsTransport::on_async_event(const ibv_async_event& e) {
     case IBV_EVENT_DEVICE_FATAL:
       spdlog::error("slotrpc: {}: async event: {}", device_->name(), what);
       return fail_all(fmt::format("async event: {}", what));
-    case IBV_EVENT_PORT_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:  // an SRQ queue pair that failed: expected
+      spdlog::debug("slotrpc: {}: async event: {}", device_->name(), what);
+      return;
     case IBV_EVENT_SRQ_ERR:
+      spdlog::error("slotrpc: {}: async event: {}", device_->name(), what);
+      return fail_all(fmt::format("async event: {}", what));
+    case IBV_EVENT_PORT_ERR:
       spdlog::warn("slotrpc: {} port {}: async event: {}", device_->name(), e.element.port_num, what);
       return;
     default:

@@ -1,6 +1,5 @@
-// RDMA verbs transport: RC queue pairs, one per session, each in its own
-// protection domain; one completion queue (with a completion channel) per
-// reactor.
+// RDMA verbs transport: RC queue pairs, one per session; one completion
+// queue (with a completion channel) per reactor.
 //
 // Data path (docs/protocol.md, "Verbs data path"):
 //   slot lane     RDMA WRITE_WITH_IMM from the send slot straight into the
@@ -8,10 +7,11 @@
 //                 slot_size), immediate = htobe32(core imm).  Zero copies.
 //   control lane  SEND of the 32-byte header into a pre-posted receive
 //                 buffer; handed to the core inside the Completion.
-//   receives      3 * slot_count + 16 per queue pair, posted at creation and
-//                 reposted (one chain per link) after every poll, before
-//                 the core sees the completions.  With the credit protocol
-//                 no message ever finds the receive queue empty (no RNR).
+//   receives      3 * slot_count + 16 per session, posted before the peer
+//                 learns the queue pair and reposted (one chain per queue)
+//                 after every poll, before the core sees the completions.
+//                 With the credit protocol no message ever finds the
+//                 receive queue empty (no RNR).
 //   sends         every post() is one linked chain of work requests, one
 //                 ibv_post_send (one doorbell).  Only every k-th request is
 //                 signaled; the send queue is accounted so it never
@@ -21,11 +21,22 @@
 //                 max_inline_data (probed at creation: Config::inline_bytes,
 //                 halved until the device accepts it) is posted inline.
 //
-// Security: each link has its own protection domain, and only its receive
-// ring is registered with REMOTE_WRITE.  A queue pair of session A can
-// therefore not use session B's rkey: the responder refuses the write
-// (remote access error) and the offending link fails; nothing is written.
-// The price is one receive queue per queue pair (an SRQ belongs to one PD).
+// Receive queues and ring protection (Config::srq, docs/design.md):
+//   shared   (SLOTRPC_SRQ=auto on a device with SRQs and type-2 memory
+//            windows, or on) one protection domain and one shared receive
+//            queue per event loop.  Receive requests come from the SRQ
+//            while its budget lasts (a session reserves its worst case;
+//            beyond that a session gets a receive queue of its own).  A
+//            receive ring is registered for local access and memory-window
+//            binding only; the peer gets the rkey of a type-2 memory window
+//            bound to the session's own queue pair.  A queue pair of
+//            session A that uses session B's rkey is refused by the
+//            responder (remote access error): nothing is written and the
+//            offending link fails.
+//   per session  (SLOTRPC_SRQ=off, or auto without the device support) each
+//            link has its own protection domain and receive queue, and its
+//            ring is registered with REMOTE_WRITE in that PD: the same
+//            isolation, from the PD boundary instead of the window.
 //
 // Liveness: the TCP connection the handshake ran on stays open; its EOF
 // fails the link at once (a dead process closes it), besides the core's
@@ -44,11 +55,13 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "slotrpc/config.h"
 #include "transport/transport.h"
 #include "transport/verbs/device.h"
+#include "transport/verbs/receive_queue.h"
 
 namespace slotrpc::transport::verbs {
 
@@ -76,7 +89,7 @@ class VerbsTransport;
 
 class VerbsLink final : public Link {
  public:
-  ~VerbsLink() override;  // destroys the QP, the link's MRs and its PD
+  ~VerbsLink() override;  // destroys the QP, the link's windows and MRs (and its own PD)
 
   Result<MemoryRegion> register_memory(std::span<std::byte> memory, Access access) override;
   void deregister(MemoryRegion& region) override;
@@ -102,7 +115,13 @@ class VerbsLink final : public Link {
   uint32_t qp_num() const { return qp_ != nullptr ? qp_->qp_num : 0; }
   uint32_t max_inline() const { return max_inline_; }
   uint32_t send_queue_depth() const { return sq_depth_; }
+  // Receive requests this link may use: its own queue's depth, or what it
+  // reserved in the shared one.
   uint32_t receive_queue_depth() const { return rq_depth_; }
+  bool shared_receive_queue() const { return rq_ != nullptr && rq_->shared(); }
+  // The receive ring is reached through a type-2 memory window bound to
+  // this link's queue pair (shared protection domain).
+  bool memory_window() const { return ring_mw_ != nullptr; }
 
   // Test hook, not used by the library: an RDMA WRITE_WITH_IMM of `length`
   // bytes at `local` (inside the attached send ring) to an arbitrary remote
@@ -120,12 +139,19 @@ class VerbsLink final : public Link {
     std::array<std::byte, core::kHeaderSize> control;  // control lane: the copied header
   };
 
+  struct Window {  // a type-2 memory window over a kRemoteWrite region
+    ibv_mr* mr = nullptr;
+    ibv_mw* mw = nullptr;
+    uint32_t rkey = 0;  // the key the next bind gives it
+  };
+
   Status setup(uint32_t slot_count);  // PD, QP (INIT), receive buffers
+  Status bind_ring_window();           // connect(): bind, wait for the completion
   bool prepare(size_t i, const Outgoing& o);  // fills wr_[i]; false: the link failed
   bool ring_doorbell(size_t n);               // posts wr_[0..n) as one chain
   void flush_backlog();
   void repost();
-  bool on_receive(const ibv_wc& wc, Completion* out);
+  bool on_receive(const ibv_wc& wc, const std::byte* buffer, Completion* out);
   void on_send_done(uint32_t retired);
   void on_control_fd(uint32_t events);
   void fail_from_wc(const ibv_wc& wc);
@@ -138,6 +164,7 @@ class VerbsLink final : public Link {
   uint16_t gen_ = 0;
 
   ibv_pd* pd_ = nullptr;
+  bool owns_pd_ = false;  // per-session mode; else the transport's
   ibv_qp* qp_ = nullptr;
   uint32_t psn_ = 0;
   uint32_t sq_depth_ = 0;
@@ -147,11 +174,11 @@ class VerbsLink final : public Link {
   uint32_t created_slots_ = 0;
   int cq_budget_ = 0;  // CQ entries reserved for this link
 
-  // One 64-byte buffer per receive work request (control messages land
-  // here; slot writes consume the request but not the buffer).
-  std::byte* recv_bufs_ = nullptr;
-  size_t recv_bytes_ = 0;
-  ibv_mr* recv_mr_ = nullptr;
+  // Receive requests: the transport's SRQ (srq_budget_ of them reserved)
+  // or a queue of the link's own.
+  ReceiveQueue* rq_ = nullptr;
+  std::unique_ptr<ReceiveQueue> own_rq_;
+  uint32_t srq_budget_ = 0;
   // Control headers when the device cannot inline 32 bytes: buffer
   // seq % sq_depth_, free again once that request has completed.
   std::byte* ctrl_bufs_ = nullptr;
@@ -160,11 +187,6 @@ class VerbsLink final : public Link {
 
   std::vector<ibv_send_wr> wr_;   // sq_depth_ entries, reused for every chain
   std::vector<ibv_sge> sge_;
-  std::vector<ibv_recv_wr> rwr_;  // rq_depth_ entries
-  std::vector<ibv_sge> rsge_;
-  std::vector<uint32_t> repost_;  // receive buffers consumed since the last repost
-  size_t n_repost_ = 0;
-  bool repost_queued_ = false;
   bool flush_queued_ = false;
 
   std::vector<Pending> backlog_;  // waits for send-queue room (or for connect)
@@ -190,6 +212,11 @@ class VerbsLink final : public Link {
   bool down_ = false;
 
   std::vector<ibv_mr*> mrs_;  // registered through register_memory
+  std::vector<Window> windows_;
+  ibv_mw* ring_mw_ = nullptr;  // the receive ring's window (shared PD mode)
+  ibv_mr* ring_mr_ = nullptr;
+  uint32_t ring_mw_rkey_ = 0;
+  bool bound_ = false;         // the bind completed
   LinkStats stats_;
 };
 
@@ -201,8 +228,9 @@ class VerbsTransport final : public Transport {
   static Result<std::unique_ptr<VerbsTransport>> create(const Config& config);
   ~VerbsTransport() override;  // every link must be gone
 
-  // A link with its own protection domain and an RC queue pair in INIT with
-  // every receive posted; `slot_count` sizes its queues.  Loop thread.
+  // A link with an RC queue pair in INIT and its receive requests posted
+  // (shared or its own, see the top of this file); `slot_count` sizes its
+  // queues.  Loop thread.
   Result<std::unique_ptr<VerbsLink>> create_link(std::string description, uint32_t slot_count);
 
   std::string_view name() const override { return "verbs"; }
@@ -214,6 +242,10 @@ class VerbsTransport final : public Transport {
 
   const Device& device() const { return *device_; }
   int cq_capacity() const { return cq_capacity_; }
+  // Shared mode: one PD and SRQ for every link, rings behind windows.
+  bool shared_mode() const { return pd_ != nullptr; }
+  uint32_t srq_depth() const { return srq_ ? srq_->depth() : 0; }
+  uint32_t srq_committed() const { return srq_committed_; }
 
   // How often poll() looks at the fds (control connections, async events,
   // CQ events) while busy: every this many polls, and after every sleep.
@@ -229,6 +261,12 @@ class VerbsTransport final : public Transport {
   };
 
   VerbsLink* lookup(uint64_t wr_id) const;
+  VerbsLink* lookup_qp(uint32_t qp_num) const;
+  // Polls one batch into ready_; how many completions it took.
+  int poll_into_ready();
+  // Until the CQ is empty (a destroyed queue pair's completions leave
+  // before its number can be reused).
+  void drain_cq();
   size_t process(const ibv_wc* wc, int n, Completion* out);
   void check_fds();
   void on_async_event(const ibv_async_event& e);
@@ -239,6 +277,13 @@ class VerbsTransport final : public Transport {
 
   Config config_;
   std::unique_ptr<Device> device_;
+  ibv_pd* pd_ = nullptr;                // shared mode
+  std::unique_ptr<ReceiveQueue> srq_;   // shared mode
+  uint32_t srq_committed_ = 0;          // receive requests reserved by links
+  bool srq_full_logged_ = false;
+  // SRQ completions name their queue pair only by number.  A lookup per
+  // control message / slot write; no allocation after insert.
+  std::unordered_map<uint32_t, uint16_t> by_qpn_;
   ibv_comp_channel* channel_ = nullptr;
   ibv_cq* cq_ = nullptr;
   int cq_capacity_ = 0;

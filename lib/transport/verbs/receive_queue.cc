@@ -1,0 +1,86 @@
+#include "transport/verbs/receive_queue.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+namespace slotrpc::transport::verbs {
+
+Status ReceiveQueue::allocate(ibv_pd* pd, uint32_t depth) {
+  depth_ = depth;
+  bytes_ = std::max<size_t>(size_t{depth} * kBufferSize, 4096);
+  void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    bytes_ = 0;
+    return Status(StatusCode::kResourceExhausted, "out of memory (receive buffers)");
+  }
+  buffers_ = static_cast<std::byte*>(p);
+  mr_ = ibv_reg_mr(pd, buffers_, bytes_, IBV_ACCESS_LOCAL_WRITE);
+  if (mr_ == nullptr)
+    return Status(StatusCode::kUnavailable,
+                  fmt::format("ibv_reg_mr (receive buffers): {}", std::strerror(errno)));
+  consumed_.resize(depth);
+  wr_.resize(depth);
+  sge_.resize(depth);
+  return {};
+}
+
+Result<std::unique_ptr<ReceiveQueue>> ReceiveQueue::create_shared(ibv_pd* pd, uint32_t depth) {
+  std::unique_ptr<ReceiveQueue> q(new ReceiveQueue);
+  if (Status st = q->allocate(pd, depth); !st.ok()) return st;
+  ibv_srq_init_attr a{};
+  a.attr.max_wr = depth;
+  a.attr.max_sge = 1;
+  q->srq_ = ibv_create_srq(pd, &a);
+  if (q->srq_ == nullptr)
+    return Status(StatusCode::kUnavailable,
+                  fmt::format("ibv_create_srq ({} requests): {}", depth, std::strerror(errno)));
+  return q;
+}
+
+Result<std::unique_ptr<ReceiveQueue>> ReceiveQueue::create_private(ibv_pd* pd, uint32_t depth) {
+  std::unique_ptr<ReceiveQueue> q(new ReceiveQueue);
+  if (Status st = q->allocate(pd, depth); !st.ok()) return st;
+  return q;
+}
+
+ReceiveQueue::~ReceiveQueue() {
+  if (srq_ != nullptr && ibv_destroy_srq(srq_) != 0)
+    spdlog::error("slotrpc: ibv_destroy_srq: {}", std::strerror(errno));
+  if (mr_ != nullptr) ibv_dereg_mr(mr_);
+  if (buffers_ != nullptr) ::munmap(buffers_, bytes_);
+}
+
+int ReceiveQueue::post_consumed() {
+  queued_ = false;
+  const size_t n = n_consumed_;
+  n_consumed_ = 0;
+  if (n == 0) return 0;
+  for (size_t j = 0; j < n; ++j) {
+    const uint32_t idx = consumed_[j];
+    sge_[j].addr = reinterpret_cast<uintptr_t>(buffers_ + size_t{idx} * kBufferSize);
+    sge_[j].length = kBufferSize;
+    sge_[j].lkey = mr_->lkey;
+    wr_[j].wr_id = tag_ | idx;
+    wr_[j].sg_list = &sge_[j];
+    wr_[j].num_sge = 1;
+    wr_[j].next = j + 1 < n ? &wr_[j + 1] : nullptr;
+  }
+  ibv_recv_wr* bad = nullptr;
+  if (srq_ != nullptr) return ibv_post_srq_recv(srq_, wr_.data(), &bad);
+  if (qp_ == nullptr) return EINVAL;
+  return ibv_post_recv(qp_, wr_.data(), &bad);
+}
+
+int ReceiveQueue::post_all() {
+  for (uint32_t i = 0; i < depth_; ++i) consumed_[i] = i;
+  n_consumed_ = depth_;
+  return post_consumed();
+}
+
+}  // namespace slotrpc::transport::verbs
