@@ -3,7 +3,8 @@
 // non-inline sizes, doorbell batching and send-queue overflow, another
 // session's rkey, the control connection's EOF, and sleeping on wait_fd.
 //
-// Needs an RDMA device: run by the `rxe` suite inside the Soft-RoCE VM.
+// Needs an RDMA device: run by the `rxe` suite (this host's device, else the
+// Soft-RoCE VM; see tests/rxe/README.md).
 #include "verbs_test_util.h"
 
 #include <poll.h>
