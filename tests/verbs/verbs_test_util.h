@@ -82,10 +82,11 @@ inline bool wait_until(const std::function<bool()>& done,
   return true;
 }
 
-// main() of a verbs test binary.  `child`, when set, serves argv "--child"
-// invocations (a server process the test spawns from its own binary).
+// main() of a verbs test binary.  `child`, when set, serves argv "--child*"
+// invocations (--child, --child-client, ...: processes the test spawns from
+// its own binary).
 inline int main(int argc, char** argv, const std::function<int(int, char**)>& child = nullptr) {
-  if (child && argc >= 2 && std::string(argv[1]) == "--child") return child(argc, argv);
+  if (child && argc >= 2 && std::string(argv[1]).rfind("--child", 0) == 0) return child(argc, argv);
   auto dev = usable_device();
   if (!dev.ok()) {
     if (in_rxe_vm()) {
