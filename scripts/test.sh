@@ -11,13 +11,21 @@
 # both meson test runs.
 #
 # Both meson test runs include the `rxe` suite: the RDMA verbs tests, run
-# inside a Soft-RoCE qemu VM (tests/rxe/rxe-vm.sh; one boot per run).
+# inside a Soft-RoCE qemu VM (tests/rxe/rxe-vm.sh; one boot per run), or
+# directly on this host's RDMA device when one has an ACTIVE port
+# (tests/verbs/run_device_suite.sh decides; see tests/rxe/README.md).
 #
 # Environment:
 #   SLOTRPC_TEST_SKIP_ASAN=1  skip phase 3 for quick local iteration.
 #                             CI never sets this: CI always runs both phases.
 #   SLOTRPC_TEST_SKIP_RXE=1   leave out the rxe suite (local iteration only;
 #                             CI never sets this).
+#   SLOTRPC_TEST_DEVICE=NAME  run the rxe suite directly on RDMA device NAME
+#                             (fails if NAME does not exist); =vm forces the
+#                             Soft-RoCE VM; unset: a device with an ACTIVE
+#                             port if there is one, else the VM.
+#   SLOTRPC_TEST_SYSFS=DIR    used instead of /sys when looking for devices
+#                             (for tests of that choice).
 set -euo pipefail
 
 ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)

@@ -2,11 +2,14 @@
 // setup and teardown, 100,000 echo calls with 32 outstanding (no RNR on the
 // device), inline and non-inline sizes up to the slot size, several
 // sessions, server streaming, deadlines, keepalives, blocking poll mode,
-// peer death, and invalid configuration.
+// peer death, a killed peer leaving the survivor's other sessions serving
+// (either side killed), and invalid configuration.
 //
-// Needs an RDMA device: run by the `rxe` suite inside the Soft-RoCE VM.  The
-// binary doubles as the server process of the peer-death tests
-// (`verbs_rpc_test --child PORT_FILE`).
+// Needs an RDMA device: run by the `rxe` suite (this host's device, else the
+// Soft-RoCE VM; see tests/rxe/README.md).  The binary doubles as the peer
+// processes those tests kill: a server (`verbs_rpc_test --child PORT_FILE`)
+// and a client calling a server until killed
+// (`verbs_rpc_test --child-client ADDRESS PROGRESS_FILE`).
 #include "verbs_test_util.h"
 
 #include <fcntl.h>
@@ -183,9 +186,11 @@ std::string device_name() {
   return d.value();
 }
 
-// ------------------------------------------------------- child server
+// ------------------------------------------------------- child processes
 
-int run_child(int argc, char** argv) {
+// `verbs_rpc_test --child PORT_FILE`: a server; writes its port, serves
+// until SIGTERM.
+int run_child_server(int argc, char** argv) {
   if (argc < 3) return 2;
   sigset_t signals;
   sigemptyset(&signals);
@@ -206,19 +211,76 @@ int run_child(int argc, char** argv) {
   return 0;
 }
 
-// This binary as a server process; killed and reaped on destruction.
-struct ChildServer {
+// `verbs_rpc_test --child-client ADDRESS PROGRESS_FILE`: a client over verbs
+// that keeps 32 Echo calls outstanding (payloads 0..2999 bytes, so inline
+// and non-inline) until it is killed, checks every reply, and rewrites
+// PROGRESS_FILE with its count of checked replies every 20 ms. Exits 3 on
+// the first failed call (its server went away, or a wrong reply).
+int run_child_client(int argc, char** argv) {
+  if (argc < 4) return 2;
+  Config c = base_config();
+  c.transport = TransportKind::kVerbs;
+  auto connected = Channel::connect(argv[2], c);
+  if (!connected.ok()) {
+    std::fprintf(stderr, "child client: %s\n", connected.status().to_string().c_str());
+    return 1;
+  }
+  std::unique_ptr<Channel> ch = std::move(connected).value();
+  constexpr uint64_t kOutstanding = 32;
+  std::atomic<uint64_t> next{0}, done{0};
+  std::function<void()> issue = [&] {
+    const uint64_t seq = next.fetch_add(1);
+    const size_t n = static_cast<size_t>((seq * 37) % 3000);
+    ch->call(kEcho, ping(seq, n), CallOptions{}, [&, seq, n](RawReply&& raw) {
+      const std::string err = pong_error(Reply<Pong>(std::move(raw)), seq, n);
+      if (!err.empty()) {
+        std::fprintf(stderr, "child client: call %llu: %s\n", static_cast<unsigned long long>(seq), err.c_str());
+        std::_Exit(3);
+      }
+      ++done;
+      issue();
+    });
+  };
+  for (uint64_t i = 0; i < kOutstanding; ++i) issue();
+  const std::string file = argv[3];
+  for (;;) {
+    { std::ofstream(file + ".tmp") << done.load() << "\n"; }
+    std::rename((file + ".tmp").c_str(), file.c_str());
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
+int run_child(int argc, char** argv) {
+  const std::string mode = argv[1];
+  if (mode == "--child") return run_child_server(argc, argv);
+  if (mode == "--child-client") return run_child_client(argc, argv);
+  std::fprintf(stderr, "unknown child mode %s\n", mode.c_str());
+  return 2;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// This binary run with `args` (after argv[0]) in a fresh temp dir, stdout
+// and stderr to dir/out and dir/err; killed and reaped on destruction.
+struct ChildProcess {
   pid_t pid = -1;
-  uint16_t port = 0;
   std::string dir;
 
-  ChildServer() {
+  explicit ChildProcess(std::vector<std::string> args) {
     char tmpl[] = "/tmp/verbs_rpc_test.XXXXXX";
     REQUIRE(::mkdtemp(tmpl) != nullptr);
     dir = tmpl;
-    const std::string port_file = dir + "/port";
+    for (auto& a : args) {
+      const size_t at = a.find("{dir}");
+      if (at != std::string::npos) a.replace(at, 5, dir);
+    }
     std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
-    std::vector<std::string> args = {exe, "--child", port_file};
+    args.insert(args.begin(), exe);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -229,35 +291,164 @@ struct ChildServer {
     const int rc = ::posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&fa);
     REQUIRE_MESSAGE(rc == 0, "posix_spawn: " << std::strerror(rc));
-    const bool up = verbs_test::wait_until(
-        [&] {
-          std::ifstream in(port_file);
-          unsigned p = 0;
-          if (in >> p) port = static_cast<uint16_t>(p);
-          return port != 0 || ::waitpid(pid, nullptr, WNOHANG) == pid;
-        },
-        20000ms);
-    if (!up || port == 0) {
-      std::ifstream err(dir + "/err");
-      std::stringstream ss;
-      ss << err.rdbuf();
-      kill_and_reap();
-      FAIL("child server did not start: " << ss.str());
-    }
   }
-  ~ChildServer() {
+  ~ChildProcess() {
     kill_and_reap();
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
   }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+  // True while the process runs (false once it has exited, reaped here).
+  bool running() {
+    if (pid <= 0) return false;
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) != pid) return true;
+    exit_status = status;
+    pid = -1;
+    return false;
+  }
+  std::string stderr_text() const { return read_text(dir + "/err"); }
   void signal(int sig) { REQUIRE(::kill(pid, sig) == 0); }
   void kill_and_reap() {
     if (pid <= 0) return;
     ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
+    ::waitpid(pid, &exit_status, 0);
     pid = -1;
   }
+  int exit_status = 0;
+};
+
+// A server process (`--child`).
+struct ChildServer : ChildProcess {
+  uint16_t port = 0;
+
+  ChildServer() : ChildProcess({"--child", "{dir}/port"}) {
+    const bool up = verbs_test::wait_until(
+        [&] {
+          std::ifstream in(dir + "/port");
+          unsigned p = 0;
+          if (in >> p) port = static_cast<uint16_t>(p);
+          return port != 0 || !running();
+        },
+        20000ms);
+    if (!up || port == 0) {
+      const std::string err = stderr_text();
+      kill_and_reap();
+      FAIL("child server did not start: " << err);
+    }
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+};
+
+// A client process (`--child-client`) calling `address` until killed.
+struct ChildClient : ChildProcess {
+  explicit ChildClient(const std::string& address) : ChildProcess({"--child-client", address, "{dir}/progress"}) {}
+  // Its count of checked replies (0 before the first report).
+  uint64_t progress() const {
+    std::ifstream in(dir + "/progress");
+    uint64_t n = 0;
+    in >> n;
+    return n;
+  }
+};
+
+// Threads calling Echo on one channel until stop(), `window` calls in
+// flight per thread, payloads 0..2999 bytes, every reply payload-checked.
+// `phase` is the test's clock: 0 before the kill, 1 while killing (the
+// signal is on its way), 2 once the killed process is reaped. Each call's
+// outcome is judged by the phase it was issued and completed in:
+//   survivor (a channel to a process that lives): every call OK;
+//   doomed (a channel to the process killed): OK only if issued before the
+//   process was reaped; UNAVAILABLE only if completed after the kill began.
+// Anything else is an error (the first one is kept).
+class EchoLoad {
+ public:
+  EchoLoad(Channel& ch, const std::atomic<int>& phase, uint64_t tag, bool doomed, int threads = 2,
+           int window = 4)
+      : ch_(ch), phase_(phase), doomed_(doomed) {
+    for (int t = 0; t < threads; ++t) {
+      threads_.emplace_back([this, tag, t, window] { run(tag << 48 | uint64_t(t) << 40, window); });
+    }
+  }
+  ~EchoLoad() { stop(); }
+  void stop() {
+    stopping_ = true;
+    for (auto& th : threads_) th.join();
+    threads_.clear();
+  }
+  uint64_t ok() const { return ok_before_ + ok_after_; }
+  uint64_t ok_before() const { return ok_before_; }   // issued before the reap
+  uint64_t ok_after() const { return ok_after_; }     // issued after the reap
+  uint64_t unavailable() const { return unavailable_; }
+  uint64_t errors() const { return errors_; }
+  std::string first_error() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return first_error_;
+  }
+
+ private:
+  void error(const std::string& what) {
+    ++errors_;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (first_error_.empty()) first_error_ = what;
+  }
+  void run(uint64_t base, int window) {
+    struct InFlight {
+      uint64_t seq;
+      size_t n;
+      int issued_in;
+      Future<Reply<Pong>> f;
+    };
+    uint64_t i = 0;
+    while (!stopping_) {
+      std::vector<InFlight> batch;
+      for (int w = 0; w < window; ++w, ++i) {
+        const uint64_t seq = base | i;
+        const size_t n = static_cast<size_t>((i * 37) % 3000);
+        const int issued_in = phase_.load();
+        batch.push_back({seq, n, issued_in, ch_.call_typed<Pong>(kEcho, ping(seq, n))});
+      }
+      bool failed = false;
+      for (auto& c : batch) {
+        const std::string what = "call " + std::to_string(c.seq & 0xffffffffffull) + " (issued in phase " +
+                                 std::to_string(c.issued_in) + "): ";
+        if (!c.f.wait_for(60s)) {
+          c.f.cancel();
+          error(what + "no result within 60 s");
+          continue;
+        }
+        const Reply<Pong> r = c.f.get();
+        const int completed_in = phase_.load();
+        if (r.ok()) {
+          const std::string err = pong_error(r, c.seq, c.n);
+          if (!err.empty()) {
+            error(what + err);
+          } else if (doomed_ && c.issued_in == 2) {
+            error(what + "succeeded although its server was already dead");
+          } else {
+            ++(c.issued_in == 2 ? ok_after_ : ok_before_);
+          }
+        } else if (doomed_ && r.status().code() == StatusCode::kUnavailable && completed_in >= 1) {
+          ++unavailable_;
+          failed = true;
+        } else {
+          error(what + r.status().to_string() + " (completed in phase " + std::to_string(completed_in) + ")");
+          failed = true;
+        }
+      }
+      if (failed) std::this_thread::sleep_for(1ms);  // a closed channel fails at once: do not spin
+    }
+  }
+
+  Channel& ch_;
+  const std::atomic<int>& phase_;
+  const bool doomed_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> ok_before_{0}, ok_after_{0}, unavailable_{0}, errors_{0};
+  mutable std::mutex mu_;
+  std::string first_error_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace
@@ -748,6 +939,136 @@ TEST_CASE("verbs: peer death -> UNAVAILABLE (process killed; process frozen)") {
     CHECK(elapsed >= 300);
     CHECK(elapsed < 4000);
     child.kill_and_reap();
+  }
+}
+
+TEST_CASE("verbs: killing either peer mid-run leaves the survivor serving its other sessions") {
+  // 0: before the kill; 1: SIGKILL on its way; 2: the killed process reaped.
+  std::atomic<int> phase{0};
+  constexpr uint64_t kAfterKill = 3000;  // checked calls issued after the reap, per survivor channel
+
+  SUBCASE("server survives: a client process is killed, the server's other sessions go on") {
+    TestServer ts;  // one event loop: the dying session shares it with the survivors
+    auto a = connect(ts.address);
+    auto b = connect(ts.address);
+    REQUIRE(a->transport() == TransportKind::kVerbs);
+    REQUIRE(b->transport() == TransportKind::kVerbs);
+    ChildClient child(ts.address);
+    // The child is connected over verbs and its calls are flowing.
+    const bool flowing =
+        verbs_test::wait_until([&] { return child.progress() >= 200 || !child.running(); }, 30000ms);
+    const bool alive = child.running();
+    REQUIRE_MESSAGE(flowing, "child client made no progress: " << child.stderr_text());
+    REQUIRE_MESSAGE(alive, "child client exited: " << child.stderr_text());
+    CHECK(ts.server->session_count() == 3);
+
+    EchoLoad load_a(*a, phase, 1, false);
+    EchoLoad load_b(*b, phase, 2, false);
+    REQUIRE(verbs_test::wait_until([&] { return load_a.ok() >= 200 && load_b.ok() >= 200; }, 60000ms));
+    // Mid-run: the child's count still moves right before the kill.
+    const uint64_t p0 = child.progress();
+    REQUIRE(verbs_test::wait_until([&] { return child.progress() > p0 || !child.running(); }, 10000ms));
+    const bool still_alive = child.running();
+    REQUIRE_MESSAGE(still_alive, "child client stopped early: " << child.stderr_text());
+    const uint64_t child_calls = child.progress();
+
+    const auto t0 = Clock::now();
+    phase = 1;
+    child.kill_and_reap();
+    phase = 2;
+    CHECK(WIFSIGNALED(child.exit_status));
+    CHECK(WTERMSIG(child.exit_status) == SIGKILL);
+    const bool dropped = verbs_test::wait_until([&] { return ts.server->session_count() == 2; }, 10000ms);
+    const double drop_ms = ms_since(t0);
+    CHECK_MESSAGE(dropped, "sessions still open 10 s after the kill: " << ts.server->session_count());
+    const bool enough = verbs_test::wait_until(
+        [&] {
+          return (load_a.ok_after() >= kAfterKill && load_b.ok_after() >= kAfterKill) ||
+                 load_a.errors() + load_b.errors() > 0;
+        },
+        300000ms);
+    load_a.stop();
+    load_b.stop();
+    MESSAGE("child client killed after " << child_calls << " checked calls; server back to "
+            << ts.server->session_count() << " sessions after " << drop_ms << " ms; channel a: "
+            << load_a.ok_before() << " calls before / " << load_a.ok_after() << " after, channel b: "
+            << load_b.ok_before() << " / " << load_b.ok_after());
+    CHECK_MESSAGE(load_a.errors() == 0, load_a.errors() << " errors, first: " << load_a.first_error());
+    CHECK_MESSAGE(load_b.errors() == 0, load_b.errors() << " errors, first: " << load_b.first_error());
+    CHECK(enough);
+    CHECK(load_a.ok_after() >= kAfterKill);
+    CHECK(load_b.ok_after() >= kAfterKill);
+    for (Channel* ch : {a.get(), b.get()}) {
+      const auto s = ch->stats();
+      CHECK_FALSE(s.closed);
+      CHECK(s.free_slots == 64);
+    }
+    CHECK(ts.server->session_count() == 2);
+    // A brand-new session still gets verbs.
+    auto fresh = connect(ts.address);
+    CHECK(fresh->transport() == TransportKind::kVerbs);
+    for (uint64_t i = 0; i < 20; ++i) check_echo(*fresh, 9000 + i, static_cast<size_t>(i) * 150);
+    CHECK(ts.server->session_count() == 3);
+    check_echo(*a, 9100, 2000);
+    check_echo(*b, 9101, 10);
+  }
+
+  SUBCASE("client survives: a server process is killed, the client's other channel goes on") {
+    ChildServer child;
+    TestServer ts;
+    auto doomed = connect(child.address());
+    auto other = connect(ts.address);
+    REQUIRE(doomed->transport() == TransportKind::kVerbs);
+    REQUIRE(other->transport() == TransportKind::kVerbs);
+    EchoLoad load_doomed(*doomed, phase, 1, true);
+    EchoLoad load_other(*other, phase, 2, false);
+    REQUIRE(verbs_test::wait_until([&] { return load_doomed.ok() >= 200 && load_other.ok() >= 200; }, 60000ms));
+    // Also calls certainly in flight on the child at the kill: slow ones.
+    std::vector<Future<Reply<Pong>>> slow;
+    for (int i = 0; i < 4; ++i) slow.push_back(doomed->call_typed<Pong>(kSlow, ping(100 + i, 0, 30000)));
+    std::this_thread::sleep_for(100ms);
+    for (auto& f : slow) CHECK_FALSE(f.ready());
+    const uint64_t doomed_before = load_doomed.ok();
+    REQUIRE(verbs_test::wait_until([&] { return load_doomed.ok() > doomed_before; }, 10000ms));  // mid-run
+
+    const auto t0 = Clock::now();
+    phase = 1;
+    child.kill_and_reap();
+    phase = 2;
+    for (auto& f : slow) {
+      auto r = get_within(f, 10000ms);
+      CHECK(r.status().code() == StatusCode::kUnavailable);
+    }
+    const bool closed = verbs_test::wait_until([&] { return doomed->stats().closed; }, 10000ms);
+    const double closed_ms = ms_since(t0);
+    CHECK(closed);
+    const bool enough = verbs_test::wait_until(
+        [&] {
+          return (load_other.ok_after() >= kAfterKill && load_doomed.unavailable() > 0) ||
+                 load_other.errors() + load_doomed.errors() > 0;
+        },
+        300000ms);
+    load_doomed.stop();
+    load_other.stop();
+    MESSAGE("server process killed; its channel seen closed within " << closed_ms << " ms: "
+            << load_doomed.ok_before() << " calls OK before, " << load_doomed.unavailable() << " UNAVAILABLE, "
+            << load_doomed.ok_after() << " OK after; the other channel: " << load_other.ok_before()
+            << " calls before / " << load_other.ok_after() << " after");
+    CHECK_MESSAGE(load_doomed.errors() == 0,
+                  load_doomed.errors() << " errors, first: " << load_doomed.first_error());
+    CHECK_MESSAGE(load_other.errors() == 0,
+                  load_other.errors() << " errors, first: " << load_other.first_error());
+    CHECK(enough);
+    CHECK(load_doomed.unavailable() > 0);
+    CHECK(load_doomed.ok_after() == 0);
+    CHECK(load_other.ok_after() >= kAfterKill);
+    auto late = doomed->call_typed<Pong>(kEcho, ping(7));
+    CHECK(get_within(late, 5000ms).status().code() == StatusCode::kUnavailable);
+    const auto s = other->stats();
+    CHECK_FALSE(s.closed);
+    CHECK(s.free_slots == 64);
+    CHECK(ts.server->session_count() == 1);
+    check_echo(*other, 9200, 3000);
   }
 }
 

@@ -1,10 +1,13 @@
 // Shared by the verbs tests.
 //
-// The verbs tests need an RDMA device.  No machine here has one, so the
-// `rxe` meson suite runs them inside the Soft-RoCE VM (tests/rxe/rxe-vm.sh,
-// via tests/verbs/run_in_vm.sh).  Run by hand on a host without a device
-// they print why and exit 77 (meson's "skipped"); inside the VM (RXE_VM set)
-// a missing device is a failure, never a skip.
+// The verbs tests need an RDMA device.  The `rxe` meson suite runs them
+// (tests/verbs/run_device_suite.sh -> run_verbs_tests.sh) directly on this
+// host's device when it has one, else inside the Soft-RoCE VM
+// (tests/rxe/rxe-vm.sh); no machine here has one, so here that is the VM.
+// Run by hand on a host without a device they print why and exit 77
+// (meson's "skipped"); inside the VM (RXE_VM set) a missing device is a
+// failure, never a skip, and run_verbs_tests.sh counts a skip as a failure
+// wherever it runs.
 #pragma once
 
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -79,10 +82,11 @@ inline bool wait_until(const std::function<bool()>& done,
   return true;
 }
 
-// main() of a verbs test binary.  `child`, when set, serves argv "--child"
-// invocations (a server process the test spawns from its own binary).
+// main() of a verbs test binary.  `child`, when set, serves argv "--child*"
+// invocations (--child, --child-client, ...: processes the test spawns from
+// its own binary).
 inline int main(int argc, char** argv, const std::function<int(int, char**)>& child = nullptr) {
-  if (child && argc >= 2 && std::string(argv[1]) == "--child") return child(argc, argv);
+  if (child && argc >= 2 && std::string(argv[1]).rfind("--child", 0) == 0) return child(argc, argv);
   auto dev = usable_device();
   if (!dev.ok()) {
     if (in_rxe_vm()) {
@@ -91,8 +95,8 @@ inline int main(int argc, char** argv, const std::function<int(int, char**)>& ch
       return 1;
     }
     std::printf("SKIP: no usable RDMA device here (%s).\n"
-                "These tests run inside the Soft-RoCE VM: meson test --suite rxe (see "
-                "tests/rxe/README.md).\n",
+                "meson test --suite rxe runs them on a host's device or inside the Soft-RoCE VM "
+                "(see tests/rxe/README.md).\n",
                 dev.status().message().c_str());
     return 77;
   }

@@ -5,7 +5,8 @@
 // a PD per session), the shared receive queue and its budget, the control
 // connection's EOF, and sleeping on wait_fd.
 //
-// Needs an RDMA device: run by the `rxe` suite inside the Soft-RoCE VM.
+// Needs an RDMA device: run by the `rxe` suite (this host's device, else the
+// Soft-RoCE VM; see tests/rxe/README.md).
 #include "verbs_test_util.h"
 
 #include <poll.h>
