@@ -1100,17 +1100,19 @@ TEST_CASE("verbs: invalid configuration is refused with the setting, value and w
   SUBCASE("a port the device lacks, a GID index that is empty") {
     EnvVar t("SLOTRPC_TRANSPORT", "verbs");
     {
-      EnvVar p("SLOTRPC_PORT", "2");
+      EnvVar p("SLOTRPC_PORT", "255");
       auto ch = Channel::connect(ts.address, base_config());
       REQUIRE_FALSE(ch.ok());
-      CHECK_MESSAGE(contains(ch.status().message(), "no port 2"), ch.status().message());
+      CHECK_MESSAGE(contains(ch.status().message(), "no port 255"), ch.status().message());
     }
     {
-      EnvVar g("SLOTRPC_GID_INDEX", "9");
+      EnvVar g("SLOTRPC_GID_INDEX", "250");
       auto ch = Channel::connect(ts.address, base_config());
       REQUIRE_FALSE(ch.ok());
-      CHECK_MESSAGE(contains(ch.status().message(), "GID index 9"), ch.status().message());
-      CHECK_MESSAGE(contains(ch.status().message(), "valid entries: 0"), ch.status().message());
+      CHECK_MESSAGE(contains(ch.status().message(), "GID index 250"), ch.status().message());
+      CHECK_MESSAGE(contains(ch.status().message(), "valid entries: "), ch.status().message());
+      if (verbs_test::in_rxe_vm())
+        CHECK_MESSAGE(contains(ch.status().message(), "valid entries: 0"), ch.status().message());
     }
   }
   SUBCASE("out-of-range verbs settings") {

@@ -182,9 +182,9 @@ TEST_CASE("device: chosen by default, by name, and errors that list what exists"
   REQUIRE_MESSAGE(d.ok(), d.status().to_string());
   const std::string name = d.value()->name();
   MESSAGE("device: " << d.value()->describe());
-  CHECK(d.value()->port() == 1);
+  CHECK(d.value()->port() == cfg.device_port);
   CHECK(mtu_bytes(d.value()->active_mtu()) >= 256);
-  CHECK(d.value()->ethernet() == d.value()->roce_v2());  // rxe: RoCE v2 only
+  if (verbs_test::in_rxe_vm()) CHECK(d.value()->ethernet() == d.value()->roce_v2());  // rxe: RoCE v2 only
   CHECK(contains(d.value()->describe(), name));
 
   SUBCASE("by name") {
@@ -203,10 +203,10 @@ TEST_CASE("device: chosen by default, by name, and errors that list what exists"
     CHECK_MESSAGE(contains(n.status().message(), name), n.status().message());
   }
   SUBCASE("a port the device does not have") {
-    cfg.device_port = 2;
+    cfg.device_port = 255;  // no real device has that many ports
     auto n = Device::open(cfg);
     REQUIRE_FALSE(n.ok());
-    CHECK_MESSAGE(contains(n.status().message(), "no port 2"), n.status().message());
+    CHECK_MESSAGE(contains(n.status().message(), "no port 255"), n.status().message());
     CHECK_MESSAGE(contains(n.status().message(), name), n.status().message());
   }
   SUBCASE("GID index: auto picks RoCE v2; an empty entry is refused with the valid ones") {
