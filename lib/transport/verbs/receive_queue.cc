@@ -1,8 +1,5 @@
 #include "transport/verbs/receive_queue.h"
 
-#include <sys/mman.h>
-
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -13,17 +10,10 @@ namespace slotrpc::transport::verbs {
 
 Status ReceiveQueue::allocate(ibv_pd* pd, uint32_t depth) {
   depth_ = depth;
-  bytes_ = std::max<size_t>(size_t{depth} * kBufferSize, 4096);
-  void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    bytes_ = 0;
-    return Status(StatusCode::kResourceExhausted, "out of memory (receive buffers)");
-  }
-  buffers_ = static_cast<std::byte*>(p);
-  mr_ = ibv_reg_mr(pd, buffers_, bytes_, IBV_ACCESS_LOCAL_WRITE);
-  if (mr_ == nullptr)
-    return Status(StatusCode::kUnavailable,
-                  fmt::format("ibv_reg_mr (receive buffers): {}", std::strerror(errno)));
+  auto b = RegisteredBuffer::create(pd, size_t{depth} * kBufferSize, IBV_ACCESS_LOCAL_WRITE,
+                                    "receive buffers");
+  if (!b.ok()) return b.status();
+  buffers_ = std::move(b.value());
   consumed_.resize(depth);
   wr_.resize(depth);
   sge_.resize(depth);
@@ -52,8 +42,6 @@ Result<std::unique_ptr<ReceiveQueue>> ReceiveQueue::create_private(ibv_pd* pd, u
 ReceiveQueue::~ReceiveQueue() {
   if (srq_ != nullptr && ibv_destroy_srq(srq_) != 0)
     spdlog::error("slotrpc: ibv_destroy_srq: {}", std::strerror(errno));
-  if (mr_ != nullptr) ibv_dereg_mr(mr_);
-  if (buffers_ != nullptr) ::munmap(buffers_, bytes_);
 }
 
 int ReceiveQueue::post_consumed() {
@@ -63,9 +51,9 @@ int ReceiveQueue::post_consumed() {
   if (n == 0) return 0;
   for (size_t j = 0; j < n; ++j) {
     const uint32_t idx = consumed_[j];
-    sge_[j].addr = reinterpret_cast<uintptr_t>(buffers_ + size_t{idx} * kBufferSize);
+    sge_[j].addr = reinterpret_cast<uintptr_t>(buffer(idx));
     sge_[j].length = kBufferSize;
-    sge_[j].lkey = mr_->lkey;
+    sge_[j].lkey = buffers_.lkey();
     wr_[j].wr_id = tag_ | idx;
     wr_[j].sg_list = &sge_[j];
     wr_[j].num_sge = 1;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "slotrpc/result.h"
+#include "transport/verbs/registered_buffer.h"
 
 namespace slotrpc::transport::verbs {
 
@@ -46,7 +47,7 @@ class ReceiveQueue {
   // The queue pair a private queue posts to.
   void set_queue_pair(ibv_qp* qp) { qp_ = qp; }
 
-  const std::byte* buffer(uint32_t index) const { return buffers_ + size_t{index} * kBufferSize; }
+  const std::byte* buffer(uint32_t index) const { return buffers_.data() + size_t{index} * kBufferSize; }
 
   // Buffer `index` came back in a completion.  True when it is the first
   // since the last post_consumed() (the caller then queues this queue for
@@ -73,9 +74,7 @@ class ReceiveQueue {
   ibv_qp* qp_ = nullptr;
   uint64_t tag_ = 0;
   uint32_t depth_ = 0;
-  std::byte* buffers_ = nullptr;
-  size_t bytes_ = 0;
-  ibv_mr* mr_ = nullptr;
+  RegisteredBuffer buffers_;  // depth_ * kBufferSize
   std::vector<uint32_t> consumed_;  // depth_ entries
   size_t n_consumed_ = 0;
   bool queued_ = false;

@@ -3,7 +3,6 @@
 #include <endian.h>
 #include <fcntl.h>
 #include <sys/epoll.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -80,12 +79,6 @@ std::string errno_text(const char* what, int err) {
 uint32_t random_psn() {
   thread_local std::mt19937 gen{std::random_device{}()};
   return gen() & 0xffffffu;
-}
-
-// Page-aligned, zeroed, returned to the OS on unmap.
-std::byte* map_zeroed(size_t bytes) {
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  return p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
 }
 
 bool set_nonblocking(int fd) {
@@ -178,8 +171,7 @@ VerbsLink::~VerbsLink() {
     for (ibv_mr* mr : mrs_) ibv_dereg_mr(mr);
   }
   own_rq_.reset();
-  if (ctrl_mr_ != nullptr) ibv_dereg_mr(ctrl_mr_);
-  if (ctrl_bufs_ != nullptr) ::munmap(ctrl_bufs_, ctrl_bytes_);
+  ctrl_bufs_ = RegisteredBuffer{};  // before the PD it is registered in
   if (owns_pd_ && pd_ != nullptr && ibv_dealloc_pd(pd_) != 0)
     spdlog::error("slotrpc: ibv_dealloc_pd ({}): {}", description_, std::strerror(errno));
   owner_.srq_committed_ -= srq_budget_;
@@ -312,12 +304,9 @@ Status VerbsLink::setup(uint32_t slot_count) {
   if (use_srq) owner_.by_qpn_[qp_->qp_num] = index_;
 
   if (max_inline_ < core::kHeaderSize) {
-    ctrl_bytes_ = std::max<size_t>(size_t{sq_depth_} * core::kHeaderSize, 4096);
-    ctrl_bufs_ = map_zeroed(ctrl_bytes_);
-    if (ctrl_bufs_ == nullptr) return Status(StatusCode::kResourceExhausted, "out of memory");
-    ctrl_mr_ = ibv_reg_mr(pd_, ctrl_bufs_, ctrl_bytes_, 0);
-    if (ctrl_mr_ == nullptr)
-      return Status(StatusCode::kUnavailable, errno_text("ibv_reg_mr (control buffers)", errno));
+    auto b = RegisteredBuffer::create(pd_, size_t{sq_depth_} * core::kHeaderSize, 0, "control buffers");
+    if (!b.ok()) return b.status();
+    ctrl_bufs_ = std::move(b.value());
   }
 
   wr_.resize(sq_depth_);
@@ -395,7 +384,7 @@ void VerbsLink::deregister(MemoryRegion& region) {
   // A window goes before its MR (an MR with a bound window cannot go).
   for (auto w = windows_.begin(); w != windows_.end(); ++w) {
     if (w->mr != mr) continue;
-    if (w->mw == ring_mw_) ring_mw_ = nullptr;
+    if (w->mw == ring_window_.mw) ring_window_ = Window{};
     if (ibv_dealloc_mw(w->mw) != 0)
       spdlog::error("slotrpc: ibv_dealloc_mw ({}): {}", description_, std::strerror(errno));
     windows_.erase(w);
@@ -430,14 +419,9 @@ Status VerbsLink::attach(const MemoryRegion& receive_ring, const MemoryRegion& s
                   fmt::format("rings of {} / {} bytes cannot hold {} slots of {}",
                               receive_ring.length, send_ring.length, slot_count, slot_size));
   if (!owns_pd_) {
-    for (const Window& w : windows_) {
-      if (w.mr == receive_ring.handle) {
-        ring_mw_ = w.mw;
-        ring_mr_ = w.mr;
-        ring_mw_rkey_ = w.rkey;
-      }
-    }
-    if (ring_mw_ == nullptr)
+    for (const Window& w : windows_)
+      if (w.mr == receive_ring.handle) ring_window_ = w;
+    if (ring_window_.mw == nullptr)
       return Status(StatusCode::kInvalidArgument,
                     "verbs link: the receive ring must be registered for remote write");
   }
@@ -530,7 +514,7 @@ Status VerbsLink::connect(const QpInfo& peer, int control_fd, const std::string&
   // The window must be bound before the peer can write: the server answers
   // the handshake only after this returns, and a client's bind completes
   // before its first request goes out.
-  if (ring_mw_ != nullptr) {
+  if (ring_window_.mw != nullptr) {
     if (Status st = bind_ring_window(); !st.ok()) return st;
   }
 
@@ -560,9 +544,9 @@ Status VerbsLink::bind_ring_window() {
   w.send_flags = IBV_SEND_SIGNALED;
   w.wr_id = make_wr_id(gen_, index_, false, kBindBit | (unsignaled_ + 1));
   unsignaled_ = 0;
-  w.bind_mw.mw = ring_mw_;
-  w.bind_mw.rkey = ring_mw_rkey_;
-  w.bind_mw.bind_info.mr = ring_mr_;
+  w.bind_mw.mw = ring_window_.mw;
+  w.bind_mw.rkey = ring_window_.rkey;
+  w.bind_mw.bind_info.mr = ring_window_.mr;
   w.bind_mw.bind_info.addr = reinterpret_cast<uintptr_t>(ring_.base);
   w.bind_mw.bind_info.length = uint64_t{slot_count_} * slot_size_;
   w.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
@@ -645,10 +629,10 @@ bool VerbsLink::prepare(size_t i, const Outgoing& o) {
     } else {
       // Buffer seq % depth is free: request seq - depth has completed, or
       // the send queue could not have taken this one.
-      std::byte* buf = ctrl_bufs_ + (seq % sq_depth_) * core::kHeaderSize;
+      std::byte* buf = ctrl_bufs_.data() + (seq % sq_depth_) * core::kHeaderSize;
       std::memcpy(buf, o.data, core::kHeaderSize);
       s.addr = reinterpret_cast<uintptr_t>(buf);
-      s.lkey = ctrl_mr_->lkey;
+      s.lkey = ctrl_bufs_.lkey();
       ++stats_.noninline_sends;
     }
     ++stats_.control_sends;
@@ -1190,18 +1174,14 @@ void VerbsTransport::on_async_event(const ibv_async_event& e) {
       spdlog::warn("slotrpc: {}: async event for an unknown queue pair: {}", device_->name(), what);
       return;
     }
-    case IBV_EVENT_CQ_ERR:
-      spdlog::error("slotrpc: {}: async event: {}", device_->name(), what);
-      return fail_all(fmt::format("async event: {}", what));
+    case IBV_EVENT_CQ_ERR:  // the loop's one CQ, SRQ or device: every link is affected
+    case IBV_EVENT_SRQ_ERR:
     case IBV_EVENT_DEVICE_FATAL:
       spdlog::error("slotrpc: {}: async event: {}", device_->name(), what);
       return fail_all(fmt::format("async event: {}", what));
     case IBV_EVENT_QP_LAST_WQE_REACHED:  // an SRQ queue pair that failed: expected
       spdlog::debug("slotrpc: {}: async event: {}", device_->name(), what);
       return;
-    case IBV_EVENT_SRQ_ERR:
-      spdlog::error("slotrpc: {}: async event: {}", device_->name(), what);
-      return fail_all(fmt::format("async event: {}", what));
     case IBV_EVENT_PORT_ERR:
       spdlog::warn("slotrpc: {} port {}: async event: {}", device_->name(), e.element.port_num, what);
       return;

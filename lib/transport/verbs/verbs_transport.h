@@ -62,6 +62,7 @@
 #include "transport/transport.h"
 #include "transport/verbs/device.h"
 #include "transport/verbs/receive_queue.h"
+#include "transport/verbs/registered_buffer.h"
 
 namespace slotrpc::transport::verbs {
 
@@ -121,7 +122,7 @@ class VerbsLink final : public Link {
   bool shared_receive_queue() const { return rq_ != nullptr && rq_->shared(); }
   // The receive ring is reached through a type-2 memory window bound to
   // this link's queue pair (shared protection domain).
-  bool memory_window() const { return ring_mw_ != nullptr; }
+  bool memory_window() const { return ring_window_.mw != nullptr; }
 
   // Test hook, not used by the library: an RDMA WRITE_WITH_IMM of `length`
   // bytes at `local` (inside the attached send ring) to an arbitrary remote
@@ -181,9 +182,7 @@ class VerbsLink final : public Link {
   uint32_t srq_budget_ = 0;
   // Control headers when the device cannot inline 32 bytes: buffer
   // seq % sq_depth_, free again once that request has completed.
-  std::byte* ctrl_bufs_ = nullptr;
-  size_t ctrl_bytes_ = 0;
-  ibv_mr* ctrl_mr_ = nullptr;
+  RegisteredBuffer ctrl_bufs_;
 
   std::vector<ibv_send_wr> wr_;   // sq_depth_ entries, reused for every chain
   std::vector<ibv_sge> sge_;
@@ -213,9 +212,7 @@ class VerbsLink final : public Link {
 
   std::vector<ibv_mr*> mrs_;  // registered through register_memory
   std::vector<Window> windows_;
-  ibv_mw* ring_mw_ = nullptr;  // the receive ring's window (shared PD mode)
-  ibv_mr* ring_mr_ = nullptr;
-  uint32_t ring_mw_rkey_ = 0;
+  Window ring_window_{};       // the receive ring's, of windows_ (shared PD mode)
   bool bound_ = false;         // the bind completed
   LinkStats stats_;
 };
