@@ -56,6 +56,12 @@ std::string wrap(const std::string& lead, const std::vector<std::string>& args,
   return wrap_at(lead, args, trail, true, &longest);
 }
 
+// A server handler's second parameter: where its answer goes.
+std::string handler_output(const std::string& rt, const Method& m, const std::string& resp) {
+  return m.kind == MethodKind::kUnary ? rt + "ReplyBuilder<" + resp + ">& reply"
+                                      : rt + "ServerWriter<" + resp + ">& writer";
+}
+
 void emit_doc(std::string& out, const std::string& indent, const std::vector<std::string>& doc) {
   for (std::string line : doc) {
     while (!line.empty() && (line.back() == ' ' || line.back() == '\t' || line.back() == '\r'))
@@ -149,17 +155,9 @@ void emit_service(std::string& out, const Scope& sc) {
     const std::string resp = sc.type(m.response);
     out += "\n";
     emit_doc(out, "  ", m.doc);
-    if (m.kind == MethodKind::kUnary) {
-      out += wrap("  virtual " + rt + "Status " + m.cpp_name,
-                  {"const " + req + "& request", rt + "ReplyBuilder<" + resp + ">& reply",
-                   rt + "ServerCall& call"},
-                  " = 0;");
-    } else {
-      out += wrap("  virtual " + rt + "Status " + m.cpp_name,
-                  {"const " + req + "& request", rt + "ServerWriter<" + resp + ">& writer",
-                   rt + "ServerCall& call"},
-                  " = 0;");
-    }
+    out += wrap("  virtual " + rt + "Status " + m.cpp_name,
+                {"const " + req + "& request", handler_output(rt, m, resp), rt + "ServerCall& call"},
+                " = 0;");
   }
   out += "\n";
   out += "  // The method table for slotrpc::Server::add_service(), bound to this\n";
@@ -172,10 +170,9 @@ void emit_service(std::string& out, const Scope& sc) {
     const bool unary = m.kind == MethodKind::kUnary;
     out += "    def." + std::string(unary ? "add_typed_unary" : "add_server_stream") + "<" + req +
            ", " + resp + ">(\n";
-    const std::string second = unary ? rt + "ReplyBuilder<" + resp + ">& reply"
-                                     : rt + "ServerWriter<" + resp + ">& writer";
     out += wrap("        " + quote(m.name) + ", [this]",
-                {"const " + req + "& request", second, rt + "ServerCall& call"}, " {");
+                {"const " + req + "& request", handler_output(rt, m, resp), rt + "ServerCall& call"},
+                " {");
     out += "          return " + m.cpp_name + "(request, " + (unary ? "reply" : "writer") +
            ", call);\n";
     out += "        });\n";
