@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "env_var.h"
 #include "core/settings.h"
 #include "slotrpc/channel.h"
 #include "slotrpc/config.h"
@@ -21,32 +22,7 @@ using slotrpc::TransportKind;
 
 namespace {
 
-// Sets (or unsets) one variable for the lifetime of the guard, then puts the
-// previous value back (unset if there was none).
-class EnvVar {
- public:
-  EnvVar(const char* name, std::optional<std::string> value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) {
-      ::setenv(name, value->c_str(), 1);
-    } else {
-      ::unsetenv(name);
-    }
-  }
-  ~EnvVar() {
-    if (old_) {
-      ::setenv(name_.c_str(), old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_.c_str());
-    }
-  }
-  EnvVar(const EnvVar&) = delete;
-  EnvVar& operator=(const EnvVar&) = delete;
-
- private:
-  std::string name_;
-  std::optional<std::string> old_;
-};
+using slotrpc::test::EnvVar;
 
 // Every variable the library reads, cleared for a test so that an operator's
 // environment cannot change the outcome (the previous values come back at

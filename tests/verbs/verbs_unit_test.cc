@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../env_var.h"
 #include "core/handshake.h"
 #include "slotrpc/channel.h"
 #include "slotrpc/server.h"
@@ -38,24 +39,7 @@ QpInfo sample() {
   return info;
 }
 
-class EnvVar {
- public:
-  EnvVar(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ~EnvVar() {
-    if (old_) {
-      ::setenv(name_.c_str(), old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_.c_str());
-    }
-  }
-
- private:
-  std::string name_;
-  std::optional<std::string> old_;
-};
+using slotrpc::test::EnvVar;
 
 }  // namespace
 
