@@ -90,24 +90,24 @@ void reissuing_client_survives(Death death, size_t window, std::optional<std::ch
 
 }  // namespace
 
-TEST_CASE("reissuing client, 8 in flight, server killed (SIGKILL)") {
+TEST_CASE("reissuing client: 8 in flight; server killed (SIGKILL)") {
   reissuing_client_survives(Death::kKill, 8, std::nullopt);
 }
-TEST_CASE("reissuing client, 256 in flight, server killed (SIGKILL)") {
+TEST_CASE("reissuing client: 256 in flight; server killed (SIGKILL)") {
   reissuing_client_survives(Death::kKill, 256, std::nullopt);
 }
-TEST_CASE("reissuing client, 8 in flight, server frozen (SIGSTOP)") {
+TEST_CASE("reissuing client: 8 in flight; server frozen (SIGSTOP)") {
   reissuing_client_survives(Death::kFreeze, 8, std::nullopt);
 }
-TEST_CASE("reissuing client, 256 in flight with 400 ms deadlines, server frozen (SIGSTOP)") {
+TEST_CASE("reissuing client: 256 in flight with 400 ms deadlines; server frozen (SIGSTOP)") {
   // The deadlines of the calls out at the freeze come before the peer
   // timeout: those end DEADLINE_EXCEEDED, the rest UNAVAILABLE.
   reissuing_client_survives(Death::kFreeze, 256, 400ms);
 }
-TEST_CASE("reissuing client, 8 in flight, server stopped gracefully (SIGTERM -> Server::stop)") {
+TEST_CASE("reissuing client: 8 in flight; server stopped gracefully (SIGTERM -> Server::stop)") {
   reissuing_client_survives(Death::kGracefulStop, 8, std::nullopt);
 }
-TEST_CASE("reissuing client, 256 in flight, server stopped gracefully (SIGTERM -> Server::stop)") {
+TEST_CASE("reissuing client: 256 in flight; server stopped gracefully (SIGTERM -> Server::stop)") {
   reissuing_client_survives(Death::kGracefulStop, 256, std::nullopt);
 }
 
@@ -137,10 +137,10 @@ void echo_client_exits_cleanly(const char* outstanding) {
 
 }  // namespace
 
-TEST_CASE("echo_client --outstanding 8, server killed: exit 1 with the reason, no crash") {
+TEST_CASE("echo_client --outstanding 8: server killed -> exit 1 with the reason; no crash") {
   echo_client_exits_cleanly("8");
 }
-TEST_CASE("echo_client --outstanding 256, server killed: exit 1 with the reason, no crash") {
+TEST_CASE("echo_client --outstanding 256: server killed -> exit 1 with the reason; no crash") {
   echo_client_exits_cleanly("256");
 }
 

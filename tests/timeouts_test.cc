@@ -134,6 +134,12 @@ TEST_CASE("a silent client is closed by the server peer_timeout_ms after it was 
     std::vector<std::byte> rest(reply->message_len + reply->extension_len);
     REQUIRE(rpc::read_exact(*fd, rest, deadline).ok());
 
+    // The session was created (and its liveness timer armed) at the
+    // handshake.  Speak a little later, at a different offset each trial,
+    // so that a timer running on a fixed period from the session's start
+    // (the old rule) would find the silence long enough only up to one
+    // keepalive period late.  (A deliberate offset, not a wait for state.)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 + 30 * trial));
     std::array<std::byte, 8 + core::kHeaderSize> ping{};
     store_u32(ping.data(), static_cast<uint32_t>(core::kHeaderSize) | 0x8000'0000u);  // control lane
     core::encode_header(core::control_header(core::Kind::kPing, 0, 0, 7), ping.data() + 8);
