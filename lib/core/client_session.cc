@@ -487,8 +487,9 @@ void ClientSession::protocol_error(std::string reason) {
 
 void ClientSession::shutdown(Status status) {
   if (closed_) return;
-  // A callback below may drop the channel's reference (a reconnect that
-  // replaces this session): stay alive until the end.
+  // The callbacks below run application code.  None of it can drop the
+  // channel's reference today (a reconnect swaps sessions from a posted
+  // task), but the loop below must not depend on that: hold the session.
   std::shared_ptr<ClientSession> keep = shared_from_this();
   close_status_ = status;
   closed_.store(true, std::memory_order_release);
