@@ -2,6 +2,10 @@
 //
 // Keeps K calls in flight until N have completed, checks every byte of
 // every reply, and prints the latency distribution.
+//
+// A call that fails (e.g. UNAVAILABLE: the server died) stops the run: no
+// new call is issued, the calls still out are waited for, and the client
+// exits 1 with "echo_client: call failed: <status>".
 #include <algorithm>
 #include <atomic>
 #include <charconv>
@@ -35,8 +39,11 @@ struct Run {
   // and each slot of the arrays below belongs to one call.
   std::atomic<uint64_t> issued{0};
   std::atomic<uint64_t> completed{0};
+  std::atomic<uint64_t> out{0};  // issued and not yet completed
+  std::atomic<bool> stopping{false};  // a call failed: issue no more
   uint64_t failed = 0;  // event loop only
   std::string first_error;
+  std::string first_status;  // the first call that failed with a status
   std::vector<uint32_t> latency_ns;
   std::vector<std::chrono::steady_clock::time_point> started;
 
@@ -44,9 +51,12 @@ struct Run {
   std::condition_variable cv;
   bool done = false;
 
-  void issue() {
+  // False when no call was issued (all were, or the run is stopping).
+  bool issue() {
+    if (stopping.load()) return false;
     const uint64_t seq = issued.fetch_add(1);
-    if (seq >= count) return;
+    if (seq >= count) return false;
+    out.fetch_add(1);
     started[seq] = std::chrono::steady_clock::now();
     const uint64_t size_bytes = size;
     client->Echo(
@@ -57,6 +67,7 @@ struct Run {
           return slotrpc::examples::CreateEchoRequest(fbb, seq, payload);
         },
         {}, [this, seq](slotrpc::Reply<EchoReply>&& reply) { on_reply(seq, reply); });
+    return true;
   }
 
   void on_reply(uint64_t seq, const slotrpc::Reply<EchoReply>& reply) {
@@ -66,6 +77,8 @@ struct Run {
     std::string error;
     if (!reply.ok()) {
       error = reply.status().to_string();
+      if (first_status.empty()) first_status = error;
+      stopping.store(true);
     } else if (reply->seq() != seq) {
       error = "reply carries seq " + std::to_string(reply->seq()) + ", expected " + std::to_string(seq);
     } else if (reply->payload() == nullptr || reply->payload()->size() != size) {
@@ -82,9 +95,11 @@ struct Run {
     if (!error.empty()) {
       if (failed++ == 0) first_error = "call " + std::to_string(seq) + ": " + error;
     }
-    const uint64_t n = completed.fetch_add(1) + 1;
+    completed.fetch_add(1);
     issue();
-    if (n == count) {
+    // Done when no call is out any more: all completed, or the run stopped
+    // at a failure and the last call still out has come back.
+    if (out.fetch_sub(1) == 1) {
       std::lock_guard<std::mutex> lock(mu);
       done = true;
       cv.notify_all();
@@ -140,12 +155,29 @@ int main(int argc, char** argv) {
   run.started.resize(count);
 
   const auto t0 = std::chrono::steady_clock::now();
+  // The first window; `out` holds one extra count meanwhile, so callbacks
+  // cannot see zero calls out before the window is complete.
+  run.out.fetch_add(1);
   for (uint64_t i = 0; i < std::min(outstanding, count); ++i) run.issue();
+  if (run.out.fetch_sub(1) == 1) {
+    std::lock_guard<std::mutex> lock(run.mu);
+    run.done = true;
+  }
   {
     std::unique_lock<std::mutex> lock(run.mu);
     run.cv.wait(lock, [&] { return run.done; });
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!run.first_status.empty()) {
+    // The run stopped early: the session failed (or a call did).
+    std::fprintf(stderr, "echo_client: call failed: %s\n", run.first_status.c_str());
+    std::fprintf(stderr, "echo_client: stopped after %llu of %llu calls (%llu ok, %llu failed)\n",
+                 static_cast<unsigned long long>(run.completed.load()),
+                 static_cast<unsigned long long>(count),
+                 static_cast<unsigned long long>(run.completed.load() - run.failed),
+                 static_cast<unsigned long long>(run.failed));
+    return 1;
+  }
 
   std::printf("echo_client: %llu calls of %llu B, %llu outstanding, over %s to %s\n",
               static_cast<unsigned long long>(count), static_cast<unsigned long long>(size),

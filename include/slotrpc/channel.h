@@ -8,6 +8,14 @@
 //
 // A Channel owns one event-loop thread and one slot-ring session.  Calls
 // may be made from any thread, from handlers, and from reply callbacks.
+//
+// A callback never runs inside the call that issued it: a call that fails
+// before it reaches the wire (the session is dead, the deadline has passed,
+// the queue is full, the request writer failed) completes later, from the
+// channel's loop.  So a callback may issue the next call without recursing.
+// Once the session is dead, calls fail fast with its status (UNAVAILABLE,
+// saying why); only idempotent calls with max_retries reconnect, under a
+// backoff policy (docs/design.md, "When the server dies").
 #pragma once
 
 #include <cstdint>
@@ -51,7 +59,9 @@ class Channel {
   Channel& operator=(const Channel&) = delete;
 
   // Future form.  Idempotent calls with CallOptions::max_retries > 0 are
-  // retried on UNAVAILABLE; the channel reconnects to its address first.
+  // retried on UNAVAILABLE; the channel reconnects to its address first,
+  // unless a failed reconnect makes it back off: then the call fails with
+  // UNAVAILABLE saying when the next attempt may be made.
   Future<RawReply> call(uint32_t method_id, RequestWriter writer, CallOptions options = {});
   // Callback form: `sink` runs on the channel's event loop.
   CallHandle call(uint32_t method_id, RequestWriter writer, CallOptions options, ReplySink sink);
@@ -128,6 +138,10 @@ class Channel {
     bool shared_receive_queue = false;
     bool memory_window = false;
     bool closed = false;
+    // Reconnects started (by idempotent retries) and those that succeeded,
+    // over the channel's life.
+    uint64_t reconnect_attempts = 0;
+    uint64_t reconnects = 0;
   };
   Stats stats() const;
 

@@ -5,6 +5,7 @@
 
 #include <cassert>
 #include <string_view>
+#include <utility>
 
 namespace slotrpc::detail {
 void release_reply(const std::shared_ptr<ReplyOwner>& owner, uint16_t slot, uint32_t generation) {
@@ -22,6 +23,22 @@ uint32_t remaining_us(const std::optional<Clock::time_point>& deadline, Clock::t
   if (left > UINT32_MAX) return UINT32_MAX;
   return static_cast<uint32_t>(left);
 }
+
+// A call that failed before it reached the wire, completed from a task of
+// its own.  std::function wants a copyable target; this one is only ever
+// moved (a copy takes the call over), and a task the loop never ran (it was
+// destroyed with the loop) frees the call without running its callbacks:
+// nobody is left to run them on.
+struct FailLater {
+  PendingCall* call;
+  Status status;
+  FailLater(PendingCall* c, Status s) : call(c), status(std::move(s)) {}
+  FailLater(FailLater&& o) noexcept : call(std::exchange(o.call, nullptr)), status(std::move(o.status)) {}
+  FailLater(const FailLater& o) : FailLater(std::move(const_cast<FailLater&>(o))) {}
+  FailLater& operator=(const FailLater&) = delete;
+  ~FailLater() { delete call; }
+  void operator()() { ClientSession::complete(std::exchange(call, nullptr), std::move(status)); }
+};
 
 }  // namespace
 
@@ -94,12 +111,28 @@ void ClientSession::on_completion_thunk(SessionBase* s, const transport::Complet
 
 void ClientSession::flush_thunk(SessionBase* s) { static_cast<ClientSession*>(s)->flush(); }
 
+// Completions never run inside the call that started them (Asio's rule for
+// handlers and their initiating functions): a caller that issues its next
+// call from a completion callback would otherwise recurse once per failed
+// call -- on a dead session, until the stack overflows.  So a call that
+// fails here, before reaching the wire, completes from a task posted to the
+// loop.  That is the cold path and costs one task: the std::function's
+// target (call pointer + Status) and one inbox node, two allocations.  The
+// calls that get a slot or a place in the queue allocate nothing here.
+void ClientSession::fail_later(PendingCall* call, Status status) {
+  loop_.post(FailLater(call, std::move(status)));
+}
+
+void ClientSession::fail_later(reactor::Reactor& loop, PendingCall* call, Status status) {
+  loop.post(FailLater(call, std::move(status)));
+}
+
 void ClientSession::submit(PendingCall* call) {
   assert(loop_.on_this_thread());
-  if (closed_) return fail(call, close_status_);
+  if (closed_) return fail_later(call, close_status_);
   if (call->request_id == 0) call->request_id = next_request_id();
   if (call->deadline && *call->deadline <= Clock::now()) {
-    return fail(call, Status(StatusCode::kDeadlineExceeded, "deadline passed before the call was sent"));
+    return fail_later(call, Status(StatusCode::kDeadlineExceeded, "deadline passed before the call was sent"));
   }
   if (free_.size() >= credits_needed(call) && queued_ == 0) {
     const uint16_t slot = free_.back();
@@ -112,7 +145,7 @@ void ClientSession::submit(PendingCall* call) {
   }
   const uint32_t limit = loop_.config().max_queued_calls;
   if (queued_ >= limit) {
-    return fail(call, Status(StatusCode::kResourceExhausted,
+    return fail_later(call, Status(StatusCode::kResourceExhausted,
                              fmt::format("{} calls already wait for a credit on the channel to "
                                          "{} (max_queued_calls = {})",
                                          queued_, peer_, limit)));
@@ -164,7 +197,9 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
     free_.push_back(slot);
     loop_.timers().cancel(call->timer);
     call->timer = 0;
-    return fail(call, std::move(error));
+    // Posted: send_on runs from submit (the caller's stack) or from
+    // pump_queue (inside a reply or a release, which may be the caller's).
+    return fail_later(call, std::move(error));
   }
 
   ++s.generation;
@@ -392,7 +427,9 @@ void ClientSession::finish(PendingCall* call, RawReply reply) {
   if (sink) sink(std::move(reply));
 }
 
-void ClientSession::fail(PendingCall* call, Status status) {
+void ClientSession::fail(PendingCall* call, Status status) { complete(call, std::move(status)); }
+
+void ClientSession::complete(PendingCall* call, Status status) {
   if (call->stream) {
     auto on_end = std::move(call->on_end);
     delete call;
@@ -450,6 +487,10 @@ void ClientSession::protocol_error(std::string reason) {
 
 void ClientSession::shutdown(Status status) {
   if (closed_) return;
+  // The callbacks below run application code.  None of it can drop the
+  // channel's reference today (a reconnect swaps sessions from a posted
+  // task), but the loop below must not depend on that: hold the session.
+  std::shared_ptr<ClientSession> keep = shared_from_this();
   close_status_ = status;
   closed_.store(true, std::memory_order_release);
   loop_.timers().cancel(keepalive_timer_);
@@ -457,21 +498,28 @@ void ClientSession::shutdown(Status status) {
   outbox_.clear();
   loop_.forget(this);
   link_->close(status.message());
-  // Sinks may run user code that submits again; closed_ makes that fail fast.
+  // One pass: take every outstanding call out of the session first, then
+  // complete them.  Callbacks that issue new calls find the session closed
+  // and get posted failures (submit), so nothing here re-enters the loop
+  // below and the stack stays flat however many calls were out.  Cold path:
+  // the list allocates.
+  std::vector<PendingCall*> dying;
+  dying.reserve(slots_.size() + queued_);
   for (Slot& s : slots_) {
     if (s.state == SlotState::kInFlight && s.call != nullptr) {
-      PendingCall* call = s.call;
+      dying.push_back(s.call);
       s.call = nullptr;
       s.state = SlotState::kZombie;  // never reused: the session is gone
-      loop_.timers().cancel(call->timer);
-      fail(call, status);
     }
   }
   while (queue_head_ != nullptr) {
     PendingCall* call = queue_head_;
     dequeue(call);
+    dying.push_back(call);
+  }
+  for (PendingCall* call : dying) {
     loop_.timers().cancel(call->timer);
-    fail(call, status);
+    call->timer = 0;
   }
   // Unregister the rings through the link that registered them, then drop
   // the link (that purges queued completions pointing at this session);
@@ -479,11 +527,14 @@ void ClientSession::shutdown(Status status) {
   send_ring_.deregister();
   recv_ring_.deregister();
   link_.reset();
+  for (PendingCall* call : dying) complete(call, status);
 }
 
+// The liveness timer fires when something is due (core/liveness.h): the
+// next PING or the server's death, counted from when it was last heard.
 void ClientSession::arm_keepalive() {
-  const auto period = std::chrono::milliseconds(loop_.config().keepalive_ms);
-  keepalive_timer_ = loop_.timers().add(Clock::now() + period, &ClientSession::on_keepalive, this, 0);
+  keepalive_timer_ = loop_.timers().add(liveness_.next_check(Clock::now(), loop_.config()),
+                                        &ClientSession::on_keepalive, this, 0);
 }
 
 void ClientSession::on_keepalive(void* self_ptr, uint64_t) {

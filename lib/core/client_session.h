@@ -82,12 +82,23 @@ class ClientSession final : public SessionBase,
   void link_ready() { liveness_.heard(Clock::now()); }
   ~ClientSession() override;
 
-  // Loop thread.  Takes ownership of `call`; its sink runs exactly once.
+  // Loop thread.  Takes ownership of `call`; its sink (or on_end) runs
+  // exactly once, and never before submit returns: a call that fails before
+  // it reaches the wire (session closed, deadline passed, queue full, writer
+  // failed) completes from a task posted to the loop.
   void submit(PendingCall* call);
   // Loop thread.  Cancels the call with this id, wherever it is.
   void cancel(uint64_t request_id, Status status);
-  // Loop thread.  Fails everything with `status` and closes the link.
+  // Loop thread.  Fails everything with `status` and closes the link: the
+  // outstanding calls are collected first, then completed in one pass; calls
+  // their callbacks issue fail later (posted) with `status`.
   void shutdown(Status status);
+
+  // Completes `call` with an error from a task posted to `loop`, never on
+  // the caller's stack (see submit).  Any thread.
+  static void fail_later(reactor::Reactor& loop, PendingCall* call, Status status);
+  // Runs `call`'s sink (or a stream's on_end) with `status` and frees it.
+  static void complete(PendingCall* call, Status status);
 
   // Any thread: returns a slot whose reply was held by the application.
   void release(uint16_t slot, uint32_t generation) override;
@@ -143,8 +154,9 @@ class ClientSession final : public SessionBase,
   void send_on(uint16_t slot, PendingCall* call);
   void free_slot(uint16_t slot);
   void pump_queue();
-  void finish(PendingCall* call, RawReply reply);
+  static void finish(PendingCall* call, RawReply reply);
   void fail(PendingCall* call, Status status);
+  void fail_later(PendingCall* call, Status status);
   void send_control(Kind kind, uint16_t slot, uint32_t generation, uint64_t request_id,
                     uint32_t aux = 0);
   void on_stream_message(const Header& h, const std::byte* bytes);

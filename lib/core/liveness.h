@@ -1,7 +1,16 @@
 // When a session pings its peer, and when it declares the peer dead: the
 // same rule on both ends (docs/protocol.md, "Liveness").
+//
+// Timing: the session's liveness timer is armed for the moment something is
+// due -- the next PING or the peer's death, whichever comes first, counted
+// from when the peer was last heard -- not on a fixed period.  So a frozen
+// peer is declared dead peer_timeout_ms after it was last heard (plus the
+// loop's timer tick), not up to keepalive_ms later.  heard() stays one
+// store on the hot path: nothing is re-armed per message; a timer that
+// fires and finds the peer heard since simply re-arms for the new due time.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -25,6 +34,18 @@ class Liveness {
     if (silent >= std::chrono::milliseconds(cfg.peer_timeout_ms)) return Verdict::kDead;
     if (silent >= std::chrono::milliseconds(cfg.keepalive_ms)) return Verdict::kPing;
     return Verdict::kQuiet;
+  }
+
+  // When the liveness timer should fire next, seen from `now`: while the
+  // peer was heard within keepalive_ms, when that silence reaches
+  // keepalive_ms (a PING is due); once silent longer (a PING just went), the
+  // next PING keepalive_ms on (the peer may have lost the last one) or the
+  // peer's death, whichever comes first.  Never before `now`.
+  Clock::time_point next_check(Clock::time_point now, const Config& cfg) const {
+    const auto keepalive = std::chrono::milliseconds(cfg.keepalive_ms);
+    const Clock::time_point death = last_heard_ + std::chrono::milliseconds(cfg.peer_timeout_ms);
+    const Clock::time_point ping = now - last_heard_ < keepalive ? last_heard_ + keepalive : now + keepalive;
+    return std::max(now, std::min(ping, death));
   }
 
   std::string dead_reason(Clock::time_point now, const Config& cfg, const std::string& peer) const {

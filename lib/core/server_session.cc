@@ -294,9 +294,12 @@ void ServerSession::maybe_finished() {
   loop_.post([fn, this] { fn(this); });
 }
 
+// The liveness timer fires when something is due (core/liveness.h), not on
+// a fixed period, so a silent client is closed peer_timeout_ms after it was
+// last heard, within a timer tick.
 void ServerSession::arm_keepalive() {
-  const auto period = std::chrono::milliseconds(loop_.config().keepalive_ms);
-  keepalive_timer_ = loop_.timers().add(Clock::now() + period, &ServerSession::on_keepalive, this, 0);
+  keepalive_timer_ = loop_.timers().add(liveness_.next_check(Clock::now(), loop_.config()),
+                                        &ServerSession::on_keepalive, this, 0);
 }
 
 void ServerSession::on_keepalive(void* self_ptr, uint64_t) {

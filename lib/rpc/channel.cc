@@ -8,6 +8,7 @@
 #include <array>
 #include <cassert>
 #include <future>
+#include <random>
 #include <span>
 #include <thread>
 #include <utility>
@@ -23,6 +24,10 @@
 #include "transport/verbs/verbs_transport.h"
 
 namespace slotrpc {
+
+namespace {
+struct Established;
+}
 
 struct Channel::Impl {
   std::string address;
@@ -43,9 +48,26 @@ struct Channel::Impl {
   std::vector<std::function<void(const Status&)>> waiting_for_session;
   std::thread reconnector;
 
+  // The reconnect policy (docs/design.md, "When the server dies"): after a
+  // failed reconnect the next one waits min(kBackoffMax, kBackoffBase x
+  // 2^(failures-1)), scaled by a random factor in [0.5, 1] so that many
+  // clients of one restarted server do not all come back in step.  The
+  // first attempt after a session dies is not delayed; a success resets it.
+  static constexpr std::chrono::milliseconds kBackoffBase{100};
+  static constexpr std::chrono::milliseconds kBackoffMax{10'000};
+  uint32_t reconnect_failures = 0;  // in a row
+  Clock::time_point next_attempt{};  // no reconnect before this
+  Status last_reconnect_error;
+  uint64_t reconnect_attempts = 0;
+  uint64_t reconnects = 0;
+  std::minstd_rand jitter{std::random_device{}()};
+
   // Loop thread: runs `then` with OK once a live session exists, starting a
-  // reconnect if the current one is closed; with the error if that fails.
+  // reconnect if the current one is closed and the policy allows one now;
+  // with the error if that fails, or at once with UNAVAILABLE saying when the
+  // next attempt may be made while the policy backs off.
   void with_session(std::function<void(const Status&)> then);
+  void reconnected(Result<Established> est);
 };
 
 namespace {
@@ -254,28 +276,58 @@ Result<Established> establish(Channel::Impl& impl) {
 void Channel::Impl::with_session(std::function<void(const Status&)> then) {
   if (session && !session->closed()) return then(Status());
   if (closing.load()) return then(Status(StatusCode::kCancelled, "channel closed"));
+  if (reconnecting) {
+    waiting_for_session.push_back(std::move(then));
+    return;
+  }
+  const Clock::time_point now = Clock::now();
+  if (now < next_attempt) {
+    // Backing off: fail fast instead of queueing behind a reconnect that may
+    // be seconds away (a caller with a deadline could not wait anyway).
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(next_attempt - now).count();
+    return then(Status(StatusCode::kUnavailable,
+                       fmt::format("not reconnecting to {} for another {} ms (backing off after {} "
+                                   "failed attempt{}; last: {})",
+                                   address, left, reconnect_failures,
+                                   reconnect_failures == 1 ? "" : "s", last_reconnect_error.message())));
+  }
   waiting_for_session.push_back(std::move(then));
-  if (reconnecting) return;
   reconnecting = true;
+  ++reconnect_attempts;
   if (reconnector.joinable()) reconnector.join();  // the previous one has finished
   spdlog::info("slotrpc: reconnecting to {}", address);
   // Connecting blocks (and waits for the loop), so it runs beside the loop.
   reconnector = std::thread([this] {
     Result<Established> est = establish(*this);
-    loop->post([this, est = std::move(est)]() mutable {
-      reconnecting = false;
-      Status st = est.status();
-      if (st.ok()) {
-        session = std::move(est.value().session);
-        peer = est.value().peer;
-        kind = est.value().kind;
-        spdlog::info("slotrpc: reconnected to {} ({})", peer, to_string(kind.load()));
-      }
-      auto waiting = std::move(waiting_for_session);
-      waiting_for_session.clear();
-      for (auto& fn : waiting) fn(st);
-    });
+    loop->post([this, est = std::move(est)]() mutable { reconnected(std::move(est)); });
   });
+}
+
+void Channel::Impl::reconnected(Result<Established> est) {
+  reconnecting = false;
+  Status st = est.status();
+  if (st.ok()) {
+    session = std::move(est.value().session);
+    peer = est.value().peer;
+    kind = est.value().kind;
+    reconnect_failures = 0;
+    next_attempt = {};
+    ++reconnects;
+    spdlog::info("slotrpc: reconnected to {} ({})", peer, to_string(kind.load()));
+  } else {
+    ++reconnect_failures;
+    const uint32_t doublings = std::min<uint32_t>(reconnect_failures - 1, 20);
+    const auto delay = std::min<std::chrono::milliseconds>(kBackoffMax, kBackoffBase * (uint64_t{1} << doublings));
+    const double factor = std::uniform_real_distribution<double>(0.5, 1.0)(jitter);
+    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(delay * factor);
+    next_attempt = Clock::now() + wait;
+    last_reconnect_error = st;
+    spdlog::warn("slotrpc: reconnect to {} failed ({} in a row), next attempt in {} ms: {}", address,
+                 reconnect_failures, wait.count(), st.message());
+  }
+  auto waiting = std::move(waiting_for_session);
+  waiting_for_session.clear();
+  for (auto& fn : waiting) fn(st);
 }
 
 Result<std::unique_ptr<Channel>> Channel::connect(const std::string& address, Config config) {
@@ -344,11 +396,14 @@ CallHandle Channel::submit(core::PendingCall* pc) {
   pc->request_id = impl_->last_request_id.fetch_add(1, std::memory_order_relaxed) + 1;
   const uint64_t id = pc->request_id;
   // The session is touched only on the loop (a reconnect may replace it).
+  // A closed session fails the call fast with its own status, from a task
+  // posted to the loop (never on this stack: the caller may be a completion
+  // callback issuing its next call).
   impl_->loop->run_or_post([impl = impl_.get(), pc] {
     if (impl->session) {
       impl->session->submit(pc);
-    } else {
-      delete pc;  // unreachable: connect() leaves a session behind
+    } else {  // unreachable: connect() leaves a session behind
+      core::ClientSession::fail_later(*impl->loop, pc, Status(StatusCode::kUnavailable, "no session"));
     }
   });
   std::weak_ptr<Impl> weak = impl_;
@@ -488,6 +543,8 @@ Channel::Stats Channel::stats() const {
     out.shared_receive_queue = c.link.shared_receive_queue;
     out.memory_window = c.link.memory_window;
     out.closed = impl->session->closed();
+    out.reconnect_attempts = impl->reconnect_attempts;
+    out.reconnects = impl->reconnects;
     return out;
   };
   if (impl_->loop->on_this_thread()) return snapshot();

@@ -1,0 +1,376 @@
+// Shared by the tests of what a client sees when its server dies
+// (client_failure_test, timeouts_test, verbs/verbs_failure_test):
+//
+//   * EchoServerProcess: examples/echo/echo_server (ECHO_SERVER) as a child
+//     process that a test kills (SIGKILL), freezes (SIGSTOP, waited for until
+//     /proc/PID/stat says 'T') or stops gracefully (SIGTERM -> Server::stop);
+//   * Reissuer: an application-style client that keeps N calls in flight by
+//     issuing the next call from each completion callback, the way
+//     echo_client does, and counts how every call ended.
+//
+// Every wait is bounded; the child is killed and reaped even when a check
+// fails.
+#pragma once
+
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <slotrpc/slotrpc.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace failure_test {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// The echo example's method (examples/echo/echo_service.h).
+constexpr uint32_t kEcho = slotrpc::method_id("slotrpc.examples.Echo.Echo");
+
+inline uint8_t pattern(uint64_t seq, size_t i) { return static_cast<uint8_t>((seq * 37 + i * 11 + 7) & 0xff); }
+
+// slotrpc.examples.EchoRequest { seq: ulong (field 0); payload: [ubyte] (field 1) },
+// written without the example's generated header.
+inline slotrpc::RequestWriter echo_request(uint64_t seq, size_t n) {
+  return [seq, n](flatbuffers::FlatBufferBuilder& fbb) {
+    uint8_t* bytes = nullptr;
+    auto payload = fbb.CreateUninitializedVector(n, &bytes);
+    for (size_t i = 0; i < n; ++i) bytes[i] = pattern(seq, i);
+    const auto start = fbb.StartTable();
+    fbb.AddElement<uint64_t>(4, seq, 0);
+    fbb.AddOffset(6, payload);
+    fbb.Finish(flatbuffers::Offset<void>(fbb.EndTable(start)));
+  };
+}
+
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+inline double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+inline std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Polls `done` every millisecond until it holds or `limit` passes.
+inline bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds limit) {
+  const auto until = Clock::now() + limit;
+  while (!done()) {
+    if (Clock::now() > until) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "slotrpc-fail-XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+// Waits up to `limit` for `pid` to exit; fills `status`.
+inline bool wait_exit(pid_t pid, std::chrono::milliseconds limit, int* status) {
+  const auto until = Clock::now() + limit;
+  for (;;) {
+    const pid_t r = ::waitpid(pid, status, WNOHANG);
+    if (r == pid) return true;
+    if (r < 0 && errno != EINTR) return false;
+    if (Clock::now() >= until) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+}
+
+// The state letter of /proc/PID/stat ('R', 'S', 'T', ...), or 0.
+inline char process_state(pid_t pid) {
+  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');  // the command name may hold spaces
+  return paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : 0;
+}
+
+// utime + stime of /proc/PID/stat, in clock ticks.
+inline uint64_t cpu_ticks(pid_t pid) {
+  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return 0;
+  std::istringstream in(stat.substr(paren + 2));
+  std::string field;
+  uint64_t utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && in >> field; ++i) {  // fields 14 and 15, counted from 1
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return utime + stime;
+}
+
+inline const char* binary(const char* env) {
+  const char* exe = std::getenv(env);
+  REQUIRE_MESSAGE(exe != nullptr, env << " is not set (run through meson test)");
+  REQUIRE_MESSAGE(::access(exe, X_OK) == 0, exe << " is not executable");
+  return exe;
+}
+
+// A child process with stdout and stderr in files; SIGKILLed and reaped on
+// destruction unless it was reaped before.
+struct Child {
+  pid_t pid = -1;
+  std::filesystem::path out, err;
+
+  Child(std::vector<std::string> args, const std::filesystem::path& dir, const std::string& name) {
+    out = dir / (name + ".stdout");
+    err = dir / (name + ".stderr");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int rc = ::posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) pid = -1;
+    REQUIRE_MESSAGE(rc == 0, "posix_spawn " << args[0] << ": " << std::strerror(rc));
+  }
+  ~Child() { kill_and_reap(); }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  bool running() {
+    if (pid <= 0) return false;
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) != pid) return true;
+    pid = -1;
+    return false;
+  }
+  // Bounded wait for exit; false (the child is left to the destructor) on
+  // timeout.
+  bool wait(std::chrono::milliseconds limit, int* status) {
+    if (!wait_exit(pid, limit, status)) return false;
+    pid = -1;
+    return true;
+  }
+  void kill_and_reap() {
+    if (pid <= 0) return;
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    wait_exit(pid, 10000ms, &status);
+    pid = -1;
+  }
+  std::string stdout_text() const { return read_file(out); }
+  std::string stderr_text() const { return read_file(err); }
+};
+
+// echo_server --listen 127.0.0.1:0 --port-file <dir>/port, listening.
+struct EchoServerProcess {
+  TempDir dir;
+  std::unique_ptr<Child> child;
+  uint16_t port = 0;
+
+  EchoServerProcess() {
+    const std::string port_file = (dir.path / "port").string();
+    child = std::make_unique<Child>(
+        std::vector<std::string>{binary("ECHO_SERVER"), "--listen", "127.0.0.1:0", "--port-file", port_file},
+        dir.path, "echo_server");
+    // The server writes the port file whole (rename), once it listens.
+    const auto until = Clock::now() + 20s;
+    for (;;) {
+      const std::string text = read_file(port_file);
+      if (!text.empty()) {
+        port = static_cast<uint16_t>(std::stoul(text));
+        break;
+      }
+      REQUIRE_MESSAGE(child->running(), "echo_server exited early: " << child->stderr_text());
+      REQUIRE_MESSAGE(Clock::now() < until, "echo_server wrote no port file");
+      std::this_thread::sleep_for(2ms);
+    }
+    REQUIRE(port != 0);
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+  pid_t pid() const { return child->pid; }
+
+  // SIGKILL and reap.
+  void kill() {
+    REQUIRE(child->pid > 0);
+    const pid_t pid = child->pid;
+    REQUIRE(::kill(pid, SIGKILL) == 0);
+    int status = 0;
+    REQUIRE_MESSAGE(child->wait(10000ms, &status), "echo_server was not reaped after SIGKILL");
+    CHECK(WIFSIGNALED(status));
+  }
+  // SIGSTOP, and returns once the kernel reports the process stopped.
+  Clock::time_point freeze() {
+    REQUIRE(child->pid > 0);
+    REQUIRE(::kill(child->pid, SIGSTOP) == 0);
+    REQUIRE_MESSAGE(wait_until([&] { return process_state(child->pid) == 'T'; }, 10000ms),
+                    "echo_server did not stop after SIGSTOP");
+    return Clock::now();
+  }
+  // SIGTERM: echo_server calls Server::stop and exits 0.
+  void terminate() {
+    REQUIRE(child->pid > 0);
+    REQUIRE(::kill(child->pid, SIGTERM) == 0);
+    int status = 0;
+    REQUIRE_MESSAGE(child->wait(15000ms, &status), "echo_server did not exit after SIGTERM");
+    CHECK(WIFEXITED(status));
+    if (WIFEXITED(status)) CHECK(WEXITSTATUS(status) == 0);
+  }
+};
+
+inline std::unique_ptr<slotrpc::Channel> connect(const std::string& address, slotrpc::Config cfg = {}) {
+  auto ch = slotrpc::Channel::connect(address, cfg);
+  REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
+  return std::move(ch).value();
+}
+
+// Keeps `window` calls in flight by issuing the next call from each
+// completion callback (on the channel's loop), also from failed ones, until
+// `failures_to_reissue` calls have failed: so after the server's death the
+// client goes on issuing into a dead channel for a while, as echo_client
+// used to.  Every call's ending is counted per call.
+class Reissuer {
+ public:
+  static constexpr uint64_t kMaxCalls = uint64_t{1} << 22;
+
+  Reissuer(slotrpc::Channel& ch, size_t window, uint64_t failures_to_reissue,
+           std::optional<std::chrono::milliseconds> timeout = std::nullopt, size_t payload = 32)
+      : ch_(ch), window_(window), failures_to_reissue_(failures_to_reissue), timeout_(timeout),
+        payload_(payload), ends_(new std::atomic<uint8_t>[kMaxCalls]()) {}
+
+  // The first window, from the test's thread.  `out_` holds one extra count
+  // meanwhile, so it cannot reach zero before the window is complete.
+  void start() {
+    out_.fetch_add(1);
+    for (size_t i = 0; i < window_; ++i) issue();
+    out_.fetch_sub(1);
+  }
+
+  uint64_t ok() const { return ok_.load(); }
+  uint64_t failures() const { return unavailable_.load() + deadline_.load() + other_.load(); }
+  // The run is over: it failed enough and nothing is out (no callback can
+  // issue again).
+  bool finished() const { return failures() >= failures_to_reissue_ && out_.load() == 0; }
+  Clock::time_point last_ok() const { return Clock::time_point(Clock::duration(last_ok_.load())); }
+  Clock::time_point first_unavailable_at() const {
+    return Clock::time_point(Clock::duration(first_unavailable_at_.load()));
+  }
+  std::string first_unavailable() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return first_unavailable_;
+  }
+
+  // Every call issued ended exactly once, with OK before the death and
+  // UNAVAILABLE or DEADLINE_EXCEEDED after; no callback ran inside another.
+  void check_every_call_ended_once() {
+    const uint64_t n = issued_.load();
+    REQUIRE(n < kMaxCalls);
+    uint64_t missing = 0, twice = 0;
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint8_t e = ends_[i].load();
+      if (e == 0) ++missing;
+      if (e > 1) ++twice;
+    }
+    INFO("issued " << n << ", ok " << ok_ << ", unavailable " << unavailable_ << ", deadline "
+                   << deadline_ << ", other " << other_ << " (first: " << first_other_ << ")");
+    CHECK(missing == 0);
+    CHECK(twice == 0);
+    CHECK(ok_ + unavailable_ + deadline_ + other_ == n);
+    CHECK(other_ == 0);
+    CHECK(unavailable_ >= 1);
+    CHECK(failures() >= failures_to_reissue_);
+    // A callback that ran inside the call issued by another callback would
+    // show as depth 2 (before the fix: ~36,000, then a stack overflow).
+    CHECK(max_depth_.load() == 1);
+  }
+  uint64_t deadline_exceeded() const { return deadline_.load(); }
+  uint64_t unavailable() const { return unavailable_.load(); }
+
+ private:
+  void issue() {
+    const uint64_t idx = issued_.fetch_add(1);
+    if (idx >= kMaxCalls) return;  // check_every_call_ended_once() reports it
+    out_.fetch_add(1);
+    slotrpc::CallOptions o;
+    if (timeout_) o = slotrpc::CallOptions::with_timeout(*timeout_);
+    ch_.call(kEcho, echo_request(idx, payload_), o,
+             [this, idx](slotrpc::RawReply&& r) { done(idx, r.status()); });
+  }
+
+  void done(uint64_t idx, const slotrpc::Status& st) {
+    static thread_local int depth = 0;
+    ++depth;
+    int seen = max_depth_.load();
+    while (depth > seen && !max_depth_.compare_exchange_weak(seen, depth)) {
+    }
+    ends_[idx].fetch_add(1);
+    const int64_t now = Clock::now().time_since_epoch().count();
+    switch (st.code()) {
+      case slotrpc::StatusCode::kOk:
+        ++ok_;
+        last_ok_.store(now);
+        break;
+      case slotrpc::StatusCode::kUnavailable:
+        if (unavailable_++ == 0) {
+          first_unavailable_at_.store(now);
+          std::lock_guard<std::mutex> lock(mu_);
+          first_unavailable_ = st.to_string();
+        }
+        break;
+      case slotrpc::StatusCode::kDeadlineExceeded:
+        ++deadline_;
+        break;
+      default:
+        if (other_++ == 0) {
+          std::lock_guard<std::mutex> lock(mu_);
+          first_other_ = st.to_string();
+        }
+        break;
+    }
+    if (failures() < failures_to_reissue_) issue();
+    --depth;
+    out_.fetch_sub(1);
+  }
+
+  slotrpc::Channel& ch_;
+  const size_t window_;
+  const uint64_t failures_to_reissue_;
+  const std::optional<std::chrono::milliseconds> timeout_;
+  const size_t payload_;
+  std::unique_ptr<std::atomic<uint8_t>[]> ends_;
+  std::atomic<uint64_t> issued_{0}, out_{0}, ok_{0}, unavailable_{0}, deadline_{0}, other_{0};
+  std::atomic<int> max_depth_{0};
+  std::atomic<int64_t> last_ok_{0}, first_unavailable_at_{0};
+  std::mutex mu_;
+  std::string first_unavailable_, first_other_;
+};
+
+}  // namespace failure_test
