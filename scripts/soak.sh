@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
 # Soak: echo_server and K soak_client processes making N calls in total on
 # loopback, while servers and clients are killed (SIGKILL) and restarted at
-# random.  Fails (exit 1) on any violation:
+# random.  The clients pace their calls so that the calls take about
+# --seconds (each makes calls / (clients x seconds) per second), which leaves
+# time for kills to land while calls are in flight.
+#
+# Fails (exit 1) on any violation:
 #   * a call outstanding longer than its deadline + margin (the client's
-#     watchdog exits 4), or a client that does not finish within --seconds;
+#     watchdog exits 4), or clients still running 2 x --seconds + 120 s
+#     after the start;
 #   * a call answered twice, or an OK reply with the wrong payload;
 #   * a client that exits non-zero for any other reason (a crash included);
 #   * after a wave in which the server was not restarted, once its clients
-#     have gone: the server's open fds differ from the count it had when it
-#     started, or its RSS exceeds the RSS measured after its first wave by
-#     more than --rss-slack-kib; on verbs also its queue pairs and memory
-#     regions (rdma resource show) differ from its idle count.
+#     have gone: the server still holds more sockets than its listener(s)
+#     10 s later; or, compared with the end of that server process's first
+#     clean wave (its event loops open their epoll, event and timer fds with
+#     the first session), a different fd count or an RSS larger by more than
+#     --rss-slack-kib; on verbs, queue pairs or memory regions (`rdma
+#     resource show`) other than its idle count.
 #
 # The run is cut into --waves waves of N/waves calls.  Every third wave
-# (2, 5, ...) is a "chaos" wave: the server is killed and restarted on the
-# same port up to --server-kills-per-wave times.  In every wave, clients are
-# killed and restarted (each resumes from its state file) until
-# --max-client-kills is used up.  Kill times are random (--seed).
+# (2, 5, ...; never the last two) is a "chaos" wave: the server is killed
+# and restarted on the same port up to --server-kills-per-wave times.  In
+# every wave, clients are killed and restarted (each resumes from its state
+# file) until --max-client-kills (default 2 x waves) is used up.  Kills come
+# every 100-500 ms, chosen at random (--seed; printed, to replay a run).
 #
 #   scripts/soak.sh [--calls N] [--clients K] [--seconds S] [--transport tcp|verbs]
 #                   [--waves W] [--seed X] [--outstanding O] [--server-kills-per-wave K]
@@ -31,7 +39,7 @@ server_bin=$root/build/examples/echo/echo_server
 client_bin=$root/build/tests/soak/soak_client
 keep=0
 
-usage() { sed -n '2,30p' "$0" >&2; exit 2; }
+usage() { sed -n '2,32p' "$0" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case $1 in
     --calls) calls=$2; shift 2 ;;
@@ -121,7 +129,7 @@ kill_server() {
 fd_count() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 rdma_count() {  # queue pairs or memory regions owned by pid $2
-  rdma resource show "$1" 2>/dev/null | grep -c "pid $2 " || true
+  rdma resource show "$1" 2>/dev/null | grep -cw "pid $2" || true
 }
 socket_count() { ls -l "/proc/$1/fd" 2>/dev/null | grep -c 'socket:' || true; }
 server_sessions_gone() {
