@@ -274,19 +274,29 @@ struct Arena {
     if (r.ok()) CHECK(r->seq() == seq);
   }
 
-  // Lines that name `peer` ("127.0.0.1:PORT") and say its session closed.
-  std::vector<std::string> closes_of(const std::string& peer) {
+  // Where the log is now: the checks below read only what came after, so
+  // an earlier session that had the same port cannot confuse them.
+  size_t mark() { return log->lines().size(); }
+
+  // Lines since `from` that name `peer` ("127.0.0.1:PORT") with a close or
+  // refusal.
+  std::vector<std::string> closes_of(const std::string& peer, size_t from) {
     std::vector<std::string> out;
-    for (const std::string& l : log->lines())
+    const auto lines = log->lines();
+    for (size_t i = from; i < lines.size(); ++i) {
+      const std::string& l = lines[i];
       if (contains(l, peer + " closed") || contains(l, "with " + peer + ":") || contains(l, "from " + peer + ":") ||
           contains(l, peer + " failed"))
         out.push_back(l);
+    }
     return out;
   }
-  size_t close_lines() {
+  // Lines since `from` that report any session closing.
+  size_t close_lines(size_t from) {
     size_t n = 0;
-    for (const std::string& l : log->lines())
-      if (contains(l, "closed") || contains(l, "closing")) ++n;
+    const auto lines = log->lines();
+    for (size_t i = from; i < lines.size(); ++i)
+      if (contains(lines[i], "closed") || contains(lines[i], "closing")) ++n;
     return n;
   }
 
@@ -304,12 +314,12 @@ struct Arena {
   // log says so naming the attacker's address, `reason` among its words,
   // and no other session was closed.
   void check_closed_alone(int fd, const std::string& peer, const std::string& reason,
-                          size_t close_lines_before, std::chrono::milliseconds limit = 5000ms) {
+                          size_t from, std::chrono::milliseconds limit = 5000ms) {
     CHECK_MESSAGE(closed_by_peer(fd, limit), "the server did not close the attacker's connection");
     CHECK(wait_until([&] { return server->session_count() == 2; }, 5000ms));
     std::vector<std::string> mine;
     CHECK(wait_until([&] {
-      mine = closes_of(peer);
+      mine = closes_of(peer, from);
       for (const auto& l : mine)
         if (contains(l, reason)) return true;
       return false;
@@ -321,7 +331,7 @@ struct Arena {
     for (const auto& l : mine) named = named || contains(l, reason);
     CHECK_MESSAGE(named, "expected '" << reason << "' in the close lines of " << peer << ":" << all);
     // Every close line since the attack began is about the attacker.
-    size_t others = close_lines() - close_lines_before;
+    size_t others = close_lines(from);
     for (const auto& l : mine)
       if (contains(l, "closed") || contains(l, "closing")) --others;
     CHECK_MESSAGE(others == 0, others << " close line(s) about other sessions");
@@ -343,7 +353,7 @@ TEST_CASE("adversary: garbage instead of a Hello is refused with a HelloReply; n
   std::mt19937 rng(12345);
   for (int round = 0; round < 5; ++round) {
     CAPTURE(round);
-    const size_t lines_before = a.close_lines();
+    const size_t lines_before = a.mark();
     Fd c(tcp_connect(a.port));
     const std::string peer = rpc::local_name(c.fd);
     std::vector<std::byte> junk;
@@ -369,7 +379,7 @@ TEST_CASE("adversary: garbage after the handshake closes that session only") {
   std::mt19937 rng(777);
   for (int round = 0; round < 8; ++round) {
     CAPTURE(round);
-    const size_t lines_before = a.close_lines();
+    const size_t lines_before = a.mark();
     Fd c(raw_connect(a.port));
     const std::string peer = rpc::local_name(c.fd);
     REQUIRE(wait_until([&] { return a.server->session_count() == 3; }));
@@ -387,7 +397,7 @@ TEST_CASE("adversary: garbage after the handshake closes that session only") {
 TEST_CASE("adversary: slowloris frames are cut off by the peer timeout") {
   Arena a;
   SUBCASE("a header promising 60000 bytes, 100 sent, then silence") {
-    const size_t lines_before = a.close_lines();
+    const size_t lines_before = a.mark();
     Fd c(raw_connect(a.port));
     const std::string peer = rpc::local_name(c.fd);
     round_trip(c.fd, 0, 1, 1);
@@ -402,7 +412,7 @@ TEST_CASE("adversary: slowloris frames are cut off by the peer timeout") {
   SUBCASE("the same frame trickled one byte per 20 ms") {
     // A trickle is not a message: bytes that never make a whole frame do
     // not keep a session alive.
-    const size_t lines_before = a.close_lines();
+    const size_t lines_before = a.mark();
     Fd c(raw_connect(a.port));
     const std::string peer = rpc::local_name(c.fd);
     round_trip(c.fd, 0, 1, 1);
@@ -422,7 +432,7 @@ TEST_CASE("adversary: slowloris frames are cut off by the peer timeout") {
 
 TEST_CASE("adversary: a request into a slot without its credit (still busy) closes that session") {
   Arena a;
-  const size_t lines_before = a.close_lines();
+  const size_t lines_before = a.mark();
   Fd c(raw_connect(a.port));
   const std::string peer = rpc::local_name(c.fd);
   round_trip(c.fd, 0, 1, 1);
@@ -436,7 +446,7 @@ TEST_CASE("adversary: stale and backward generations") {
   Arena a;
   Fd c(raw_connect(a.port));
   const std::string peer = rpc::local_name(c.fd);
-  const size_t lines_before = a.close_lines();
+  const size_t lines_before = a.mark();
   SUBCASE("a request reusing a finished generation, or going backwards, is answered as sent") {
     // The server does not track generations: they protect the client from
     // late replies, and the reply carries the generation it was sent with,
@@ -461,8 +471,8 @@ TEST_CASE("adversary: stale and backward generations") {
     CHECK(ms_since(t1) < 4000);
   }
   CHECK_FALSE(closed_by_peer(c.fd, 50ms));
-  CHECK(a.closes_of(peer).empty());
-  CHECK(a.close_lines() == lines_before);
+  CHECK(a.closes_of(peer, lines_before).empty());
+  CHECK(a.close_lines(lines_before) == 0);
   a.check_others_unharmed();
 }
 
@@ -483,7 +493,7 @@ TEST_CASE("adversary: reply-type frames sent to a server close that session") {
   };
   for (const Case& k : cases) {
     CAPTURE(k.name);
-    const size_t lines_before = a.close_lines();
+    const size_t lines_before = a.mark();
     Fd c(raw_connect(a.port));
     const std::string peer = rpc::local_name(c.fd);
     round_trip(c.fd, 0, 1, 1);
@@ -505,7 +515,7 @@ TEST_CASE("adversary: one request id in two slots is answered in each slot") {
   // request_id is the client's key for matching; the server keys on the
   // slot, so a client reusing an id gets both answers, each in its slot.
   Arena a;
-  const size_t lines_before = a.close_lines();
+  const size_t lines_before = a.mark();
   Fd c(raw_connect(a.port));
   round_trip(c.fd, 0, 1, 1);
   send_request(c.fd, kSlow, 7, 2, 1, 200);
@@ -515,13 +525,13 @@ TEST_CASE("adversary: one request id in two slots is answered in each slot") {
   round_trip(c.fd, 2, 2, 8);  // both slots serve again
   round_trip(c.fd, 3, 2, 9);
   CHECK_FALSE(closed_by_peer(c.fd, 50ms));
-  CHECK(a.close_lines() == lines_before);
+  CHECK(a.close_lines(lines_before) == 0);
   a.check_others_unharmed();
 }
 
 TEST_CASE("adversary: cancels for unknown calls are harmless") {
   Arena a;
-  const size_t lines_before = a.close_lines();
+  const size_t lines_before = a.mark();
   Fd c(raw_connect(a.port));
   round_trip(c.fd, 0, 1, 1);
   // A call that must not be disturbed, running in slot 9.
@@ -541,6 +551,6 @@ TEST_CASE("adversary: cancels for unknown calls are harmless") {
   CHECK(ms_since(t0) >= 550);  // not cancelled
   round_trip(c.fd, 0, 2, 3);   // and the session serves on
   CHECK_FALSE(closed_by_peer(c.fd, 50ms));
-  CHECK(a.close_lines() == lines_before);
+  CHECK(a.close_lines(lines_before) == 0);
   a.check_others_unharmed();
 }
