@@ -40,6 +40,7 @@
 
 #include "core/handshake.h"
 #include "core/wire_format.h"
+#include "raw_tcp_client.h"
 #include "rpc/connector.h"
 #include "test_messages_generated.h"
 
@@ -65,6 +66,7 @@ using slotrpc::test::Pong;
 using Clock = std::chrono::steady_clock;
 namespace core = slotrpc::core;
 namespace rpc = slotrpc::rpc;
+using namespace raw_tcp;
 
 constexpr uint32_t kEcho = slotrpc::method_id("slotrpc.test.Faults.Echo");
 constexpr uint32_t kSlow = slotrpc::method_id("slotrpc.test.Faults.Slow");
@@ -236,89 +238,11 @@ bool contains(const std::string& haystack, const std::string& needle) {
 
 // ---------------------------------------------------------- raw connection
 
-void store_u32(std::byte* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
-}
-uint32_t load_u32(const std::byte* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= uint32_t(std::to_integer<uint8_t>(p[i])) << (8 * i);
-  return v;
-}
-
-struct Fd {
-  int fd = -1;
-  explicit Fd(int f) : fd(f) {}
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-};
-
-// A TCP connection with the handshake done by hand, as lib/rpc/channel.cc
-// does it: 64 slots of 64 KiB.
-int raw_connect(uint16_t port) {
-  const auto deadline = Clock::now() + 5s;
-  auto fd = rpc::connect_tcp(rpc::Endpoint{"127.0.0.1", port}, deadline);
-  REQUIRE_MESSAGE(fd.ok(), fd.status().to_string());
-  std::array<std::byte, core::kHelloSize> buf{};
-  core::Hello hello;
-  hello.transport = core::WireTransport::kTcp;
-  hello.slot_count = 64;
-  hello.slot_size = 65536;
-  core::encode_hello(hello, buf.data());
-  Status st = rpc::write_all(*fd, buf, deadline);
-  REQUIRE_MESSAGE(st.ok(), st.to_string());
-  st = rpc::read_exact(*fd, buf, deadline);
-  REQUIRE_MESSAGE(st.ok(), st.to_string());
-  auto reply = core::decode_hello_reply(buf.data());
-  REQUIRE_MESSAGE(reply.ok(), reply.status().to_string());
-  REQUIRE(reply->status == 0);
-  REQUIRE(reply->slot_count == 64);
-  REQUIRE(reply->slot_size == 65536);
-  REQUIRE(reply->message_len == 0);
-  return *fd;
-}
-
-std::vector<std::byte> frame(bool control, uint32_t imm, const std::vector<std::byte>& body,
-                             uint32_t length_override = UINT32_MAX) {
-  std::vector<std::byte> f(8 + body.size());
-  const uint32_t len = length_override != UINT32_MAX ? length_override : static_cast<uint32_t>(body.size());
-  store_u32(f.data(), len | (control ? 0x8000'0000u : 0u));
-  store_u32(f.data() + 4, imm);
-  if (!body.empty()) std::memcpy(f.data() + 8, body.data(), body.size());
-  return f;
-}
-
 std::vector<std::byte> ping_bytes(uint64_t seq, const std::string& text, uint32_t sleep_ms = 0) {
   flatbuffers::FlatBufferBuilder fbb;
   ping(seq, text, 16, sleep_ms)(fbb);
   const auto* p = reinterpret_cast<const std::byte*>(fbb.GetBufferPointer());
   return std::vector<std::byte>(p, p + fbb.GetSize());
-}
-
-core::Header request_header(uint32_t method, uint64_t request_id, uint16_t slot, uint32_t generation,
-                            size_t payload_len) {
-  core::Header h;
-  h.flags = static_cast<uint8_t>(core::Kind::kRequest);
-  h.method_id = method;
-  h.request_id = request_id;
-  h.payload_len = static_cast<uint32_t>(payload_len);
-  h.slot = slot;
-  h.generation = generation;
-  return h;
-}
-
-std::vector<std::byte> body_of(const core::Header& h, const std::vector<std::byte>& payload) {
-  std::vector<std::byte> b(core::kHeaderSize + payload.size());
-  core::encode_header(h, b.data());
-  if (!payload.empty()) std::memcpy(b.data() + core::kHeaderSize, payload.data(), payload.size());
-  return b;
-}
-
-void send_bytes(int fd, const std::vector<std::byte>& bytes) {
-  const Status st = rpc::write_all(fd, bytes, Clock::now() + 5s);
-  REQUIRE_MESSAGE(st.ok(), st.to_string());
 }
 
 // A well-formed request in `slot` and its reply, read back and checked:
@@ -352,30 +276,6 @@ void raw_round_trip(int fd, uint16_t slot, uint32_t generation, uint64_t request
     CHECK(pong->seq() == request_id);
     CHECK(pong->text()->str() == "raw-" + std::to_string(request_id));
     return;
-  }
-}
-
-// True once the peer has closed the connection (EOF or reset); reads and
-// discards anything it still sends.
-bool closed_by_peer(int fd, std::chrono::milliseconds limit) {
-  const auto until = Clock::now() + limit;
-  std::array<char, 4096> sink;
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
-    if (left <= 0) return false;
-    pollfd p{fd, POLLIN, 0};
-    const int r = ::poll(&p, 1, static_cast<int>(left));
-    if (r == 0) return false;
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    const ssize_t n = ::recv(fd, sink.data(), sink.size(), MSG_DONTWAIT);
-    if (n == 0) return true;
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-      return errno == ECONNRESET || errno == EPIPE;
-    }
   }
 }
 
