@@ -368,7 +368,10 @@ void ClientSession::on_control(const transport::Completion& c) {
   }
   switch (h.kind()) {
     case Kind::kPing:
-      return send_control(Kind::kPong, 0, 0, h.request_id);
+      // Coalesced: one PONG per flush answers every PING since the last.
+      if (closed_) return;
+      outbox_.owe_pong(h.request_id);
+      return loop_.request_flush(this);
     case Kind::kPong:
       return;
     default:

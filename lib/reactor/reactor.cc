@@ -20,7 +20,7 @@ thread_local Reactor* tls_reactor = nullptr;
 Reactor::Reactor(const Config& config, std::string name)
     : config_(config),
       name_(std::move(name)),
-      fibers_(size_t{config.fiber_stack_kb} * 1024) {
+      fibers_(size_t{config.fiber_stack_kb} * 1024), tcp_(config) {
   event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (event_fd_ < 0 || epoll_fd_ < 0) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstring>
 #include <spdlog/spdlog.h>
@@ -28,8 +29,8 @@ constexpr size_t kMaxIov = 1024;
 // Reads per readable event before moving on to the next link, so one busy
 // peer cannot starve the others; level-triggered epoll brings us back.
 constexpr int kReadBudget = 4;
-// Events taken per epoll_wait; the rest stay ready for the next poll().
-constexpr int kMaxEvents = 64;
+// Events taken per epoll_wait: TcpTransport::kMaxEvents.
+using Clock = std::chrono::steady_clock;
 // Initial capacities: reserved once so steady-state post()/poll() never
 // allocate (vectors only grow past these under unusual bursts, then stay).
 constexpr size_t kPendingReserve = 256;
@@ -58,13 +59,18 @@ std::string errno_text(const char* what, int err) {
 // ---------------------------------------------------------------- TcpLink
 
 TcpLink::TcpLink(TcpTransport& owner, tcp::socket socket, std::string description)
-    : owner_(owner), socket_(std::move(socket)), description_(std::move(description)) {
+    : owner_(owner),
+      socket_(std::move(socket)),
+      description_(std::move(description)),
+      // Until attach() gives the geometry, only control frames are possible.
+      budget_bytes_(TcpTransport::output_budget(0, 0)) {
   pending_.reserve(kPendingReserve);
   staging_.resize(TcpTransport::kStagingBytes);
   ++owner_.live_links_;
 }
 
 TcpLink::~TcpLink() {
+  owner_.unstall(this);
   if (in_epoll_) {
     ::epoll_ctl(owner_.epoll_fd_, EPOLL_CTL_DEL, socket_.native_handle(), nullptr);
     in_epoll_ = false;
@@ -105,6 +111,7 @@ Status TcpLink::attach(const MemoryRegion& receive_ring, const MemoryRegion& /*s
   slot_size_ = slot_size;
   context_ = context;
   size_arming(slot_count);
+  budget_bytes_ = TcpTransport::output_budget(slot_count, slot_size);
   attached_ = true;
   return Status::ok_status();
 }
@@ -141,6 +148,7 @@ void TcpLink::post(std::span<const Outgoing> batch) {
       w.body_len = o.length;
     }
     w.sent = 0;
+    queued_bytes_ += w.head_len + w.body_len;
     ++(control ? stats_.control_sends : stats_.slot_sends);
   }
   flush_pending();
@@ -149,6 +157,7 @@ void TcpLink::post(std::span<const Outgoing> batch) {
 void TcpLink::flush_pending() {
   const int fd = socket_.native_handle();
   std::vector<iovec>& iov = owner_.iov_;
+  bool progress = false;
   while (!down_ && pending_head_ < pending_.size()) {
     // One gathered write for as many frames as fit in IOV_MAX iovecs.
     size_t n_iov = 0;
@@ -182,6 +191,8 @@ void TcpLink::flush_pending() {
       return;
     }
     size_t left = static_cast<size_t>(n);
+    queued_bytes_ -= left;
+    progress |= n > 0;
     while (left > 0) {
       PendingWrite& w = pending_[pending_head_];
       const uint32_t rest = w.head_len + w.body_len - w.sent;
@@ -207,6 +218,27 @@ void TcpLink::flush_pending() {
     pending_.erase(pending_.begin(), pending_.begin() + static_cast<ptrdiff_t>(pending_head_));
     pending_head_ = 0;
   }
+  after_output_change(progress);
+}
+
+void TcpLink::after_output_change(bool progress) {
+  if (queued_bytes_ == 0) {
+    owner_.unstall(this);
+  } else if (progress || stalled_pos_ == kNotStalled) {
+    // Only here, with output backed up, is the clock read: never on the
+    // path where a write takes everything.
+    last_drain_ = Clock::now();
+    owner_.stall(this);
+  }
+  // Hysteresis: stop reading above the budget, resume only at half of it,
+  // so a peer draining slowly does not toggle EPOLLIN on every write.
+  if (reading_ && queued_bytes_ > budget_bytes_) {
+    reading_ = false;
+    spdlog::debug("tcp link {}: {} bytes queued for a peer that is not reading (budget {}): "
+                  "reading from it paused", description_, queued_bytes_, budget_bytes_);
+  } else if (!reading_ && queued_bytes_ <= budget_bytes_ / 2) {
+    reading_ = true;
+  }
   update_epoll_interest();
 }
 
@@ -214,22 +246,31 @@ void TcpLink::on_writable() { flush_pending(); }
 
 void TcpLink::update_epoll_interest() {
   const bool want = pending_head_ < pending_.size();
-  if (down_ || !in_epoll_ || want == want_write_) return;
+  if (down_ || !in_epoll_ || (want == want_write_ && reading_ == epoll_reading_)) return;
   // EPOLLOUT only while something waits: a writable socket is the common
   // case and level-triggered EPOLLOUT would wake every poll for nothing.
+  // EPOLLIN not while the output budget is exceeded (backpressure); errors
+  // and hang-ups are reported regardless.
   epoll_event ev{};
-  ev.events = EPOLLIN | (want ? EPOLLOUT : 0u);
+  ev.events = (reading_ ? EPOLLIN : 0u) | (want ? EPOLLOUT : 0u);
   ev.data.ptr = this;
   if (::epoll_ctl(owner_.epoll_fd_, EPOLL_CTL_MOD, socket_.native_handle(), &ev) != 0) {
     fail(errno_text("epoll_ctl", errno));
     return;
   }
   want_write_ = want;
+  epoll_reading_ = reading_;
 }
 
 void TcpLink::on_readable(bool drain_all) {
+  // An event taken before the budget was exceeded: what is in the socket
+  // stays there.  (A broken socket is drained regardless.)
+  if (!reading_ && !drain_all) return;
   const int fd = socket_.native_handle();
   for (int reads = 0; !down_ && (drain_all || reads < kReadBudget); ++reads) {
+    // Completions not yet taken by poll() are memory a peer can grow too:
+    // leave the rest in the socket (level-triggered epoll comes back).
+    if (!drain_all && owner_.backlog() >= TcpTransport::kReadyLimit) return;
     const bool direct = in_body_ && !body_control_ && staging_end_ == 0 &&
                         body_len_ - body_got_ >= TcpTransport::kDirectReadThreshold;
     std::byte* dst;
@@ -376,6 +417,8 @@ void TcpLink::fail(std::string reason) {
   // core's to reclaim once it sees kLinkDown.
   pending_.clear();
   pending_head_ = 0;
+  queued_bytes_ = 0;
+  owner_.unstall(this);
   want_write_ = false;
   in_body_ = false;
   staging_begin_ = staging_end_ = 0;
@@ -388,7 +431,7 @@ void TcpLink::fail(std::string reason) {
 
 // ----------------------------------------------------------- TcpTransport
 
-TcpTransport::TcpTransport() {
+TcpTransport::TcpTransport(const Config& config) : peer_timeout_ms_(config.peer_timeout_ms) {
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd_ < 0) epoll_errno_ = errno;
   ready_.reserve(kReadyReserve);
@@ -454,16 +497,29 @@ size_t TcpTransport::poll(std::span<Completion> out) {
     return n;
   };
 
+  // Before anything is handed out, so that a link closed here reports its
+  // own reason ahead of the session's keepalive verdict in the same turn.
+  if (!stalled_.empty()) check_stalled();
   size_t got = drain(out);
   // Already-queued work comes first; reading more before the consumer has
   // taken it would only grow the queue.
   if (got == out.size() || epoll_fd_ < 0) return got;
 
-  epoll_event events[kMaxEvents];
-  const int n = ::epoll_wait(epoll_fd_, events, kMaxEvents, 0);
-  for (int i = 0; i < n; ++i) {
-    auto* link = static_cast<TcpLink*>(events[i].data.ptr);
-    const uint32_t ev = events[i].events;
+  if (event_head_ == event_count_) {
+    const int n = ::epoll_wait(epoll_fd_, events_, TcpTransport::kMaxEvents, 0);
+    event_head_ = 0;
+    event_count_ = std::max(n, 0);
+  }
+  while (event_head_ < event_count_ && backlog() < kReadyLimit) handle_event(events_[event_head_++]);
+  got += drain(out.subspan(got));
+  return got;
+}
+
+void TcpTransport::handle_event(const epoll_event& e) {
+  auto* link = static_cast<TcpLink*>(e.data.ptr);
+  if (link == nullptr) return;  // its link was destroyed after epoll_wait
+  {
+    const uint32_t ev = e.events;
     const bool broken = (ev & (EPOLLERR | EPOLLHUP)) != 0;
     if (!link->down_ && (ev & (EPOLLIN | EPOLLERR | EPOLLHUP))) link->on_readable(broken);
     if (!link->down_ && (ev & EPOLLOUT)) link->on_writable();
@@ -476,11 +532,44 @@ size_t TcpTransport::poll(std::span<Completion> out) {
       link->fail(err != 0 ? errno_text("socket error", err) : std::string("connection hung up"));
     }
   }
-  got += drain(out.subspan(got));
-  return got;
+}
+
+void TcpTransport::stall(TcpLink* link) {
+  if (link->stalled_pos_ != TcpLink::kNotStalled) return;
+  link->stalled_pos_ = stalled_.size();
+  stalled_.push_back(link);
+}
+
+void TcpTransport::unstall(TcpLink* link) {
+  const size_t pos = link->stalled_pos_;
+  if (pos == TcpLink::kNotStalled) return;
+  stalled_[pos] = stalled_.back();
+  stalled_[pos]->stalled_pos_ = pos;
+  stalled_.pop_back();
+  link->stalled_pos_ = TcpLink::kNotStalled;
+}
+
+void TcpTransport::check_stalled() {
+  const auto now = Clock::now();
+  const auto limit = std::chrono::milliseconds(peer_timeout_ms_);
+  // Backwards: fail() unstalls, moving the last entry (already seen) here.
+  for (size_t i = stalled_.size(); i-- > 0;) {
+    TcpLink* link = stalled_[i];
+    const auto idle = now - link->last_drain_;
+    if (idle < limit) continue;
+    std::string reason = fmt::format(
+        "peer has read nothing for {} ms with {} bytes queued (peer_timeout_ms = {})",
+        std::chrono::duration_cast<std::chrono::milliseconds>(idle).count(), link->queued_bytes_,
+        peer_timeout_ms_);
+    spdlog::warn("slotrpc: closing {}: {}", link->description_, reason);
+    link->fail(std::move(reason));
+  }
 }
 
 void TcpTransport::forget(TcpLink* link) {
+  // Saved events must not hand the destroyed link to the next poll().
+  for (int i = event_head_; i < event_count_; ++i)
+    if (events_[i].data.ptr == link) events_[i].data.ptr = nullptr;
   auto first = ready_.begin() + static_cast<ptrdiff_t>(ready_head_);
   ready_.erase(std::remove_if(first, ready_.end(),
                               [link](const Completion& c) { return c.link == link; }),

@@ -15,17 +15,31 @@
 //
 // Busy-poll vs blocking is the reactor's business: poll() never blocks, and
 // wait_fd() is this transport's epoll fd, which the reactor sleeps on.
+//
+// Buffer budgets (docs/design.md, "Buffer budgets"): what a peer can make
+// this side hold is bounded.
+//   * Output the peer has not read: at most output_budget(S, B) bytes per
+//     link before the link stops reading from that peer (EPOLLIN dropped,
+//     so the peer's own socket fills: TCP backpressure); reading resumes
+//     once the queue is back under half the budget.  A peer that has read
+//     nothing for peer_timeout_ms while output is queued is closed.
+//   * Completions read but not yet polled: reading stops for this poll once
+//     kReadyLimit are queued, so the queue holds at most kReadyLimit plus
+//     one staging buffer's worth of frames.
 #pragma once
 
+#include <sys/epoll.h>
 #include <sys/uio.h>
 
 #include <array>
+#include <chrono>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "slotrpc/config.h"
 #include "transport/transport.h"
 
 namespace slotrpc::transport {
@@ -47,6 +61,13 @@ class TcpLink final : public Link {
   std::string describe() const override { return description_; }
   LinkStats stats() const override { return stats_; }
 
+  // For tests and monitoring: bytes queued for the peer and not yet
+  // written to the socket, the budget they may reach, and whether the link
+  // reads from its peer (false while the budget is exceeded).
+  uint64_t queued_bytes() const { return queued_bytes_; }
+  uint64_t output_budget() const { return budget_bytes_; }
+  bool reading() const { return reading_; }
+
  private:
   friend class TcpTransport;
   TcpLink(TcpTransport& owner, boost::asio::ip::tcp::socket socket, std::string description);
@@ -59,6 +80,9 @@ class TcpLink final : public Link {
   void flush_pending();
   void fail(std::string reason);
   void update_epoll_interest();
+  // Starts or ends the backpressure and the drain clock after the queue of
+  // unsent output changed; `progress`: the peer took bytes just now.
+  void after_output_change(bool progress);
   // Receive state machine helpers; return false once the link has failed.
   bool parse_staging();
   bool begin_frame(uint32_t word, uint32_t imm);
@@ -84,8 +108,20 @@ class TcpLink final : public Link {
   bool attached_ = false;
   bool down_ = false;
   bool want_write_ = false;  // EPOLLOUT currently requested
+  bool reading_ = true;         // reads from the peer (false: backpressure)
+  bool epoll_reading_ = true;   // EPOLLIN currently requested
   bool in_epoll_ = false;
   LinkStats stats_;
+
+  // Output budget (set by attach from the ring geometry) and the queue it
+  // bounds: head + body bytes of pending_ not yet written.
+  uint64_t budget_bytes_;
+  uint64_t queued_bytes_ = 0;
+  // While output is queued: when the peer last took any of it.  The link is
+  // then on the transport's stalled_ list at index stalled_pos_.
+  std::chrono::steady_clock::time_point last_drain_{};
+  size_t stalled_pos_ = kNotStalled;
+  static constexpr size_t kNotStalled = ~size_t{0};
 
   // Outgoing frames not yet fully written; head_ is the first unsent one.
   std::vector<PendingWrite> pending_;
@@ -106,7 +142,9 @@ class TcpLink final : public Link {
 
 class TcpTransport final : public Transport {
  public:
-  TcpTransport();
+  // Uses config.peer_timeout_ms for the drain timeout (a link whose peer
+  // reads nothing for that long while output is queued is closed).
+  explicit TcpTransport(const Config& config = Config{});
   ~TcpTransport() override;
 
   // Takes ownership of a connected socket (handshake already done on it).
@@ -122,10 +160,38 @@ class TcpTransport final : public Transport {
   static constexpr uint32_t kDirectReadThreshold = 16 * 1024;
   static constexpr uint32_t kControlLaneBit = 0x8000'0000u;
 
+  // Wire bytes of one control frame (8-byte prefix + 32-byte header).
+  static constexpr uint64_t kControlFrameBytes = 8 + core::kHeaderSize;
+  // Control frames a well-behaved session may have queued besides its
+  // slot frames: cancels and stream grants are at most two per slot (one
+  // more can only be queued after the peer read the request that follows
+  // the first), PINGs one per keepalive_ms, PONGs one per PING received
+  // and coalesced by the session, so a fixed spare covers them.
+  static constexpr uint64_t kSpareControlFrames = 64;
+  // The most unsent output a link holds before it stops reading: every slot
+  // full (one frame per slot: the credit protocol allows no more) plus the
+  // control frames above.  Output under this is never what a peer can
+  // multiply; output over it is only ever what a peer caused by not reading.
+  static constexpr uint64_t output_budget(uint32_t slot_count, uint32_t slot_size) {
+    return uint64_t{slot_count} * (8 + uint64_t{slot_size}) +
+           (4 * uint64_t{slot_count} + kSpareControlFrames) * kControlFrameBytes;
+  }
+  // Completions queued for poll() before reading pauses until they are taken.
+  static constexpr size_t kReadyLimit = 1024;
+  uint32_t peer_timeout_ms() const { return peer_timeout_ms_; }
+
  private:
   friend class TcpLink;
   void push_completion(const Completion& c) { ready_.push_back(c); }
+  size_t backlog() const { return ready_.size() - ready_head_; }
   void forget(TcpLink* link);  // purge queued completions of a dying link
+  void stall(TcpLink* link);
+  void unstall(TcpLink* link);
+  // Closes every stalled link whose peer has read nothing for the timeout.
+  void check_stalled();
+  void handle_event(const epoll_event& e);
+
+  uint32_t peer_timeout_ms_;
 
   boost::asio::io_context io_;  // owns the sockets; never run (we poll with epoll)
   int epoll_fd_ = -1;
@@ -134,6 +200,14 @@ class TcpTransport final : public Transport {
   std::vector<iovec> iov_;  // writev scratch shared by all links (one thread)
   std::vector<Completion> ready_;
   size_t ready_head_ = 0;
+  // Links with output queued, checked by poll() for the drain timeout.
+  std::vector<TcpLink*> stalled_;
+  // Events from the last epoll_wait not handled yet (the ready queue was
+  // full): handled first by the next poll(), in order, so no link starves.
+  static constexpr int kMaxEvents = 64;
+  epoll_event events_[kMaxEvents];
+  int event_head_ = 0;
+  int event_count_ = 0;
 };
 
 }  // namespace slotrpc::transport
