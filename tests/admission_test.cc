@@ -309,7 +309,7 @@ TEST_CASE("at the file-descriptor limit clients are refused at once and the serv
   std::this_thread::sleep_for(1s);
   const double cpu = cpu_seconds(server.pid) - cpu0;
   MESSAGE("server CPU over 1 s at the descriptor limit: " << cpu << " s");
-  CHECK(cpu < 0.2);
+  CHECK(cpu < 0.1);  // fixed: 0.02-0.03 s here; the old accept loop: 0.2 s and up (a core when it gets one)
   ::close(waiting);
   CHECK(server.alive());
 
