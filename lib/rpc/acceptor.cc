@@ -52,7 +52,6 @@ bool send_hello_reply(int fd, uint16_t status, const core::Hello& hello, const s
 namespace {
 
 constexpr auto kFdPause = std::chrono::milliseconds(100);
-constexpr int kAcceptNice = 10;
 
 struct Pending {
   Pending(asio::io_context& io, tcp::socket s) : sock(std::move(s)), timer(io) {}
@@ -341,12 +340,6 @@ Acceptor::~Acceptor() = default;
 
 void Acceptor::run() {
   pthread_setname_np(pthread_self(), "slotrpc-accept");
-  // Everything this thread handles comes from peers that are not sessions
-  // yet (and may be junk): it yields the CPU to the event loops of
-  // established sessions.  Raising one's own nice value needs no privilege.
-  if (::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kAcceptNice) != 0) {
-    spdlog::debug("slotrpc: accept thread keeps its priority: {}", std::strerror(errno));
-  }
   impl_->arm_accept();
   for (;;) {
     try {
