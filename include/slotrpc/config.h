@@ -66,6 +66,17 @@ struct Config {
 
   TransportKind transport = TransportKind::kAuto;  // SLOTRPC_TRANSPORT auto|tcp|verbs
 
+  // Server admission (docs/design.md, "Limits and abuse").  A session
+  // beyond a limit is refused in its HelloReply with RESOURCE_EXHAUSTED
+  // naming the limit.
+  uint32_t max_sessions = 4096;          // SLOTRPC_MAX_SESSIONS: open sessions of a server
+  // SLOTRPC_MAX_RING_MEMORY auto|BYTES: ring bytes (both directions) of all
+  // sessions of a server.  0 = auto: a quarter of physical memory, and no
+  // more than RLIMIT_MEMLOCK when verbs is possible and that is finite.
+  uint64_t max_ring_memory = 0;
+  uint32_t max_pending_handshakes = 1024;         // SLOTRPC_MAX_PENDING_HANDSHAKES
+  uint32_t max_pending_handshakes_per_host = 256; // SLOTRPC_MAX_PENDING_HANDSHAKES_PER_HOST
+
   // RDMA verbs transport (docs/tuning.md, "Verbs").
   std::string device;                // SLOTRPC_DEVICE: "mlx5_0"; empty = first with an active port
   uint32_t device_port = 1;          // SLOTRPC_PORT: port of the device

@@ -38,6 +38,14 @@ std::span<const UintSetting> uint_settings() {
        1u << 24, "calls that may wait for a credit; more fail with RESOURCE_EXHAUSTED"},
       {"SLOTRPC_STREAM_WINDOW", "stream_window", &Config::stream_window, 1, kMaxSlotCount - 1,
        "slots a server-streaming call lends the server: messages it may have in flight"},
+      {"SLOTRPC_MAX_SESSIONS", "max_sessions", &Config::max_sessions, 1, 1'000'000,
+       "server: open sessions; one more is refused with RESOURCE_EXHAUSTED"},
+      {"SLOTRPC_MAX_PENDING_HANDSHAKES", "max_pending_handshakes",
+       &Config::max_pending_handshakes, 1, 1'000'000,
+       "server: connections whose Hello is not complete; one more closes the oldest"},
+      {"SLOTRPC_MAX_PENDING_HANDSHAKES_PER_HOST", "max_pending_handshakes_per_host",
+       &Config::max_pending_handshakes_per_host, 1, 1'000'000,
+       "server: the same, per source address; one more closes that address's oldest"},
       {"SLOTRPC_PORT", "device_port", &Config::device_port, 1, 255,
        "verbs: port number of the RDMA device"},
       {"SLOTRPC_TRAFFIC_CLASS", "traffic_class", &Config::traffic_class, 0, 255,
@@ -64,7 +72,7 @@ std::span<const std::string_view> named_settings() {
   static constexpr std::string_view kNames[] = {
       "SLOTRPC_POLL_MODE", "SLOTRPC_TRANSPORT",  "SLOTRPC_LOG_LEVEL",
       "SLOTRPC_DEVICE",    "SLOTRPC_GID_INDEX", "SLOTRPC_RELAXED_ORDERING",
-      "SLOTRPC_SRQ",
+      "SLOTRPC_SRQ",       "SLOTRPC_MAX_RING_MEMORY",
   };
   return kNames;
 }
@@ -142,6 +150,22 @@ Result<int32_t> parse_gid_index(std::string_view setting, std::string_view text)
   return static_cast<int32_t>(value);
 }
 
+// SLOTRPC_MAX_RING_MEMORY: "auto" (stored as 0) or a byte count.
+std::string ring_memory_allowed() {
+  return fmt::format("auto or a whole number of bytes from {} to {}", kMinRingMemory, kMaxRingMemory);
+}
+
+Result<uint64_t> parse_ring_memory(std::string_view setting, std::string_view text) {
+  if (text == "auto") return uint64_t{0};
+  uint64_t value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() ||
+      value < kMinRingMemory || value > kMaxRingMemory) {
+    return out_of_range(setting, fmt::format("'{}'", text), ring_memory_allowed());
+  }
+  return value;
+}
+
 }  // namespace
 }  // namespace core
 
@@ -210,6 +234,12 @@ Status Config::validate() const {
     return out_of_range("Config.srq (SLOTRPC_SRQ)", std::to_string(static_cast<int>(srq)),
                         "off, on or auto");
   }
+  if (max_ring_memory != 0 &&
+      (max_ring_memory < kMinRingMemory || max_ring_memory > kMaxRingMemory)) {
+    return out_of_range("Config.max_ring_memory (SLOTRPC_MAX_RING_MEMORY)",
+                        std::to_string(max_ring_memory),
+                        "0 (auto) or " + ring_memory_allowed().substr(8));
+  }
   return {};
 }
 
@@ -256,6 +286,11 @@ Result<Config> Config::with_environment() const {
     auto v = parse_name("SLOTRPC_SRQ", text, kSrqModes);
     if (!v.ok()) return v.status();
     out.srq = v.value();
+  }
+  if (const char* text = std::getenv("SLOTRPC_MAX_RING_MEMORY")) {
+    auto v = parse_ring_memory("SLOTRPC_MAX_RING_MEMORY", text);
+    if (!v.ok()) return v.status();
+    out.max_ring_memory = v.value();
   }
   Status st = out.validate();
   if (!st.ok()) return st;

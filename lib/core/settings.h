@@ -42,4 +42,9 @@ inline constexpr uint32_t kMaxSlotSize = 64u << 20;
 inline constexpr uint64_t kMaxRingBytes = 4ull << 30;
 inline constexpr uint32_t kSlotSizeAlign = 64;
 
+// SLOTRPC_MAX_RING_MEMORY: at least the smallest session (2 rings of one
+// 256-byte slot would be 512; a page per ring is what mmap really takes).
+inline constexpr uint64_t kMinRingMemory = 8192;
+inline constexpr uint64_t kMaxRingMemory = 1ull << 50;
+
 }  // namespace slotrpc::core

@@ -15,6 +15,23 @@
 namespace slotrpc::reactor {
 namespace {
 thread_local Reactor* tls_reactor = nullptr;
+
+// The exception barrier of an event loop (docs/design.md, "Limits and
+// abuse"): an exception that a task or timer callback let through is
+// logged and dropped, and the loop and its other sessions carry on.  Code
+// that can fail for a reason a peer causes (session setup: memory, locked
+// memory, descriptors) catches its own exceptions and refuses the session;
+// this is the last line, so that nothing ever reaches std::terminate.
+template <class Fn>
+void run_guarded(const std::string& loop, const char* what, Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    spdlog::error("slotrpc: {}: {} threw, dropped: {}", loop, what, e.what());
+  } catch (...) {
+    spdlog::error("slotrpc: {}: {} threw a non-standard exception, dropped", loop, what);
+  }
+}
 }
 
 Reactor::Reactor(const Config& config, std::string name)
@@ -94,6 +111,12 @@ void Reactor::wake() {
   if (sleeping_.load(std::memory_order_relaxed)) ::eventfd_write(event_fd_, 1);
 }
 
+// The exception barrier of an event loop (docs/design.md, "Limits and
+// abuse"): an exception that a task or timer callback let through is
+// logged and dropped, and the loop and its other sessions carry on.  Code
+// that can fail for a reason a peer causes (session setup: memory, locked
+// memory, descriptors) catches its own exceptions and refuses the session;
+// this is the last line, so that nothing ever reaches std::terminate.
 void Reactor::forget(core::SessionBase* s) {
   if (!s->flush_queued) return;
   s->flush_queued = false;
@@ -140,7 +163,7 @@ bool Reactor::run_turn() {
   // Cross-thread tasks; bounded so a flood cannot starve the network.
   Task task;
   for (int i = 0; i < 1024 && inbox_.pop(task); ++i) {
-    task();
+    run_guarded(name_, "a posted task", task);
     task = nullptr;
     worked = true;
   }
@@ -163,7 +186,9 @@ bool Reactor::run_turn() {
   if (timers_.live() != 0) {
     const Clock::time_point now = Clock::now();
     if (timers_.next_deadline() <= now) {
-      timers_.run_expired(now);
+      // A timer leaves the heap before its callback runs, so after a throw
+      // the remaining due timers simply run in the next turn.
+      run_guarded(name_, "a timer callback", [this, now] { timers_.run_expired(now); });
       worked = true;
     }
   }

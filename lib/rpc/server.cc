@@ -1,7 +1,6 @@
 #include "slotrpc/server.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -13,7 +12,7 @@
 #include <array>
 #include <atomic>
 #include <cstring>
-#include <future>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -24,6 +23,8 @@
 #include "core/server_session.h"
 #include "core/settings.h"
 #include "reactor/reactor.h"
+#include "rpc/acceptor.h"
+#include "rpc/admission.h"
 #include "rpc/connector.h"
 #include "transport/verbs/device.h"
 #include "transport/verbs/verbs_transport.h"
@@ -39,27 +40,50 @@ struct Server::Impl {
   // sessions[i] is touched only on loops[i]'s thread (or after it stopped).
   std::vector<std::unordered_map<core::ServerSession*, std::unique_ptr<core::ServerSession>>> sessions;
   std::atomic<size_t> session_count{0};
-  size_t next_loop = 0;
+  size_t next_loop = 0;  // accept thread
 
   // Whether this server accepts verbs sessions, and the device or why not.
   bool verbs_ok = false;
   std::string verbs_note;
 
-  int listen_fd = -1;
   uint16_t port = 0;
-  std::thread acceptor;
+  std::unique_ptr<rpc::Admission> admission;
+  std::unique_ptr<rpc::Acceptor> acceptor;
+  std::thread accept_thread;
   std::atomic<bool> stopping{false};
   bool started = false;
+  rpc::RateLimitedLog refuse_log;  // refusals a client can provoke at will
 
-  void accept_loop();
-  void handshake_and_hand_over(int fd);
-  void adopt(size_t loop_index, int fd, core::ServerSession::Geometry g, std::string peer);
-  // Loop thread: a verbs session towards `remote`, its link owning
-  // `link_fd` on success; returns the server's extension.
-  Result<std::vector<std::byte>> adopt_verbs(size_t loop_index, int link_fd,
-                                             core::ServerSession::Geometry g, std::string peer,
-                                             std::string local,
-                                             transport::verbs::QpInfo remote);
+  // Accept thread: a complete Hello.  Refuses it, or reserves its place and
+  // hands it to an event loop.
+  void on_hello(rpc::PendingSession p);
+  // Accept thread or loop: answers with a refusal and closes.
+  void refuse(rpc::PendingSession& p, StatusCode code, const std::string& why);
+  // Loop thread: creates the session (rings, link, on verbs registration and
+  // connection), then answers the Hello.  Nothing escapes it.
+  void open_session(size_t loop_index, rpc::PendingSession p,
+                    std::optional<transport::verbs::QpInfo> remote, std::string tcp_note,
+                    uint64_t ring_bytes);
+  // Loop thread: a verbs session towards `remote` in `out`; returns the
+  // server's extension.
+  Result<std::vector<std::byte>> open_verbs(size_t loop_index, int fd,
+                                            core::ServerSession::Geometry g,
+                                            const std::string& peer,
+                                            const transport::verbs::QpInfo& remote,
+                                            std::unique_ptr<core::ServerSession>& out,
+                                            uint64_t ring_bytes);
+  Result<std::unique_ptr<core::ServerSession>> open_tcp(size_t loop_index, int fd,
+                                                        core::ServerSession::Geometry g,
+                                                        const std::string& peer,
+                                                        uint64_t ring_bytes);
+  core::ServerSession::ClosedFn on_closed(size_t index, uint64_t ring_bytes) {
+    return [this, index, ring_bytes](core::ServerSession* s) {
+      if (sessions[index].erase(s) != 0) {
+        --session_count;
+        admission->release(ring_bytes);
+      }
+    };
+  }
 };
 
 namespace {
@@ -71,24 +95,20 @@ struct FdCloser {
   }
 };
 
-// Answers a Hello: OK with the accepted geometry and the chosen transport
-// (plus its extension), or a refusal that says why.
-Status send_reply(int fd, uint16_t status, const core::Hello& hello, const std::string& message,
-                  rpc::Deadline deadline,
-                  core::WireTransport transport = core::WireTransport::kTcp,
-                  std::span<const std::byte> extension = {}) {
-  core::HelloReply reply;
-  reply.status = status;
-  reply.slot_count = hello.slot_count;
-  reply.slot_size = hello.slot_size;
-  reply.transport = transport;
-  reply.message_len = static_cast<uint32_t>(std::min<size_t>(message.size(), core::kMaxHandshakeMessage));
-  reply.extension_len = static_cast<uint32_t>(extension.size());
-  std::vector<std::byte> buf(core::kHelloSize + reply.message_len + extension.size());
-  core::encode_hello_reply(reply, buf.data());
-  std::memcpy(buf.data() + core::kHelloSize, message.data(), reply.message_len);
-  std::copy(extension.begin(), extension.end(), buf.begin() + core::kHelloSize + reply.message_len);
-  return rpc::write_all(fd, buf, deadline);
+// What ran out, in words an operator can act on, for a setup failure of a
+// session (the transport's own message follows).
+std::string explain_setup_failure(const Status& st) {
+  const std::string& m = st.message();
+  if (m.find("ibv_reg_mr") != std::string::npos) {
+    return fmt::format("locked memory ran out (RLIMIT_MEMLOCK = {}): {}", rpc::memlock_limit_text(),
+                       m);
+  }
+  if (m.find("ibv_create_qp") != std::string::npos) return "queue pairs ran out: " + m;
+  if (m.find("Too many open files") != std::string::npos) {
+    return fmt::format("server out of file descriptors (RLIMIT_NOFILE = {}): {}",
+                       rpc::nofile_limit_text(), m);
+  }
+  return m;
 }
 
 }  // namespace
@@ -151,7 +171,15 @@ Status Server::start(const std::string& listen_address) {
     return Status(StatusCode::kUnavailable, fmt::format("cannot listen on {}: {}", listen_address, ec.message()));
   }
   impl_->port = acceptor.local_endpoint().port();
-  impl_->listen_fd = acceptor.release();
+  impl_->admission = std::make_unique<rpc::Admission>(
+      impl_->config.max_sessions, rpc::resolve_ring_budget(impl_->config, impl_->verbs_ok));
+  try {
+    impl_->acceptor = std::make_unique<rpc::Acceptor>(
+        impl_->config, acceptor.release(),
+        [impl = impl_.get()](rpc::PendingSession p) { impl->on_hello(std::move(p)); });
+  } catch (const std::exception& e) {
+    return Status(StatusCode::kUnavailable, fmt::format("cannot listen on {}: {}", listen_address, e.what()));
+  }
 
   const uint32_t n = impl_->config.reactor_threads;
   impl_->sessions.resize(n);
@@ -160,69 +188,43 @@ Status Server::start(const std::string& listen_address) {
     impl_->loops.back()->start();
   }
   impl_->started = true;
-  impl_->acceptor = std::thread([impl = impl_.get()] { impl->accept_loop(); });
+  impl_->accept_thread = std::thread([impl = impl_.get()] { impl->acceptor->run(); });
   const std::string transports =
       impl_->config.transport == TransportKind::kVerbs ? "verbs only, on " + impl_->verbs_note
       : impl_->verbs_ok ? "tcp and verbs on " + impl_->verbs_note
                         : "tcp only: " + impl_->verbs_note;
-  spdlog::info("slotrpc: server listening on {}:{} ({}; {} event loop(s), up to {} slots of {} bytes)",
+  spdlog::info("slotrpc: server listening on {}:{} ({}; {} event loop(s), up to {} slots of {} "
+               "bytes; at most {} sessions; {})",
                endpoint->host, impl_->port, transports, n, impl_->config.slot_count,
-               impl_->config.slot_size);
+               impl_->config.slot_size, impl_->config.max_sessions,
+               impl_->admission->budget().rule);
   return {};
 }
 
-void Server::Impl::accept_loop() {
-  pthread_setname_np(pthread_self(), "slotrpc-accept");
-  while (!stopping.load()) {
-    pollfd p{listen_fd, POLLIN, 0};
-    // A short timeout keeps stop() prompt without a wakeup fd.
-    if (::poll(&p, 1, 100) <= 0) continue;
-    int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    // One slow client can hold this thread for at most connect_timeout_ms.
-    handshake_and_hand_over(fd);
-  }
+void Server::Impl::refuse(rpc::PendingSession& p, StatusCode code, const std::string& why) {
+  refuse_log.warn(fmt::format("slotrpc: refused session from {}: {}", p.peer, why));
+  (void)rpc::send_hello_reply(p.fd, static_cast<uint16_t>(code), p.hello, why);
+  ::close(p.fd);
+  p.fd = -1;
 }
 
-void Server::Impl::handshake_and_hand_over(int fd) {
-  const std::string peer = rpc::peer_name(fd);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(config.connect_timeout_ms);
-  std::array<std::byte, core::kHelloSize> buf;
-  Status st = rpc::read_exact(fd, buf, deadline);
-  if (!st.ok()) {
-    spdlog::warn("slotrpc: handshake with {} failed: {}", peer, st.message());
-    ::close(fd);
-    return;
-  }
-  auto hello = core::decode_hello(buf.data());
-  core::Hello h = hello.ok() ? hello.value() : core::Hello{};
-  auto refuse = [&](StatusCode code, const std::string& why) {
-    spdlog::warn("slotrpc: refused session from {}: {}", peer, why);
-    (void)send_reply(fd, static_cast<uint16_t>(code), h, why, deadline);
-    ::close(fd);
-  };
-  if (!hello.ok()) return refuse(StatusCode::kUnavailable, hello.status().message());
-  std::vector<std::byte> extension(h.extension_len);
-  st = rpc::read_exact(fd, extension, deadline);
-  if (!st.ok()) {
-    spdlog::warn("slotrpc: handshake with {} failed: {}", peer, st.message());
-    ::close(fd);
-    return;
-  }
+void Server::Impl::on_hello(rpc::PendingSession p) {
+  const core::Hello& h = p.hello;
   if (h.transport == core::WireTransport::kTcp && config.transport == TransportKind::kVerbs) {
-    return refuse(StatusCode::kUnavailable,
+    return refuse(p, StatusCode::kUnavailable,
                   "this server accepts only the verbs transport (SLOTRPC_TRANSPORT=verbs); the "
                   "client offered tcp");
   }
   if (h.slot_count < 1 || h.slot_count > config.slot_count || h.slot_size < core::kMinSlotSize ||
       h.slot_size > config.slot_size || h.slot_size % core::kSlotSizeAlign != 0) {
-    return refuse(StatusCode::kResourceExhausted,
+    return refuse(p, StatusCode::kResourceExhausted,
                   fmt::format("asked for {} slots of {} bytes; this server allows 1..{} slots of "
                               "{}..{} bytes (multiples of {}); lower the client's slot_count / "
                               "slot_size or raise the server's",
                               h.slot_count, h.slot_size, config.slot_count, core::kMinSlotSize,
                               config.slot_size, core::kSlotSizeAlign));
   }
+  std::optional<transport::verbs::QpInfo> remote;
   std::string tcp_note;  // why a verbs proposal is answered with tcp
   if (h.transport == core::WireTransport::kVerbs) {
     if (!verbs_ok) {
@@ -230,123 +232,147 @@ void Server::Impl::handshake_and_hand_over(int fd) {
                      ? "the server uses tcp only (transport=tcp)"
                      : "the server has no usable RDMA device: " + verbs_note;
     } else {
-      auto remote = transport::verbs::decode_qp_info(extension);
-      if (!remote.ok()) return refuse(StatusCode::kUnavailable, remote.status().message());
-      if (remote->slot_count != h.slot_count || remote->slot_size != h.slot_size) {
-        return refuse(StatusCode::kUnavailable,
+      auto info = transport::verbs::decode_qp_info(p.extension);
+      if (!info.ok()) return refuse(p, StatusCode::kUnavailable, info.status().message());
+      if (info->slot_count != h.slot_count || info->slot_size != h.slot_size) {
+        return refuse(p, StatusCode::kUnavailable,
                       "handshake failed: the verbs extension's ring geometry differs from the hello's");
       }
-      // The session is made on its loop (its rings are registered and its
-      // window bound there, before this thread answers); its link gets a
-      // duplicate of the fd and watches it for EOF, this thread answers on
-      // the original.
-      const size_t index = next_loop++ % loops.size();
-      const int link_fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
-      if (link_fd < 0) {
-        return refuse(StatusCode::kUnavailable,
-                      fmt::format("server cannot set up verbs: dup: {}", std::strerror(errno)));
-      }
-      using Answer = Result<std::vector<std::byte>>;
-      auto answer = std::make_shared<std::promise<Answer>>();
-      auto ready = answer->get_future();
-      loops[index]->post([this, index, link_fd, g = core::ServerSession::Geometry{h.slot_count, h.slot_size},
-                          peer, local = rpc::local_name(fd), info = remote.value(), answer] {
-        answer->set_value(adopt_verbs(index, link_fd, g, peer, local, info));
-      });
-      if (ready.wait_until(deadline) != std::future_status::ready) {
-        const std::string why = "server event loop did not set up the session in time";
-        spdlog::warn("slotrpc: refused session from {}: {}", peer, why);
-        (void)send_reply(fd, static_cast<uint16_t>(StatusCode::kUnavailable), h, why, deadline);
-        // The session may still appear on the loop: the shutdown gives its
-        // link (which holds a duplicate of this fd) EOF.
-        ::shutdown(fd, SHUT_RDWR);
-        ::close(fd);
-        return;
-      }
-      Answer a = ready.get();
-      if (a.ok()) {
-        st = send_reply(fd, 0, h, "", deadline, core::WireTransport::kVerbs, a.value());
-        if (!st.ok()) {
-          spdlog::warn("slotrpc: handshake with {} failed: {}", peer, st.message());
-          ::shutdown(fd, SHUT_RDWR);  // the session's link sees EOF and closes it
-        }
-        ::close(fd);
-        return;
-      }
-      if (config.transport == TransportKind::kVerbs) {
-        return refuse(a.status().code(), "server cannot set up verbs: " + a.status().message());
-      }
-      spdlog::warn("slotrpc: verbs setup for {} failed, answering with tcp: {}", peer,
-                   a.status().message());
-      tcp_note = "verbs setup failed on the server: " + a.status().message();
+      remote = info.value();
     }
   }
-  st = send_reply(fd, 0, h, tcp_note, deadline);
-  if (!st.ok()) {
-    spdlog::warn("slotrpc: handshake with {} failed: {}", peer, st.message());
-    ::close(fd);
-    return;
+  // Both rings of the server's end: what this session costs in memory.
+  const uint64_t ring_bytes = 2 * uint64_t{h.slot_count} * h.slot_size;
+  if (Status st = admission->reserve(ring_bytes); !st.ok()) {
+    return refuse(p, st.code(), st.message());
   }
   const size_t index = next_loop++ % loops.size();
-  loops[index]->post([this, index, fd, g = core::ServerSession::Geometry{h.slot_count, h.slot_size}, peer] {
-    adopt(index, fd, g, peer);
+  loops[index]->post([this, index, p = std::move(p), remote, tcp_note = std::move(tcp_note),
+                      ring_bytes]() mutable {
+    open_session(index, std::move(p), remote, std::move(tcp_note), ring_bytes);
   });
 }
 
-void Server::Impl::adopt(size_t index, int fd, core::ServerSession::Geometry g, std::string peer) {
-  reactor::Reactor& loop = *loops[index];
-  if (stopping.load()) {
-    ::close(fd);
+void Server::Impl::open_session(size_t index, rpc::PendingSession p,
+                                 std::optional<transport::verbs::QpInfo> remote,
+                                 std::string tcp_note, uint64_t ring_bytes) {
+  // Everything the session needs exists before the HelloReply says OK; a
+  // failure is a refusal of this session only.
+  auto fail = [&](StatusCode code, const std::string& why) {
+    admission->release(ring_bytes);
+    refuse(p, code, why);
+  };
+  if (stopping.load()) return fail(StatusCode::kUnavailable, "server stopping");
+  const core::ServerSession::Geometry g{p.hello.slot_count, p.hello.slot_size};
+  std::unique_ptr<core::ServerSession> session;
+  std::vector<std::byte> extension;
+  core::WireTransport transport = core::WireTransport::kTcp;
+  try {
+    if (remote) {
+      auto ext = open_verbs(index, p.fd, g, p.peer, *remote, session, ring_bytes);
+      if (ext.ok()) {
+        extension = std::move(ext.value());
+        transport = core::WireTransport::kVerbs;
+      } else {
+        const std::string why = explain_setup_failure(ext.status());
+        const bool exhausted = ext.status().code() == StatusCode::kResourceExhausted ||
+                               why != ext.status().message();
+        if (config.transport == TransportKind::kVerbs || exhausted) {
+          // Out of a resource: falling back to tcp would hide the shortage.
+          return fail(exhausted ? StatusCode::kResourceExhausted : ext.status().code(),
+                      "server cannot set up verbs: " + why);
+        }
+        spdlog::warn("slotrpc: verbs setup for {} failed, answering with tcp: {}", p.peer,
+                     ext.status().message());
+        tcp_note = "verbs setup failed on the server: " + ext.status().message();
+      }
+    }
+    if (!session) {
+      auto s = open_tcp(index, p.fd, g, p.peer, ring_bytes);
+      if (!s.ok()) {
+        const std::string why = explain_setup_failure(s.status());
+        return fail(why != s.status().message() ? StatusCode::kResourceExhausted : s.status().code(),
+                    "server cannot set up the session: " + why);
+      }
+      session = std::move(s.value());
+    }
+  } catch (const std::bad_alloc&) {
+    session.reset();
+    return fail(StatusCode::kResourceExhausted,
+                fmt::format("server out of memory: cannot allocate this session's rings ({} slots "
+                            "of {} bytes each way, {} bytes)", g.slot_count, g.slot_size, ring_bytes));
+  } catch (const std::exception& e) {
+    session.reset();
+    return fail(StatusCode::kResourceExhausted,
+                fmt::format("server cannot set up the session: {}", e.what()));
+  }
+  // The reply is written here, on the loop thread, before this task
+  // returns: the session cannot have flushed a frame (its first PING is a
+  // keepalive period away and would be sent from this thread), so the
+  // HelloReply always precedes the session's first frame.
+  if (!rpc::send_hello_reply(p.fd, 0, p.hello,
+                             transport == core::WireTransport::kVerbs ? std::string() : tcp_note,
+                             transport, extension)) {
+    refuse_log.warn(fmt::format("slotrpc: handshake with {} failed: the HelloReply could not be "
+                                "written at once", p.peer));
+    session.reset();
+    admission->release(ring_bytes);
+    ::shutdown(p.fd, SHUT_RDWR);
+    ::close(p.fd);
     return;
   }
-  auto link = loop.tcp().adopt(fd, fmt::format("tcp {} -> {}", rpc::local_name(fd), peer));
-  if (!link.ok()) {  // adopt() has closed the fd
-    spdlog::warn("slotrpc: cannot serve {}: {}", peer, link.status().message());
-    return;
-  }
-  auto session = core::ServerSession::create(
-      loop, std::move(link.value()), g, methods, peer,
-      [this, index](core::ServerSession* s) {
-        if (sessions[index].erase(s) != 0) --session_count;
-      });
-  if (!session.ok()) {
-    spdlog::warn("slotrpc: cannot serve {}: {}", peer, session.status().message());
-    return;
-  }
-  spdlog::debug("slotrpc: session with {} on loop {}", peer, index);
-  core::ServerSession* raw = session.value().get();
-  sessions[index].emplace(raw, std::move(session.value()));
+  ::close(p.fd);  // the link works on its own duplicate
+  spdlog::debug("slotrpc: session with {} on loop {}", p.peer, index);
+  core::ServerSession* raw = session.get();
+  sessions[index].emplace(raw, std::move(session));
   ++session_count;
 }
 
-Result<std::vector<std::byte>> Server::Impl::adopt_verbs(size_t index, int link_fd,
-                                                          core::ServerSession::Geometry g,
-                                                          std::string peer, std::string local,
-                                                          transport::verbs::QpInfo remote) {
-  FdCloser closer{link_fd};  // until the link owns it
+Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_tcp(
+    size_t index, int fd, core::ServerSession::Geometry g, const std::string& peer,
+    uint64_t ring_bytes) {
   reactor::Reactor& loop = *loops[index];
-  if (stopping.load()) return Status(StatusCode::kUnavailable, "server stopping");
+  // The link gets a duplicate: the original stays ours for the reply, even
+  // when a failure below destroys the link (and closes its fd).
+  const int link_fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (link_fd < 0) {
+    return Status(StatusCode::kResourceExhausted, fmt::format("dup: {}", std::strerror(errno)));
+  }
+  auto link = loop.tcp().adopt(link_fd, fmt::format("tcp {} -> {}", rpc::local_name(fd), peer));
+  if (!link.ok()) return link.status();  // adopt() has closed link_fd
+  return core::ServerSession::create(loop, std::move(link.value()), g, methods, peer,
+                                     on_closed(index, ring_bytes));
+}
+
+Result<std::vector<std::byte>> Server::Impl::open_verbs(size_t index, int fd,
+                                                        core::ServerSession::Geometry g,
+                                                        const std::string& peer,
+                                                        const transport::verbs::QpInfo& remote,
+                                                        std::unique_ptr<core::ServerSession>& out,
+                                                        uint64_t ring_bytes) {
+  reactor::Reactor& loop = *loops[index];
   auto t = loop.verbs();
   if (!t.ok()) return t.status();
-  auto link = t.value()->create_link(fmt::format("verbs {} -> {}", local, peer), g.slot_count);
+  // The link watches a duplicate of the connection for EOF.
+  FdCloser closer{::fcntl(fd, F_DUPFD_CLOEXEC, 0)};  // until the link owns it
+  if (closer.fd < 0) {
+    return Status(StatusCode::kResourceExhausted, fmt::format("dup: {}", std::strerror(errno)));
+  }
+  auto link = t.value()->create_link(fmt::format("verbs {} -> {}", rpc::local_name(fd), peer),
+                                     g.slot_count);
   if (!link.ok()) return link.status();
   transport::verbs::VerbsLink* raw_link = link.value().get();
-  auto session = core::ServerSession::create(
-      loop, std::move(link.value()), g, methods, peer,
-      [this, index](core::ServerSession* s) {
-        if (sessions[index].erase(s) != 0) --session_count;
-      });
+  auto session = core::ServerSession::create(loop, std::move(link.value()), g, methods, peer,
+                                             on_closed(index, ring_bytes));
   if (!session.ok()) return session.status();
   // Never registered, never closed: a failure below just destroys it.
-  Status st = raw_link->connect(remote, link_fd, peer);
+  Status st = raw_link->connect(remote, closer.fd, peer);
   if (!st.ok()) return st;
   closer.fd = -1;
   std::vector<std::byte> ext(transport::verbs::kQpInfoSize);
   transport::verbs::encode_qp_info(raw_link->local_info(), ext.data());
   spdlog::debug("slotrpc: verbs session with {} on loop {}: {}", peer, index, raw_link->describe());
-  core::ServerSession* raw = session.value().get();
-  sessions[index].emplace(raw, std::move(session.value()));
-  ++session_count;
+  out = std::move(session.value());
   return ext;
 }
 
@@ -355,9 +381,9 @@ void Server::stop() {
   if (!d.started) return;
   d.started = false;
   d.stopping.store(true);
-  if (d.acceptor.joinable()) d.acceptor.join();
-  ::close(d.listen_fd);
-  d.listen_fd = -1;
+  d.acceptor->stop();
+  if (d.accept_thread.joinable()) d.accept_thread.join();
+  d.acceptor.reset();
   for (size_t i = 0; i < d.loops.size(); ++i) {
     d.loops[i]->post([&d, i] {
       std::vector<core::ServerSession*> open;

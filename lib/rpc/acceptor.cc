@@ -1,0 +1,374 @@
+#include "rpc/acceptor.h"
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <list>
+#include <unordered_map>
+
+#include "rpc/admission.h"
+
+namespace slotrpc::rpc {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+bool send_hello_reply(int fd, uint16_t status, const core::Hello& hello, const std::string& message,
+                      core::WireTransport transport, std::span<const std::byte> extension) {
+  core::HelloReply reply;
+  reply.status = status;
+  reply.slot_count = hello.slot_count;
+  reply.slot_size = hello.slot_size;
+  reply.transport = transport;
+  reply.message_len =
+      static_cast<uint32_t>(std::min<size_t>(message.size(), core::kMaxHandshakeMessage));
+  reply.extension_len = static_cast<uint32_t>(extension.size());
+  // At most 32 + 1024 + 4096 bytes: a fresh socket's send buffer takes it.
+  std::array<std::byte, core::kHelloSize + core::kMaxHandshakeMessage + core::kMaxHandshakeExtension>
+      buf;
+  const size_t len = core::kHelloSize + reply.message_len + extension.size();
+  if (extension.size() > core::kMaxHandshakeExtension) return false;
+  core::encode_hello_reply(reply, buf.data());
+  std::memcpy(buf.data() + core::kHelloSize, message.data(), reply.message_len);
+  std::copy(extension.begin(), extension.end(), buf.begin() + core::kHelloSize + reply.message_len);
+  ssize_t n;
+  do {
+    n = ::send(fd, buf.data(), len, MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  return n == static_cast<ssize_t>(len);
+}
+
+namespace {
+
+constexpr auto kFdPause = std::chrono::milliseconds(100);
+
+struct Pending {
+  Pending(asio::io_context& io, tcp::socket s) : sock(std::move(s)), timer(io) {}
+  tcp::socket sock;
+  asio::steady_timer timer;
+  std::array<std::byte, core::kHelloSize> head{};
+  size_t have = 0;
+  core::Hello hello;
+  std::vector<std::byte> extension;
+  size_t ext_have = 0;
+  std::string host;  // source address, the per-host cap's key
+  std::string peer;  // address:port, for log lines
+  std::list<std::shared_ptr<Pending>>::iterator pos;
+  bool done = false;
+};
+
+// The Hello's first 6 bytes are fixed (magic, version): a prefix that
+// differs is refused at once instead of waiting for all 32.
+std::array<std::byte, 6> hello_prefix() {
+  std::array<std::byte, core::kHelloSize> h{};
+  core::encode_hello(core::Hello{}, h.data());
+  std::array<std::byte, 6> p{};
+  std::copy_n(h.begin(), 6, p.begin());
+  return p;
+}
+
+}  // namespace
+
+struct Acceptor::Impl {
+  Impl(const Config& c, int listen_fd, OnHello cb)
+      : config(c), acceptor(io), fd_timer(io), on_hello(std::move(cb)), prefix(hello_prefix()) {
+    boost::system::error_code ec;
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len);
+    acceptor.assign(ss.ss_family == AF_INET6 ? tcp::v6() : tcp::v4(), listen_fd, ec);
+    if (ec) throw std::runtime_error("slotrpc acceptor: assign: " + ec.message());
+    acceptor.non_blocking(true, ec);
+    reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  }
+  ~Impl() {
+    if (reserve_fd >= 0) ::close(reserve_fd);
+  }
+
+  const Config config;
+  asio::io_context io;
+  tcp::acceptor acceptor;
+  asio::steady_timer fd_timer;  // paused accepting at the fd limit
+  OnHello on_hello;
+  const std::array<std::byte, 6> prefix;
+
+  std::list<std::shared_ptr<Pending>> pending;  // oldest first
+  std::unordered_map<std::string, uint32_t> per_host;
+
+  int reserve_fd = -1;
+  bool fd_episode = false;
+  uint64_t fd_refused = 0;
+
+  RateLimitedLog evict_log;
+  RateLimitedLog timeout_log;
+  RateLimitedLog junk_log;
+  RateLimitedLog error_log;
+
+  void arm_accept();
+  void on_accept(const boost::system::error_code& ec, tcp::socket sock);
+  void on_fd_limit(const boost::system::error_code& ec);
+  void start(tcp::socket sock);
+  void read_more(const std::shared_ptr<Pending>& p);
+  void on_read(const std::shared_ptr<Pending>& p, size_t n);
+  void finish(const std::shared_ptr<Pending>& p);
+  void refuse(const std::shared_ptr<Pending>& p, const Status& why);
+  void evict_oldest(const std::string* host, const char* cap, uint32_t value);
+
+  // The exception barrier of the accept path: a handler that throws costs
+  // at most the connection it was handling.
+  template <class Fn>
+  void guarded(const std::shared_ptr<Pending>& p, Fn&& fn) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      error_log.warn(fmt::format("slotrpc: accept path: {} (closing {})", e.what(),
+                                 p ? p->peer : std::string("no connection")));
+      if (p && !p->done) finish(p);
+    }
+  }
+};
+
+void Acceptor::Impl::arm_accept() {
+  acceptor.async_accept([this](const boost::system::error_code& ec, tcp::socket sock) {
+    guarded(nullptr, [&] { on_accept(ec, std::move(sock)); });
+  });
+}
+
+void Acceptor::Impl::on_accept(const boost::system::error_code& ec, tcp::socket sock) {
+  if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
+  if (ec == asio::error::no_descriptors || ec.value() == ENFILE || ec.value() == ENOBUFS ||
+      ec.value() == ENOMEM) {
+    on_fd_limit(ec);
+    return;
+  }
+  if (ec) {
+    // ECONNABORTED and the like: the peer gave up while queued.
+    error_log.warn(fmt::format("slotrpc: accept: {}", ec.message()));
+    arm_accept();
+    return;
+  }
+  if (fd_episode) {
+    spdlog::info("slotrpc: file descriptors are available again; {} connection(s) were refused "
+                 "while there were none", fd_refused);
+    fd_episode = false;
+    fd_refused = 0;
+  }
+  start(std::move(sock));
+  arm_accept();
+}
+
+// EMFILE/ENFILE: the connection stays in the backlog, and accepting again
+// at once would fail again at once (the old accept loop spun a core here).
+// Use the reserve descriptor to take it off the backlog with a clear
+// refusal, then continue; without a reserve, wait 100 ms.
+void Acceptor::Impl::on_fd_limit(const boost::system::error_code& ec) {
+  if (!fd_episode) {
+    fd_episode = true;
+    spdlog::warn("slotrpc: server out of file descriptors (accept: {}; RLIMIT_NOFILE = {}): new "
+                 "connections are refused with RESOURCE_EXHAUSTED until some are freed",
+                 ec.message(), nofile_limit_text());
+  }
+  bool took_one = false;
+  if (reserve_fd >= 0) {
+    ::close(reserve_fd);
+    reserve_fd = -1;
+    const int fd = ::accept4(acceptor.native_handle(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) {
+      took_one = true;
+      ++fd_refused;
+      (void)send_hello_reply(fd, static_cast<uint16_t>(StatusCode::kResourceExhausted), core::Hello{},
+                             fmt::format("server out of file descriptors (RLIMIT_NOFILE = {})",
+                                         nofile_limit_text()));
+      // The client's Hello is unread: drain it, so close() sends FIN and not
+      // RST (an RST could destroy the reply before the client reads it).
+      ::shutdown(fd, SHUT_WR);
+      std::array<char, 512> sink;
+      while (::recv(fd, sink.data(), sink.size(), MSG_DONTWAIT) > 0) {
+      }
+      ::close(fd);
+    }
+    reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  }
+  if (took_one && reserve_fd >= 0) {
+    arm_accept();
+    return;
+  }
+  fd_timer.expires_after(kFdPause);
+  fd_timer.async_wait([this](const boost::system::error_code& e) {
+    guarded(nullptr, [&] {
+      if (e || !acceptor.is_open()) return;
+      if (reserve_fd < 0) reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      arm_accept();
+    });
+  });
+}
+
+void Acceptor::Impl::evict_oldest(const std::string* host, const char* cap, uint32_t value) {
+  for (auto it = pending.begin(); it != pending.end(); ++it) {
+    if (host != nullptr && (*it)->host != *host) continue;
+    std::shared_ptr<Pending> victim = *it;
+    evict_log.warn(fmt::format("slotrpc: {} = {} reached: closing the oldest unfinished handshake "
+                               "({})", cap, value, victim->peer));
+    finish(victim);
+    return;
+  }
+}
+
+void Acceptor::Impl::start(tcp::socket sock) {
+  boost::system::error_code ec;
+  const auto remote = sock.remote_endpoint(ec);
+  if (ec) return;  // already gone; the socket closes here
+  sock.non_blocking(true, ec);
+  sock.set_option(tcp::no_delay(true), ec);
+  std::string host = remote.address().to_string();
+
+  if (pending.size() >= config.max_pending_handshakes) {
+    evict_oldest(nullptr, "SLOTRPC_MAX_PENDING_HANDSHAKES", config.max_pending_handshakes);
+  }
+  if (auto it = per_host.find(host); it != per_host.end() &&
+                                     it->second >= config.max_pending_handshakes_per_host) {
+    evict_oldest(&host, "SLOTRPC_MAX_PENDING_HANDSHAKES_PER_HOST",
+                 config.max_pending_handshakes_per_host);
+  }
+
+  auto p = std::make_shared<Pending>(io, std::move(sock));
+  p->peer = remote.address().is_v6() ? fmt::format("[{}]:{}", host, remote.port())
+                                     : fmt::format("{}:{}", host, remote.port());
+  p->host = std::move(host);
+  ++per_host[p->host];
+  p->pos = pending.insert(pending.end(), p);
+  p->timer.expires_after(std::chrono::milliseconds(config.connect_timeout_ms));
+  p->timer.async_wait([this, p](const boost::system::error_code& e) {
+    guarded(p, [&] {
+      if (e || p->done) return;
+      timeout_log.warn(fmt::format("slotrpc: handshake with {} failed: no complete hello within "
+                                   "{} ms (SLOTRPC_CONNECT_TIMEOUT_MS)", p->peer,
+                                   config.connect_timeout_ms));
+      finish(p);
+    });
+  });
+  read_more(p);
+}
+
+void Acceptor::Impl::read_more(const std::shared_ptr<Pending>& p) {
+  auto handler = [this, p](const boost::system::error_code& ec, size_t n) {
+    guarded(p, [&] {
+      if (p->done) return;
+      if (ec) {
+        // EOF or reset before the hello was complete: nothing to answer.
+        if (ec != asio::error::operation_aborted) finish(p);
+        return;
+      }
+      on_read(p, n);
+    });
+  };
+  if (p->have < core::kHelloSize) {
+    p->sock.async_read_some(asio::buffer(p->head.data() + p->have, core::kHelloSize - p->have),
+                            std::move(handler));
+  } else {
+    p->sock.async_read_some(
+        asio::buffer(p->extension.data() + p->ext_have, p->extension.size() - p->ext_have),
+        std::move(handler));
+  }
+}
+
+void Acceptor::Impl::on_read(const std::shared_ptr<Pending>& p, size_t n) {
+  if (p->have < core::kHelloSize) {
+    p->have += n;
+    const size_t check = std::min(p->have, prefix.size());
+    if (!std::equal(p->head.begin(), p->head.begin() + static_cast<ptrdiff_t>(check), prefix.begin())) {
+      // Decoding the (zero-padded) head names what is wrong: magic or version.
+      auto bad = core::decode_hello(p->head.data());
+      refuse(p, bad.ok() ? Status(StatusCode::kUnavailable, "handshake failed: bad hello")
+                         : bad.status());
+      return;
+    }
+    if (p->have < core::kHelloSize) return read_more(p);
+    auto hello = core::decode_hello(p->head.data());
+    if (!hello.ok()) return refuse(p, hello.status());
+    p->hello = hello.value();
+    p->extension.resize(p->hello.extension_len);
+  } else {
+    p->ext_have += n;
+  }
+  if (p->ext_have < p->extension.size()) return read_more(p);
+
+  // Complete: the session is the server's now.
+  PendingSession s;
+  s.hello = p->hello;
+  s.extension = std::move(p->extension);
+  s.peer = p->peer;
+  finish(p);  // leaves the socket open: released below
+  s.fd = p->sock.release();
+  on_hello(std::move(s));
+}
+
+void Acceptor::Impl::finish(const std::shared_ptr<Pending>& p) {
+  if (p->done) return;
+  p->done = true;
+  pending.erase(p->pos);
+  if (auto it = per_host.find(p->host); it != per_host.end() && --it->second == 0) per_host.erase(it);
+  boost::system::error_code ec;
+  p->timer.cancel();
+  if (p->have < core::kHelloSize || p->ext_have < p->extension.size()) p->sock.close(ec);
+}
+
+void Acceptor::Impl::refuse(const std::shared_ptr<Pending>& p, const Status& why) {
+  junk_log.warn(fmt::format("slotrpc: refused session from {}: {}", p->peer, why.message()));
+  (void)send_hello_reply(p->sock.native_handle(), static_cast<uint16_t>(why.code()), core::Hello{},
+                         why.message());
+  finish(p);
+  boost::system::error_code ec;
+  p->sock.close(ec);
+}
+
+Acceptor::Acceptor(const Config& config, int listen_fd, OnHello on_hello)
+    : impl_(std::make_unique<Impl>(config, listen_fd, std::move(on_hello))) {}
+
+Acceptor::~Acceptor() = default;
+
+void Acceptor::run() {
+  pthread_setname_np(pthread_self(), "slotrpc-accept");
+  impl_->arm_accept();
+  for (;;) {
+    try {
+      impl_->io.run();
+      break;  // stopped
+    } catch (const std::exception& e) {
+      // A handler's own barrier should have caught it; keep accepting.
+      spdlog::error("slotrpc: accept path: {}", e.what());
+    }
+  }
+  // Pending handshakes die with the server.
+  for (auto& p : impl_->pending) {
+    boost::system::error_code ec;
+    p->done = true;
+    p->sock.close(ec);
+  }
+  impl_->pending.clear();
+  impl_->per_host.clear();
+}
+
+void Acceptor::stop() {
+  asio::post(impl_->io, [impl = impl_.get()] {
+    boost::system::error_code ec;
+    impl->acceptor.close(ec);
+    impl->fd_timer.cancel();
+    impl->io.stop();
+  });
+}
+
+size_t Acceptor::pending() const { return impl_->pending.size(); }
+
+}  // namespace slotrpc::rpc
