@@ -41,6 +41,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -50,6 +52,7 @@
 #include <memory>
 #include <span>
 #include <stdexcept>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -222,10 +225,11 @@ class Oracle {
   void check_message(bool control, uint32_t imm, std::span<const std::byte> body) {
     const Header h = decode_header(body.data());
     const uint16_t placed = control ? h.slot : imm_slot(imm);
-    if (validate_header(h, body.size(), slot_count_, slot_size_, placed) != HeaderError::kOk) {
-      std::fprintf(stderr, "server sent a malformed header: %.*s\n",
-                   static_cast<int>(to_string(validate_header(h, body.size(), slot_count_, slot_size_, placed)).size()),
-                   to_string(validate_header(h, body.size(), slot_count_, slot_size_, placed)).data());
+    if (const HeaderError e = validate_header(h, body.size(), slot_count_, slot_size_, placed);
+        e != HeaderError::kOk) {
+      const std::string_view why = to_string(e);
+      std::fprintf(stderr, "server sent a malformed header: %.*s\n", static_cast<int>(why.size()),
+                   why.data());
       std::abort();
     }
     if (control) {
