@@ -52,6 +52,7 @@
 #include <memory>
 #include <span>
 #include <stdexcept>
+#include <thread>
 #include <string_view>
 #include <tuple>
 #include <vector>
@@ -405,9 +406,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (at < stream_len) chunks.emplace_back(stream + at, stream_len - at);
   run.oracle.sent({stream, stream_len});
 
-  run.client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  FUZZ_CHECK(run.client >= 0);
-  FUZZ_CHECK(::connect(run.client, reinterpret_cast<const sockaddr*>(&h.addr), sizeof h.addr) == 0);
+  // The machine's other users share the loopback ports: a connect that
+  // fails for want of one is retried (bounded), and only then reported,
+  // with its errno, as the harness's failure rather than the input's.
+  const auto connect_deadline = Clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    run.client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    FUZZ_CHECK(run.client >= 0);
+    if (::connect(run.client, reinterpret_cast<const sockaddr*>(&h.addr), sizeof h.addr) == 0) break;
+    const int err = errno;
+    ::close(run.client);
+    if (Clock::now() > connect_deadline) {
+      std::fprintf(stderr, "harness: connect to the fuzz listener failed for 10 s: %s\n",
+                   std::strerror(err));
+      std::abort();
+    }
+    std::this_thread::yield();
+  }
   const int one = 1;  // each chunk leaves at once, not held back by Nagle
   FUZZ_CHECK(::setsockopt(run.client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0);
   const int server_fd = ::accept4(h.listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
