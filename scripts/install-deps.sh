@@ -32,6 +32,10 @@ PACKAGES=(
   libfmt-dev
   # Tests
   doctest-dev
+  # Fuzzing (tests/fuzz, phase 4 of scripts/test.sh): clang, and libFuzzer
+  # with the sanitizer runtimes, which Debian ships in libclang-rt-14-dev
+  clang
+  libclang-rt-14-dev
 )
 
 # With --test-vm: the Soft-RoCE VM test bed.  tests/rxe/rxe-vm.sh boots

@@ -7,8 +7,12 @@
 #   1. install dependencies        (scripts/install-deps.sh --test-vm)
 #   2. build-test/ debugoptimized  -> meson setup, compile, test
 #   3. build-asan/ debug + ASan/UBSan -> meson setup, compile, test
+#   4. build-fuzz/ clang + ASan/UBSan + libFuzzer -> compile only the fuzz
+#      targets (tests/fuzz) and run them, all at once, for FUZZ_SECONDS from
+#      their seed corpora and regressions; a crash fails the run
+#      (docs/fuzzing.md)
 # and finally prints one line "N passed, N failed[, N skipped]" summed over
-# both meson test runs.
+# both meson test runs and the fuzz runs (one each).
 #
 # Both meson test runs include the `rxe` suite: the RDMA verbs tests, run
 # inside a Soft-RoCE qemu VM (tests/rxe/rxe-vm.sh; one boot per run), or
@@ -20,6 +24,8 @@
 #                             CI never sets this: CI always runs both phases.
 #   SLOTRPC_TEST_SKIP_RXE=1   leave out the rxe suite (local iteration only;
 #                             CI never sets this).
+#   SLOTRPC_TEST_SKIP_FUZZ=1  skip phase 4 (local iteration only; CI never
+#                             sets this).
 #   SLOTRPC_TEST_DEVICE=NAME  run the rxe suite directly on RDMA device NAME
 #                             (fails if NAME does not exist); =vm forces the
 #                             Soft-RoCE VM; unset: a device with an ACTIVE
@@ -146,6 +152,76 @@ else
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   build_and_test build-asan --buildtype=debug \
     -Db_sanitize=address,undefined -Db_lundef=false
+fi
+
+# --- 4. fuzzing ---------------------------------------------------------------
+# Every run fuzzes each target briefly; the long runs are in docs/fuzzing.md.
+# The four targets run at the same time (the machine's cores share them),
+# each for FUZZ_SECONDS of wall time from an empty work corpus plus its seed
+# corpus and regressions, so the phase costs the same on every run:
+# configure + compile + FUZZ_SECONDS.
+FUZZ_TARGETS=(header handshake tcp_session method_verify)
+FUZZ_SECONDS=30
+
+# start_fuzzer DIR TARGET: runs fuzz_TARGET in the background; its exit
+# status goes to DIR/fuzz-work/TARGET.rc.
+start_fuzzer() {
+  local dir=$1 t=$2
+  local work="$dir/fuzz-work/$t" artifacts="$dir/fuzz-artifacts"
+  rm -rf "$work" "$dir/fuzz-work/$t.rc"
+  mkdir -p "$work" "$artifacts" "$dir/meson-logs"
+  local corpora=("tests/fuzz/corpus/$t")
+  [[ -d "tests/fuzz/regressions/$t" ]] && corpora+=("tests/fuzz/regressions/$t")
+  (
+    rc=0
+    "$dir/tests/fuzz/fuzz_$t" -max_total_time="$FUZZ_SECONDS" -timeout=10 -rss_limit_mb=2048 \
+      -print_final_stats=1 -artifact_prefix="$artifacts/$t-" "$work" "${corpora[@]}" \
+      > "$dir/meson-logs/fuzz_$t.log" 2>&1 || rc=$?
+    echo "$rc" > "$dir/fuzz-work/$t.rc"
+  ) &
+}
+
+# check_fuzzer DIR TARGET: after it ended, count it, or fail with the input.
+check_fuzzer() {
+  local dir=$1 t=$2
+  local log="$dir/meson-logs/fuzz_$t.log" artifacts="$dir/fuzz-artifacts"
+  local rc
+  rc=$(cat "$dir/fuzz-work/$t.rc" 2>/dev/null || echo 1)
+  printf 'fuzz_%s: ' "$t"
+  grep -E '^Done [0-9]+ runs' "$log" || printf 'no summary\n'
+  if ((rc != 0)); then
+    tail -n 60 "$log" >&2
+    printf 'test.sh: fuzz_%s failed (exit %d); the input is in %s, log in %s\n' \
+      "$t" "$rc" "$artifacts" "$log" >&2
+    printf 'test.sh: reproduce with %s/tests/fuzz/fuzz_%s FILE; commit FILE under tests/fuzz/regressions/%s/\n' \
+      "$dir" "$t" "$t" >&2
+    TOTAL_FAILED=$((TOTAL_FAILED + 1))
+    return 1
+  fi
+  TOTAL_PASSED=$((TOTAL_PASSED + 1))
+}
+
+if [[ "${SLOTRPC_TEST_SKIP_FUZZ:-0}" == 1 ]]; then
+  banner "Skipping fuzzing phase (SLOTRPC_TEST_SKIP_FUZZ=1)"
+else
+  fuzz_start=$SECONDS
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  banner "[build-fuzz] meson setup (clang, ASan/UBSan, libFuzzer)"
+  CXX=clang++ meson_setup build-fuzz --buildtype=debugoptimized -Dfuzzing=true \
+    -Db_sanitize=address,undefined -Db_lundef=false
+  banner "[build-fuzz] meson compile (fuzz targets only)"
+  meson compile -C build-fuzz "${FUZZ_TARGETS[@]/#/tests/fuzz/fuzz_}"
+  banner "[build-fuzz] ${FUZZ_TARGETS[*]}: ${FUZZ_SECONDS}s each, at the same time"
+  for t in "${FUZZ_TARGETS[@]}"; do start_fuzzer build-fuzz "$t"; done
+  wait
+  fuzz_failed=0
+  for t in "${FUZZ_TARGETS[@]}"; do check_fuzzer build-fuzz "$t" || fuzz_failed=1; done
+  printf 'test.sh: fuzzing phase took %d s\n' $((SECONDS - fuzz_start))
+  if ((fuzz_failed)); then
+    print_summary
+    exit 1
+  fi
 fi
 
 banner "Summary"

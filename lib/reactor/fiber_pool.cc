@@ -7,10 +7,20 @@
 #include <cassert>
 #include <exception>
 
+// GCC defines __SANITIZE_ADDRESS__ under -fsanitize=address; clang 14 does
+// not and answers __has_feature(address_sanitizer) instead.  Without the
+// annotations a clang ASan build (the fuzz targets) reports false
+// stack-buffer-underflows on a fiber stack after a handler threw.
 #if defined(__SANITIZE_ADDRESS__)
+#define SLOTRPC_ASAN_FIBERS 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SLOTRPC_ASAN_FIBERS 1
+#endif
+#endif
+#ifdef SLOTRPC_ASAN_FIBERS
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
-#define SLOTRPC_ASAN_FIBERS 1
 #endif
 
 namespace slotrpc::reactor {

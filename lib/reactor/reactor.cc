@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <cassert>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -89,6 +90,11 @@ void Reactor::stop() {
   stop_.store(true);
   ::eventfd_write(event_fd_, 1);
   thread_.join();
+}
+
+bool Reactor::run_one_turn() {
+  assert(!thread_.joinable() && "run_one_turn() on a started Reactor");
+  return run_turn();
 }
 
 void Reactor::post(Task task) {

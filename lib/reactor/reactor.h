@@ -46,6 +46,10 @@ class Reactor {
   void start();
   // Asks the loop to finish; joins.  Tasks already posted still run.
   void stop();
+  // Runs one turn on the calling thread; true if it did any work.  For tests
+  // that drive a loop by hand, one step at a time (tests/fuzz): only on a
+  // Reactor that is never start()ed, and always from the same thread.
+  bool run_one_turn();
 
   const std::string& name() const { return name_; }
   const Config& config() const { return config_; }
