@@ -289,7 +289,11 @@ struct Run {
     FUZZ_CHECK(server_view >= 0);
     reactor::Reactor& loop = *harness.loop;
     auto link = loop.tcp().adopt(server_fd, "fuzz");
-    FUZZ_CHECK(link.ok());
+    if (!link.ok()) {
+      std::fprintf(stderr, "harness: adopt of the accepted socket failed: %s\n",
+                   link.status().to_string().c_str());
+      std::abort();
+    }
     auto s = ServerSession::create(loop, std::move(link.value()), geometry, harness.services.table,
                                    "fuzz-client", [this](ServerSession* closed) {
                                      FUZZ_CHECK(closed == session.get());
@@ -425,8 +429,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const int one = 1;  // each chunk leaves at once, not held back by Nagle
   FUZZ_CHECK(::setsockopt(run.client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0);
-  const int server_fd = ::accept4(h.listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-  FUZZ_CHECK(server_fd >= 0);
+  // Take the connection whose peer is this run's client: anything else in
+  // the backlog (a connect of an earlier attempt that the kernel completed
+  // after reporting a failure) is stale and is dropped.
+  sockaddr_in mine{};
+  socklen_t mine_len = sizeof mine;
+  FUZZ_CHECK(::getsockname(run.client, reinterpret_cast<sockaddr*>(&mine), &mine_len) == 0);
+  int server_fd = -1;
+  for (int tries = 0; server_fd < 0; ++tries) {
+    FUZZ_CHECK(tries < 64);
+    const int fd = ::accept4(h.listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    FUZZ_CHECK(fd >= 0);
+    sockaddr_in peer{};
+    socklen_t peer_len = sizeof peer;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) == 0 &&
+        peer.sin_port == mine.sin_port && peer.sin_addr.s_addr == mine.sin_addr.s_addr) {
+      server_fd = fd;
+    } else {
+      ::close(fd);
+    }
+  }
   run.start(server_fd);
   for (const auto& chunk : chunks) {
     if (run.session_released || !run.write(chunk)) break;
