@@ -1071,6 +1071,8 @@ int VerbsTransport::poll_into_ready() {
     return 0;
   }
   if (n > 0) {
+    ++poll_stats_.polls;
+    poll_stats_.completions += static_cast<uint64_t>(n);
     const size_t k = process(wc_.data(), n, scratch_.data());
     ready_.insert(ready_.end(), scratch_.begin(), scratch_.begin() + static_cast<ptrdiff_t>(k));
   }
@@ -1097,6 +1099,8 @@ size_t VerbsTransport::poll(std::span<Completion> out) {
   if (n < 0) {
     fail_all(fmt::format("ibv_poll_cq failed ({})", n));
   } else if (n > 0) {
+    ++poll_stats_.polls;
+    poll_stats_.completions += static_cast<uint64_t>(n);
     got += process(wc_.data(), n, out.data() + got);
   }
   // Link failures found in this batch follow its messages.
@@ -1117,6 +1121,8 @@ bool VerbsTransport::prepare_sleep() {
   const int n = ibv_poll_cq(cq_, static_cast<int>(wc_.size()), wc_.data());
   check_fds_ = true;  // whatever wakes the loop, look at the fds next time
   if (n > 0) {
+    ++poll_stats_.polls;
+    poll_stats_.completions += static_cast<uint64_t>(n);
     const size_t k = process(wc_.data(), n, scratch_.data());
     ready_.insert(ready_.end(), scratch_.begin(), scratch_.begin() + static_cast<ptrdiff_t>(k));
     return false;
