@@ -352,6 +352,10 @@ TEST_CASE("verbs link: slot writes and control sends both ways; setup and teardo
     // Closing is idempotent and reported once.
     a->link->close("test closes a");
     a->link->close("again");
+    // Wait for the report itself (settle() alone may not poll at all on a
+    // loaded machine: its 20 ms can pass before the first poll), then make
+    // sure no second one follows.
+    CHECK(pump({ta.get(), tb.get()}, [&] { return a->count(CKind::kLinkDown) >= 1; }, 5000ms));
     settle({ta.get(), tb.get()}, 20ms);
     CHECK(a->count(CKind::kLinkDown) == 1);
     CHECK(a->link->down_reason() == "test closes a");
