@@ -293,6 +293,21 @@ struct ChildProcess {
   }
   std::string stderr_text() const { return read_text(dir + "/err"); }
   void signal(int sig) { REQUIRE(::kill(pid, sig) == 0); }
+  // SIGSTOP, then wait until the process is stopped: until then it may
+  // still answer (the signal is delivered asynchronously).
+  void stop() {
+    signal(SIGSTOP);
+    const bool stopped = verbs_test::wait_until(
+        [&] {
+          int status = 0;
+          const pid_t r = ::waitpid(pid, &status, WNOHANG | WUNTRACED);
+          if (r == pid && WIFSTOPPED(status)) return true;
+          REQUIRE_MESSAGE(r == 0, "child exited instead of stopping: " << stderr_text());
+          return false;
+        },
+        5000ms);
+    REQUIRE_MESSAGE(stopped, "child did not stop within 5 s");
+  }
   void kill_and_reap() {
     if (pid <= 0) return;
     ::kill(pid, SIGKILL);
@@ -634,7 +649,11 @@ TEST_CASE("verbs: 100,000 echo calls with 32 outstanding, every reply checked, n
           << " calls/s; " << s.inline_sends << " inline / " << s.noninline_sends << " non-inline sends, "
           << s.doorbells << " doorbells for " << s.messages_sent << " messages");
   CHECK(s.inline_sends >= kCalls);  // 32 + ~100 bytes of request: inline
-  CHECK(s.doorbells <= s.messages_sent);
+  // 32 calls outstanding: a loop turn sends what several replies released,
+  // in one chain and one doorbell.
+  const double doorbells_per_message = double(s.doorbells) / double(s.messages_sent);
+  MESSAGE("doorbells per message: " << doorbells_per_message);
+  CHECK(doorbells_per_message < 0.5);  // rxe VM: about 0.05
   CHECK_FALSE(s.closed);
   CHECK(s.free_slots == 64);
   if (rcvd0 && send0) {
@@ -895,7 +914,7 @@ TEST_CASE("verbs: peer death -> UNAVAILABLE (process killed; process frozen)") {
     c.peer_timeout_ms = 600;
     auto ch = connect(child.address(), c);
     check_echo(*ch, 1);
-    child.signal(SIGSTOP);
+    child.stop();
     const auto t0 = Clock::now();
     auto f = ch->call_typed<Pong>(kEcho, ping(2));
     auto r = get_within(f, 5000ms);

@@ -15,7 +15,9 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -222,6 +224,73 @@ TEST_CASE("device: chosen by default, by name, and errors that list what exists"
     CHECK_MESSAGE(contains(n.status().message(), "valid entries: " + std::to_string(d.value()->gid_index())),
                   n.status().message());
   }
+  SUBCASE("GID auto-selection chose RoCE v2 where the port has such an entry") {
+    // Independent of Device: walk the port's GID table ourselves.
+    bool has_v2 = false;
+    int first_v2 = -1;
+    ibv_port_attr pa{};
+    REQUIRE(ibv_query_port(d.value()->context(), d.value()->port(), &pa) == 0);
+    for (int g = 0; g < pa.gid_tbl_len; ++g) {
+      ibv_gid_entry e{};
+      if (ibv_query_gid_ex(d.value()->context(), d.value()->port(), static_cast<uint32_t>(g), &e, 0) != 0) continue;
+      bool zero = true;
+      for (uint8_t b : e.gid.raw) zero = zero && b == 0;
+      if (!zero && e.gid_type == IBV_GID_TYPE_ROCE_V2) {
+        has_v2 = true;
+        if (first_v2 < 0) first_v2 = g;
+      }
+    }
+    MESSAGE("GID auto: index " << unsigned{d.value()->gid_index()}
+                               << std::string(d.value()->roce_v2() ? " (RoCE v2)" : "") << "; first RoCE v2 entry "
+                               << first_v2);
+    if (verbs_test::in_rxe_vm()) CHECK(has_v2);  // rxe0 on dummy0: fe80:: at index 0, RoCE v2
+    if (has_v2) {
+      CHECK(d.value()->roce_v2());
+      CHECK(int{d.value()->gid_index()} == first_v2);
+    }
+  }
+  SUBCASE("relaxed ordering: what auto resolved to, per device") {
+    // Every device with an active port, each opened by name with auto: a
+    // device not on PCI (rxe) resolves off; on PCI, on exactly when the
+    // device accepts an IBV_ACCESS_RELAXED_ORDERING registration.
+    int num = 0;
+    ibv_device** list = ibv_get_device_list(&num);
+    REQUIRE(list != nullptr);
+    int checked = 0;
+    for (int i = 0; i < num; ++i) {
+      const std::string dev_name = ibv_get_device_name(list[i]);
+      Config c = test_config();
+      c.device = dev_name;
+      c.relaxed_ordering = slotrpc::RelaxedOrdering::kAuto;
+      auto n = Device::open(c);
+      if (!n.ok()) continue;  // no active port
+      std::error_code ec;
+      const auto subsystem = std::filesystem::canonical(
+          std::filesystem::path("/sys/class/infiniband") / dev_name / "device" / "subsystem", ec);
+      const bool pci = !ec && subsystem.filename() == "pci";
+      bool expect = false;
+      if (pci) {
+        ibv_pd* pd = ibv_alloc_pd(n.value()->context());
+        REQUIRE(pd != nullptr);
+        std::vector<std::byte> page(4096);
+        ibv_mr* mr = ibv_reg_mr(pd, page.data(), page.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_RELAXED_ORDERING);
+        expect = mr != nullptr;
+        if (mr != nullptr) ibv_dereg_mr(mr);
+        ibv_dealloc_pd(pd);
+      }
+      MESSAGE("relaxed ordering auto on " << dev_name << std::string(pci ? " (PCI)" : " (not PCI)") << ": "
+                                          << std::string(n.value()->relaxed_ordering() ? "on" : "off"));
+      CHECK_MESSAGE(n.value()->relaxed_ordering() == expect, dev_name);
+      if (verbs_test::in_rxe_vm()) CHECK_FALSE(n.value()->relaxed_ordering());  // rxe: not on PCI
+      c.relaxed_ordering = slotrpc::RelaxedOrdering::kOn;
+      auto on = Device::open(c);
+      REQUIRE(on.ok());
+      CHECK(on.value()->relaxed_ordering());  // on means on, whatever auto found
+      ++checked;
+    }
+    ibv_free_device_list(list);
+    CHECK(checked >= 1);
+  }
   SUBCASE("probe describes the choice") {
     auto p = probe(cfg);
     REQUIRE(p.ok());
@@ -283,6 +352,10 @@ TEST_CASE("verbs link: slot writes and control sends both ways; setup and teardo
     // Closing is idempotent and reported once.
     a->link->close("test closes a");
     a->link->close("again");
+    // Wait for the report itself (settle() alone may not poll at all on a
+    // loaded machine: its 20 ms can pass before the first poll), then make
+    // sure no second one follows.
+    CHECK(pump({ta.get(), tb.get()}, [&] { return a->count(CKind::kLinkDown) >= 1; }, 5000ms));
     settle({ta.get(), tb.get()}, 20ms);
     CHECK(a->count(CKind::kLinkDown) == 1);
     CHECK(a->link->down_reason() == "test closes a");
@@ -335,8 +408,26 @@ TEST_CASE("verbs link: the configured inline size falls back to what the device 
   cfg.inline_bytes = 4096;
   auto t = make_transport(cfg);
   auto a = make_end(*t, 4, 8192, "a");
-  MESSAGE("inline_bytes 4096 -> max_inline " << a->link->max_inline());
-  CHECK(a->link->max_inline() <= 4096u);
+  const uint32_t mi = a->link->max_inline();
+  MESSAGE("inline_bytes 4096 -> max_inline " << mi);
+  // The probe halves from what was asked until the device agrees: the
+  // result is 4096 >> k, never a rounded or device-reported odd size.
+  CHECK(mi > 0);
+  CHECK(std::has_single_bit(mi));
+  CHECK(4096 % mi == 0);
+  // rxe refuses 4096, 2048 and 1024 (its limit is its SGE area) and takes 512.
+  if (verbs_test::in_rxe_vm()) CHECK(mi == 512);
+  CHECK(a->link->stats().max_inline == mi);
+  // The queue pair itself can inline that much: it was created with it.
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qi{};
+  REQUIRE(ibv_query_qp(a->link->queue_pair(), &qa, IBV_QP_CAP, &qi) == 0);
+  CHECK(qa.cap.max_inline_data >= mi);
+  // Asking for what the device took gives that at once.
+  cfg.inline_bytes = mi;
+  auto te = make_transport(cfg);
+  auto e = make_end(*te, 4, 8192, "e");
+  CHECK(e->link->max_inline() == mi);
   cfg.inline_bytes = 0;
   auto t0 = make_transport(cfg);
   auto z = make_end(*t0, 4, 8192, "z");
@@ -663,7 +754,107 @@ TEST_CASE("verbs link: queue-pair settings from Config are accepted") {
     a->link->post(std::vector<Outgoing>{slot_message(*a, 0, 200, 3)});
     REQUIRE(pump({t.get()}, [&] { return b->got.size() == 1; }));
     CHECK(slot_holds(*b, 0, 200, 3));
+    // What the queue pair really holds, read back from it.
+    for (End* e : {a.get(), b.get()}) {
+      ibv_qp_attr qa{};
+      ibv_qp_init_attr qi{};
+      REQUIRE(ibv_query_qp(e->link->queue_pair(), &qa,
+                           IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                               IBV_QP_RNR_RETRY | IBV_QP_MIN_RNR_TIMER,
+                           &qi) == 0);
+      CHECK(qa.qp_state == IBV_QPS_RTS);
+      CHECK(unsigned{qa.timeout} == k.timeout);
+      CHECK(unsigned{qa.retry_cnt} == k.retry);
+      CHECK(unsigned{qa.rnr_retry} == k.rnr);
+      CHECK(unsigned{qa.min_rnr_timer} == k.min_rnr);
+      // rxe keeps no service level in its address vector (RoCE carries
+      // priority in the traffic class): it reads back 0 there.
+      if (t->device().name().rfind("rxe", 0) != 0) CHECK(unsigned{qa.ah_attr.sl} == k.sl);
+      // Both ends on one port: the path MTU is the port's active MTU.
+      CHECK(qa.path_mtu == t->device().active_mtu());
+      if (t->device().ethernet()) {
+        CHECK(qa.ah_attr.is_global == 1);
+        CHECK(unsigned{qa.ah_attr.grh.traffic_class} == k.tc);
+        CHECK(unsigned{qa.ah_attr.grh.sgid_index} == t->device().gid_index());
+      }
+    }
   }
+}
+
+TEST_CASE("verbs link: the path MTU is the smaller of both ports'") {
+  auto t = make_transport();
+  auto a = make_end(*t, 2, 512, "a");
+  auto b = make_end(*t, 2, 512, "b");
+  const ibv_mtu port_mtu = t->device().active_mtu();
+  REQUIRE(port_mtu > IBV_MTU_256);
+  // Each end hears that the other's port runs 256 (our port is larger):
+  // both queue pairs must use 256, not their own port's MTU.
+  QpInfo ia = a->link->local_info();
+  QpInfo ib = b->link->local_info();
+  ia.mtu = IBV_MTU_256;
+  ib.mtu = IBV_MTU_256;
+  REQUIRE(a->link->connect(ib, -1, "b").ok());
+  REQUIRE(b->link->connect(ia, -1, "a").ok());
+  for (End* e : {a.get(), b.get()}) {
+    ibv_qp_attr qa{};
+    ibv_qp_init_attr qi{};
+    REQUIRE(ibv_query_qp(e->link->queue_pair(), &qa, IBV_QP_PATH_MTU, &qi) == 0);
+    CHECK(qa.path_mtu == IBV_MTU_256);
+  }
+  // Messages larger than 256 bytes still arrive whole (several packets).
+  a->link->post(std::vector<Outgoing>{slot_message(*a, 0, 500, 9)});
+  REQUIRE(pump({t.get()}, [&] { return b->got.size() == 1; }));
+  CHECK(slot_holds(*b, 0, 500, 9));
+}
+
+TEST_CASE("verbs transport: under load one poll takes several completions, one doorbell several messages") {
+  // A sender keeps many slot messages in flight, posting them the way the
+  // core does (a batch per loop turn, here 8); the receiver echoes nothing
+  // back, it only consumes.  Completions pile up between polls, so a poll
+  // that takes one completion at a time shows here as polls ~= completions.
+  auto t = make_transport();
+  auto r = make_transport();
+  constexpr uint32_t kSlots = 64, kSize = 256, kBatch = 8;
+  constexpr uint64_t kMessages = 20000;
+  auto a = make_end(*t, kSlots, kSize, "a");
+  auto b = make_end(*r, kSlots, kSize, "b");
+  connect_pair(*a, *b);
+  const auto p0 = r->poll_stats();
+  const auto s0 = a->link->stats();
+  uint64_t sent = 0;
+  size_t received = 0;
+  std::array<Completion, 64> buf;
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (received < kMessages && std::chrono::steady_clock::now() < until) {
+    // Keep up to kSlots in flight: slot i is reused once its message arrived.
+    while (sent < kMessages && sent - received + kBatch <= kSlots) {
+      std::array<Outgoing, kBatch> batch;
+      for (uint32_t j = 0; j < kBatch; ++j) {
+        const auto slot = static_cast<uint16_t>((sent + j) % kSlots);
+        batch[j] = slot_message(*a, slot, 64, static_cast<uint32_t>(sent + j));
+      }
+      a->link->post(batch);
+      sent += kBatch;
+    }
+    (void)t->poll(buf);  // the sender's send completions
+    const size_t n = r->poll(buf);
+    for (size_t i = 0; i < n; ++i) {
+      if (buf[i].kind != CKind::kMessage) continue;
+      ++received;
+      b->link->arm(buf[i].slot);
+    }
+  }
+  REQUIRE(received == kMessages);
+  const auto p1 = r->poll_stats();
+  const auto s1 = a->link->stats();
+  const double per_poll = double(p1.completions - p0.completions) / double(p1.polls - p0.polls);
+  const double doorbells_per_msg = double(s1.doorbells - s0.doorbells) / double(s1.slot_sends - s0.slot_sends);
+  MESSAGE(kMessages << " messages: " << per_poll << " completions per non-empty poll at the receiver, "
+                    << doorbells_per_msg << " doorbells per message at the sender");
+  CHECK(per_poll > 1.5);
+  CHECK(doorbells_per_msg <= 1.0 / kBatch + 0.01);
+  CHECK(a->count(CKind::kLinkDown) == 0);
+  CHECK(b->count(CKind::kLinkDown) == 0);
 }
 
 TEST_CASE("verbs link: connect and attach refuse what does not match") {

@@ -4,10 +4,12 @@
 // a host without a device.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../env_var.h"
@@ -139,12 +141,12 @@ TEST_CASE("mtu_bytes and gid_text") {
   CHECK(gid_text(g) == "fe80::1");
 }
 
+// SLOTRPC_DEVICE names a device no host has, so these run the same with or
+// without an RDMA device here (the rxe suite covers a real one).
+constexpr const char* kNoSuchDevice = "nosuchdev0";
+
 TEST_CASE("forcing verbs without a usable device is a clear error") {
-  auto probe = slotrpc::transport::verbs::probe(slotrpc::Config{});
-  if (probe.ok()) {
-    MESSAGE("this host has an RDMA device (" << probe.value() << "): checked by the rxe suite");
-    return;
-  }
+  EnvVar d("SLOTRPC_DEVICE", kNoSuchDevice);
   EnvVar t("SLOTRPC_TRANSPORT", "verbs");
   auto ch = slotrpc::Channel::connect("127.0.0.1:1");
   REQUIRE_FALSE(ch.ok());
@@ -160,18 +162,43 @@ TEST_CASE("forcing verbs without a usable device is a clear error") {
 }
 
 TEST_CASE("auto without a device: tcp, and the device error names the setting") {
-  auto probe = slotrpc::transport::verbs::probe(slotrpc::Config{});
-  if (probe.ok()) return;
   slotrpc::Config cfg;
-  cfg.device = "nosuchdev0";
+  cfg.device = kNoSuchDevice;
   auto named = slotrpc::transport::verbs::probe(cfg);
   REQUIRE_FALSE(named.ok());
   CHECK(named.status().code() == StatusCode::kUnavailable);
 
+  EnvVar d("SLOTRPC_DEVICE", kNoSuchDevice);
   slotrpc::Server server;
   REQUIRE(server.start("127.0.0.1:0").ok());
   auto ch = slotrpc::Channel::connect("127.0.0.1:" + std::to_string(server.port()));
   REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
   CHECK((*ch)->transport() == slotrpc::TransportKind::kTcp);
   CHECK((*ch)->stats().max_inline == 0);
+}
+
+TEST_CASE("relaxed-ordering detection: one answer per device, detected once each") {
+  // Two devices with different answers (a PCI NIC and rxe on one host):
+  // each keeps its own; a second ask does not detect again.
+  int calls_a = 0, calls_b = 0;
+  CHECK(cached_per_device("unit-test-dev-a", [&] { ++calls_a; return true; }));
+  CHECK_FALSE(cached_per_device("unit-test-dev-b", [&] { ++calls_b; return false; }));
+  CHECK(cached_per_device("unit-test-dev-a", [&] { ++calls_a; return false; }));
+  CHECK_FALSE(cached_per_device("unit-test-dev-b", [&] { ++calls_b; return true; }));
+  CHECK(calls_a == 1);
+  CHECK(calls_b == 1);
+
+  // Asked from many threads at once: detected exactly once, every thread
+  // sees that answer.
+  std::atomic<int> calls{0};
+  std::atomic<int> yes{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&] {
+      if (cached_per_device("unit-test-dev-c", [&] { ++calls; return true; })) ++yes;
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(calls.load() == 1);
+  CHECK(yes.load() == 8);
 }

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -102,10 +104,22 @@ std::string gid_text(const ibv_gid& gid) {
   return buf;
 }
 
+bool cached_per_device(const std::string& device, const std::function<bool()>& detect) {
+  // One answer per device name, guarded by a mutex: two reactors opening
+  // devices at once must neither detect twice nor read a half-written map.
+  // Held across detect(), which runs once per device and process (a memory
+  // registration), never on the hot path.
+  static std::mutex mu;
+  static std::map<std::string, bool, std::less<>> answers;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = answers.find(device); it != answers.end()) return it->second;
+  const bool answer = detect();
+  answers.emplace(device, answer);
+  return answer;
+}
+
 bool relaxed_ordering_detected(ibv_context* context, const std::string& device) {
-  static std::once_flag once;
-  static bool detected = false;
-  std::call_once(once, [&] {
+  return cached_per_device(device, [&] {
     // Relaxed ordering is a PCIe attribute: a device not on PCI (rxe, siw)
     // has nothing to relax.
     std::error_code ec;
@@ -127,13 +141,12 @@ bool relaxed_ordering_detected(ibv_context* context, const std::string& device) 
       if (page != MAP_FAILED) ::munmap(page, 4096);
       if (pd != nullptr) ibv_dealloc_pd(pd);
     }
-    detected = pci && accepted;
     spdlog::info("slotrpc: relaxed ordering (auto) on {}: {}", device,
                  !pci       ? "off, the device is not on PCI"
                  : accepted ? "on"
                             : "off, the device refused IBV_ACCESS_RELAXED_ORDERING");
+    return pci && accepted;
   });
-  return detected;
 }
 
 Result<std::unique_ptr<Device>> Device::open(const Config& config) {

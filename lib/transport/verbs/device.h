@@ -17,6 +17,7 @@
 #include <infiniband/verbs.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -45,7 +46,7 @@ class Device {
   ibv_mtu active_mtu() const { return active_mtu_; }
   const ibv_device_attr& attr() const { return attr_; }
   // Config::relaxed_ordering resolved for this device (auto: detected once
-  // per process).
+  // per device and process).
   bool relaxed_ordering() const { return relaxed_ordering_; }
 
   // "rxe0 port 1, GID 0 fe80::... (RoCE v2), MTU 1024"
@@ -77,9 +78,15 @@ uint32_t mtu_bytes(uint32_t mtu);
 std::string gid_text(const ibv_gid& gid);
 
 // Relaxed-ordering detection for RelaxedOrdering::kAuto, run once per
-// process (std::call_once): true when `device` sits on PCI (the attribute
-// is a PCIe one; software devices such as rxe have none) and a registration
-// with IBV_ACCESS_RELAXED_ORDERING succeeds on it.
+// device and process (cached_per_device): true when `device` sits on PCI
+// (the attribute is a PCIe one; software devices such as rxe have none) and
+// a registration with IBV_ACCESS_RELAXED_ORDERING succeeds on it.  Each
+// device gets its own answer: a host with a PCI NIC and rxe must not hand
+// one's answer to the other.
 bool relaxed_ordering_detected(ibv_context* context, const std::string& device);
+
+// detect() the first time `device` is asked about, its cached answer after
+// that; thread-safe (a mutex-guarded map).  Exposed for tests.
+bool cached_per_device(const std::string& device, const std::function<bool()>& detect);
 
 }  // namespace slotrpc::transport::verbs

@@ -123,6 +123,9 @@ class VerbsLink final : public Link {
   // The receive ring is reached through a type-2 memory window bound to
   // this link's queue pair (shared protection domain).
   bool memory_window() const { return ring_window_.mw != nullptr; }
+  // The queue pair itself, for tests that read its attributes back
+  // (ibv_query_qp); nullptr before setup.
+  ibv_qp* queue_pair() const { return qp_; }
 
   // Test hook, not used by the library: an RDMA WRITE_WITH_IMM of `length`
   // bytes at `local` (inside the attached send ring) to an arbitrary remote
@@ -244,6 +247,15 @@ class VerbsTransport final : public Transport {
   uint32_t srq_depth() const { return srq_ ? srq_->depth() : 0; }
   uint32_t srq_committed() const { return srq_committed_; }
 
+  // Completion-queue polls that found work and the completions they took:
+  // completions / polls is how much one poll batches under load.  Two
+  // counter increments per non-empty poll, no more.
+  struct PollStats {
+    uint64_t polls = 0;
+    uint64_t completions = 0;
+  };
+  PollStats poll_stats() const { return poll_stats_; }
+
   // How often poll() looks at the fds (control connections, async events,
   // CQ events) while busy: every this many polls, and after every sleep.
   static constexpr uint32_t kFdCheckInterval = 1024;
@@ -299,6 +311,7 @@ class VerbsTransport final : public Transport {
   std::vector<Completion> ready_;
   size_t ready_head_ = 0;
   size_t live_links_ = 0;
+  PollStats poll_stats_;
 };
 
 }  // namespace slotrpc::transport::verbs
