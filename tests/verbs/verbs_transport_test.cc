@@ -885,3 +885,43 @@ TEST_CASE("verbs link: connect and attach refuse what does not match") {
   CHECK(l.value()->attach(r.value(), r.value(), 4, 1024, nullptr).ok());
   l.value()->deregister(r.value());
 }
+
+TEST_CASE("verbs link: a peer that takes none of our sends fails the link at the backlog budget") {
+  // The receiver's transport is never polled, so it never reposts the
+  // receives its queue pair consumes: once they are gone, every further send
+  // waits on RNR forever (rnr_retry 7), the send queue fills, and the rest
+  // piles up in the backlog.  A peer that follows the credit rules can never
+  // leave more than 5 x slots + 64 messages unacknowledged; past that the
+  // link must fail, not grow.
+  Config sender_cfg = with_srq(slotrpc::SharedReceiveQueue::kOff);
+  sender_cfg.rnr_retry = 7;
+  auto ta = make_transport(sender_cfg);
+  auto tb = make_transport(with_srq(slotrpc::SharedReceiveQueue::kOff));
+  constexpr uint32_t kSlots = 16;
+  auto a = make_end(*ta, kSlots, 1024, "a");
+  auto b = make_end(*tb, kSlots, 1024, "b");
+  connect_pair(*a, *b);
+  const size_t budget = 5 * kSlots + 64;
+  const size_t most = b->link->receive_queue_depth() + a->link->send_queue_depth() + budget;
+  std::vector<std::array<std::byte, 32>> bodies;
+  for (uint32_t i = 0; i < 16; ++i) bodies.push_back(control_bytes(i));
+  std::vector<Outgoing> batch;
+  for (auto& body : bodies) batch.push_back(Outgoing{body.data(), 32, 0, Lane::kControl});
+  size_t posted = 0;
+  while (a->count(CKind::kLinkDown) == 0 && posted < 4 * most) {
+    a->link->post(batch);
+    posted += batch.size();
+    pump({ta.get()}, [&] { return a->count(CKind::kLinkDown) != 0; }, 5ms);
+  }
+  MESSAGE("posted " << posted << " messages; receive queue " << b->link->receive_queue_depth()
+                    << ", send queue " << a->link->send_queue_depth() << ", budget " << budget);
+  REQUIRE(a->count(CKind::kLinkDown) == 1);
+  CHECK_MESSAGE(contains(a->link->down_reason(), "send backlog over budget"), a->link->down_reason());
+  // It failed at the budget: once the receives the peer had posted were used
+  // up and the send queue was full, within one batch of the budget.
+  CHECK(posted <= most + batch.size());
+  // The scenario was the one described: the receiver took exactly the
+  // receives it had posted (its completions wait in its unpolled queue).
+  CHECK(pump({tb.get()}, [&] { return b->count(CKind::kControl) >= b->link->receive_queue_depth(); }, 5000ms));
+  CHECK(b->count(CKind::kControl) == b->link->receive_queue_depth());
+}

@@ -21,6 +21,12 @@ void VerbsLink::post(std::span<const Outgoing> batch) {
   // The rest waits for completions (or for connect()), in order.
   for (; i < batch.size(); ++i) {
     const Outgoing& o = batch[i];
+    if (backlog_.size() - backlog_head_ >= backlog_limit_) {
+      return fail(fmt::format(
+          "send backlog over budget: {} messages wait and the peer acknowledges none of them "
+          "(budget {} for {} slots; it is not reposting receives)",
+          backlog_.size() - backlog_head_, backlog_limit_, created_slots_));
+    }
     Pending& p = backlog_.emplace_back();
     p.out = o;
     if (o.lane == Lane::kControl) {

@@ -57,6 +57,9 @@ Status VerbsLink::setup(uint32_t slot_count) {
   // and cancels are bounded by the slots, pings by time) — see
   // docs/design.md, "No RNR".
   sq_depth_ = std::min<uint32_t>(2 * slot_count + 32, max_wr);
+  // The same rule as TCP's output budget, counted in messages: one slot
+  // message per slot, two cancels and two grants per slot, 64 keepalives.
+  backlog_limit_ = 5 * size_t{slot_count} + 64;
   const uint32_t want_rq = 3 * slot_count + 16;
   const bool use_srq = owner_.srq_ != nullptr &&
                        uint64_t{owner_.srq_committed_} + want_rq <= owner_.srq_->depth();

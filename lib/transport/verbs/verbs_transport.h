@@ -193,6 +193,12 @@ class VerbsLink final : public Link {
 
   std::vector<Pending> backlog_;  // waits for send-queue room (or for connect)
   size_t backlog_head_ = 0;
+  // Most messages that may wait in the backlog (setup(): 5 x slots + 64, what
+  // a peer that follows the credit rules can ever leave unacknowledged).
+  // More means the peer takes none of our sends (it stopped reposting
+  // receives, so the NIC retries on RNR forever): the link fails instead of
+  // growing without bound (docs/design.md, "Buffer budgets").
+  size_t backlog_limit_ = 0;
   uint32_t sq_outstanding_ = 0;   // posted, not yet known complete
   uint32_t unsignaled_ = 0;       // posted since the last signaled request
   uint64_t send_seq_ = 0;
