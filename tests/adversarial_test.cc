@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/logging.h"
 #include "raw_tcp_client.h"
 #include "test_messages_generated.h"
 
@@ -237,7 +238,7 @@ struct Arena {
   Arena() {
     // Session closes are logged at info; the test environment sets warn.
     ::setenv("SLOTRPC_LOG_LEVEL", "info", 1);
-    spdlog::default_logger()->sinks().push_back(log);
+    slotrpc::core::log().sinks().push_back(log);
     Config cfg;
     cfg.keepalive_ms = kKeepaliveMs;
     cfg.peer_timeout_ms = kPeerTimeoutMs;
@@ -258,7 +259,7 @@ struct Arena {
     steady.reset();
     bystander.reset();
     server.reset();
-    auto& sinks = spdlog::default_logger()->sinks();
+    auto& sinks = slotrpc::core::log().sinks();
     sinks.erase(std::remove(sinks.begin(), sinks.end(), log), sinks.end());
     ::setenv("SLOTRPC_LOG_LEVEL", "warn", 1);
   }

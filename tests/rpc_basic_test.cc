@@ -12,6 +12,9 @@
 // sanitizers.
 #include <doctest/doctest.h>
 #include <slotrpc/slotrpc.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <stdlib.h>
 
 #include <atomic>
 #include <chrono>
@@ -20,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -249,6 +253,39 @@ TEST_CASE("future form: a Ping is answered by its own Pong") {
   CHECK(stats.queued == 0);
   CHECK(stats.free_slots == 64);
   CHECK_FALSE(stats.closed);
+}
+
+TEST_CASE("logging: the library logs through its own 'slotrpc' logger and leaves the application's alone") {
+  // The application's default logger at debug, with a sink of its own.
+  auto app = spdlog::default_logger();
+  const auto app_level = app->level();
+  std::ostringstream app_lines;
+  auto app_sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(app_lines);
+  app->sinks().push_back(app_sink);
+  app->set_level(spdlog::level::debug);
+  // The library at info (the test environment says warn), for the server's
+  // "listening" line.
+  ::setenv("SLOTRPC_LOG_LEVEL", "info", 1);
+
+  {
+    TestServer ts;
+    auto ch = connect(ts.address);
+    auto f = ch->call_typed<Pong>(kEcho, ping(1, "x", 1));
+    CHECK(get_within(f).ok());
+  }
+
+  ::setenv("SLOTRPC_LOG_LEVEL", "warn", 1);
+  const auto app_level_after = app->level();
+  app->sinks().pop_back();
+  app->set_level(app_level);
+
+  CHECK(app_level_after == spdlog::level::debug);  // before: reset to the library's level
+  auto lib = spdlog::get("slotrpc");
+  REQUIRE(lib != nullptr);
+  CHECK(lib->level() == spdlog::level::info);
+  CHECK(lib != app);
+  // The library's lines went to its own logger, not the application's.
+  CHECK(app_lines.str().find("slotrpc: server listening") == std::string::npos);
 }
 
 TEST_CASE("callback form: the sink runs once on the channel's loop with the reply") {

@@ -1,11 +1,12 @@
 #include "core/client_session.h"
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include <cassert>
 #include <string_view>
 #include <utility>
+
+#include "core/logging.h"
 
 namespace slotrpc::detail {
 void release_reply(const std::shared_ptr<ReplyOwner>& owner, uint16_t slot, uint32_t generation) {
@@ -483,7 +484,7 @@ void ClientSession::cancel(uint64_t request_id, Status status) {
 }
 
 void ClientSession::protocol_error(std::string reason) {
-  spdlog::error("slotrpc: closing session with {}: {}", peer_, reason);
+  core::log().error("slotrpc: closing session with {}: {}", peer_, reason);
   shutdown(Status(StatusCode::kUnavailable,
                   fmt::format("session with {} closed: protocol error: {}", peer_, reason)));
 }

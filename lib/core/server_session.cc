@@ -2,9 +2,10 @@
 
 #include <boost/context/fiber.hpp>
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include <cstring>
+
+#include "core/logging.h"
 
 namespace slotrpc::core {
 
@@ -268,14 +269,14 @@ void ServerSession::flush() {
 }
 
 void ServerSession::protocol_error(std::string reason) {
-  spdlog::error("slotrpc: closing session with {}: protocol error: {}", peer_, reason);
+  core::log().error("slotrpc: closing session with {}: protocol error: {}", peer_, reason);
   close("protocol error: " + reason);
 }
 
 void ServerSession::close(std::string reason) {
   if (closed_) return;
   closed_ = true;
-  spdlog::info("slotrpc: session with {} closed: {}", peer_, reason);
+  core::log().info("slotrpc: session with {} closed: {}", peer_, reason);
   loop_.timers().cancel(keepalive_timer_);
   keepalive_timer_ = 0;
   outbox_.clear();

@@ -1,7 +1,6 @@
 #include "reactor/fiber_pool.h"
 
 #include <boost/context/protected_fixedsize_stack.hpp>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cassert>
@@ -22,6 +21,8 @@
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
+
+#include "core/logging.h"
 
 namespace slotrpc::reactor {
 namespace {
@@ -120,9 +121,9 @@ void FiberPool::fiber_main(Fiber* f) {
     } catch (const std::exception& e) {
       // Tasks catch their own errors (handlers turn them into INTERNAL
       // replies); reaching here is a bug, but must not kill the reactor.
-      spdlog::error("slotrpc: uncaught exception in fiber task: {}", e.what());
+      core::log().error("slotrpc: uncaught exception in fiber task: {}", e.what());
     } catch (...) {
-      spdlog::error("slotrpc: uncaught non-standard exception in fiber task");
+      core::log().error("slotrpc: uncaught non-standard exception in fiber task");
     }
     f->fn = nullptr;
     f->task = nullptr;

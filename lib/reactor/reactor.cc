@@ -9,8 +9,8 @@
 #include <cstring>
 #include <stdexcept>
 
-#include <spdlog/spdlog.h>
-
+#include "core/logging.h"
+#include "monitor/monitor.h"
 #include "transport/verbs/verbs_transport.h"
 
 namespace slotrpc::reactor {
@@ -28,9 +28,9 @@ void run_guarded(const std::string& loop, const char* what, Fn&& fn) {
   try {
     fn();
   } catch (const std::exception& e) {
-    spdlog::error("slotrpc: {}: {} threw, dropped: {}", loop, what, e.what());
+    core::log().error("slotrpc: {}: {} threw, dropped: {}", loop, what, e.what());
   } catch (...) {
-    spdlog::error("slotrpc: {}: {} threw a non-standard exception, dropped", loop, what);
+    core::log().error("slotrpc: {}: {} threw a non-standard exception, dropped", loop, what);
   }
 }
 }
@@ -75,7 +75,7 @@ Result<transport::verbs::VerbsTransport*> Reactor::verbs() {
     return Status(StatusCode::kInternal, std::string("slotrpc reactor: epoll_ctl: ") + std::strerror(errno));
   }
   verbs_ = std::move(created.value());
-  spdlog::debug("slotrpc: {}: verbs transport on {}", name_, verbs_->device().describe());
+  core::log().debug("slotrpc: {}: verbs transport on {}", name_, verbs_->device().describe());
   return verbs_.get();
 }
 

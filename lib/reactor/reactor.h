@@ -30,6 +30,9 @@
 namespace slotrpc::transport::verbs {
 class VerbsTransport;
 }
+namespace slotrpc::monitor {
+class Monitor;
+}
 
 namespace slotrpc::reactor {
 
@@ -73,6 +76,9 @@ class Reactor {
   // Loop thread.  This loop's verbs transport, created on first use (it
   // opens the RDMA device the config selects); the error says why not.
   Result<transport::verbs::VerbsTransport*> verbs();
+  // Loop thread.  This loop's monitor (hardware counters, receive pools),
+  // or nullptr while the loop uses no verbs or the monitor is off.
+  monitor::Monitor* monitor() { return monitor_.get(); }
 
   // Loop thread.  The session's flush() runs at the end of this turn.
   void request_flush(core::SessionBase* s) {
@@ -117,6 +123,7 @@ class Reactor {
   std::vector<transport::Completion> completions_;
   transport::TcpTransport tcp_;
   std::unique_ptr<transport::verbs::VerbsTransport> verbs_;  // lazily, see verbs()
+  std::unique_ptr<monitor::Monitor> monitor_;  // with verbs_ (lib/monitor/)
   Stats stats_;
 };
 

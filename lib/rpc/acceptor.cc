@@ -9,7 +9,6 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include <array>
 #include <cerrno>
@@ -17,6 +16,7 @@
 #include <list>
 #include <unordered_map>
 
+#include "core/logging.h"
 #include "rpc/admission.h"
 
 namespace slotrpc::rpc {
@@ -159,7 +159,7 @@ void Acceptor::Impl::on_accept(const boost::system::error_code& ec, tcp::socket 
     return;
   }
   if (fd_episode) {
-    spdlog::info("slotrpc: file descriptors are available again; {} connection(s) were refused "
+    core::log().info("slotrpc: file descriptors are available again; {} connection(s) were refused "
                  "while there were none", fd_refused);
     fd_episode = false;
     fd_refused = 0;
@@ -175,7 +175,7 @@ void Acceptor::Impl::on_accept(const boost::system::error_code& ec, tcp::socket 
 void Acceptor::Impl::on_fd_limit(const boost::system::error_code& ec) {
   if (!fd_episode) {
     fd_episode = true;
-    spdlog::warn("slotrpc: server out of file descriptors (accept: {}; RLIMIT_NOFILE = {}): new "
+    core::log().warn("slotrpc: server out of file descriptors (accept: {}; RLIMIT_NOFILE = {}): new "
                  "connections are refused with RESOURCE_EXHAUSTED until some are freed",
                  ec.message(), nofile_limit_text());
   }
@@ -347,7 +347,7 @@ void Acceptor::run() {
       break;  // stopped
     } catch (const std::exception& e) {
       // A handler's own barrier should have caught it; keep accepting.
-      spdlog::error("slotrpc: accept path: {}", e.what());
+      core::log().error("slotrpc: accept path: {}", e.what());
     }
   }
   // Pending handshakes die with the server.

@@ -4,9 +4,10 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
+
+#include "core/logging.h"
 
 namespace slotrpc::rpc {
 
@@ -92,9 +93,9 @@ void RateLimitedLog::warn(const std::string& line) {
     return;
   }
   if (suppressed_ != 0) {
-    spdlog::warn("{} (and {} more like it since the last such line)", line, suppressed_);
+    core::log().warn("{} (and {} more like it since the last such line)", line, suppressed_);
   } else {
-    spdlog::warn("{}", line);
+    core::log().warn("{}", line);
   }
   last_ = now;
   suppressed_ = 0;

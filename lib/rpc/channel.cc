@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include <array>
 #include <cassert>
@@ -192,7 +191,7 @@ Result<Established> establish(Channel::Impl& impl) {
     });
     if (!st.ok()) {
       if (cfg.transport == TransportKind::kVerbs) return fail(Status(st.code(), "verbs setup failed: " + st.message()));
-      spdlog::warn("slotrpc: verbs setup for {} failed, offering tcp: {}", impl.address, st.message());
+      core::log().warn("slotrpc: verbs setup for {} failed, offering tcp: {}", impl.address, st.message());
       note = "verbs setup failed here: " + st.message();
       propose = false;
     }
@@ -295,7 +294,7 @@ void Channel::Impl::with_session(std::function<void(const Status&)> then) {
   reconnecting = true;
   ++reconnect_attempts;
   if (reconnector.joinable()) reconnector.join();  // the previous one has finished
-  spdlog::info("slotrpc: reconnecting to {}", address);
+  core::log().info("slotrpc: reconnecting to {}", address);
   // Connecting blocks (and waits for the loop), so it runs beside the loop.
   reconnector = std::thread([this] {
     Result<Established> est = establish(*this);
@@ -313,7 +312,7 @@ void Channel::Impl::reconnected(Result<Established> est) {
     reconnect_failures = 0;
     next_attempt = {};
     ++reconnects;
-    spdlog::info("slotrpc: reconnected to {} ({})", peer, to_string(kind.load()));
+    core::log().info("slotrpc: reconnected to {} ({})", peer, to_string(kind.load()));
   } else {
     ++reconnect_failures;
     const uint32_t doublings = std::min<uint32_t>(reconnect_failures - 1, 20);
@@ -322,7 +321,7 @@ void Channel::Impl::reconnected(Result<Established> est) {
     const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(delay * factor);
     next_attempt = Clock::now() + wait;
     last_reconnect_error = st;
-    spdlog::warn("slotrpc: reconnect to {} failed ({} in a row), next attempt in {} ms: {}", address,
+    core::log().warn("slotrpc: reconnect to {} failed ({} in a row), next attempt in {} ms: {}", address,
                  reconnect_failures, wait.count(), st.message());
   }
   auto waiting = std::move(waiting_for_session);
@@ -364,7 +363,7 @@ Result<std::unique_ptr<Channel>> Channel::connect(const std::string& address, Co
     installed.set_value();
   });
   installed.get_future().wait();
-  spdlog::info("slotrpc: channel to {} uses {} ({}; transport={})", impl->peer,
+  core::log().info("slotrpc: channel to {} uses {} ({}; transport={})", impl->peer,
                to_string(impl->kind.load()), est.value().note, to_string(cfg->transport));
   return std::unique_ptr<Channel>(new Channel(std::move(impl)));
 }
@@ -462,7 +461,7 @@ CallHandle Channel::call(uint32_t method_id, RequestWriter writer, CallOptions o
                            (!r->options.deadline || Clock::now() < *r->options.deadline);
         if (!retry) return r->sink(std::move(reply));
         --r->retries_left;
-        spdlog::info("slotrpc: retrying idempotent call (method id 0x{:08x}) after: {}", r->method_id,
+        core::log().info("slotrpc: retrying idempotent call (method id 0x{:08x}) after: {}", r->method_id,
                      reply.status().message());
         impl->with_session([r, again, failed = Status(reply.status())](const Status& st) {
           if (!st.ok()) {

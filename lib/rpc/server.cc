@@ -7,7 +7,6 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include <array>
 #include <atomic>
@@ -193,7 +192,7 @@ Status Server::start(const std::string& listen_address) {
       impl_->config.transport == TransportKind::kVerbs ? "verbs only, on " + impl_->verbs_note
       : impl_->verbs_ok ? "tcp and verbs on " + impl_->verbs_note
                         : "tcp only: " + impl_->verbs_note;
-  spdlog::info("slotrpc: server listening on {}:{} ({}; {} event loop(s), up to {} slots of {} "
+  core::log().info("slotrpc: server listening on {}:{} ({}; {} event loop(s), up to {} slots of {} "
                "bytes; at most {} sessions; {})",
                endpoint->host, impl_->port, transports, n, impl_->config.slot_count,
                impl_->config.slot_size, impl_->config.max_sessions,
@@ -282,7 +281,7 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
           return fail(exhausted ? StatusCode::kResourceExhausted : ext.status().code(),
                       "server cannot set up verbs: " + why);
         }
-        spdlog::warn("slotrpc: verbs setup for {} failed, answering with tcp: {}", p.peer,
+        core::log().warn("slotrpc: verbs setup for {} failed, answering with tcp: {}", p.peer,
                      ext.status().message());
         tcp_note = "verbs setup failed on the server: " + ext.status().message();
       }
@@ -309,12 +308,16 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
   // The reply is written here, on the loop thread, before this task
   // returns: the session cannot have flushed a frame (its first PING is a
   // keepalive period away and would be sent from this thread), so the
-  // HelloReply always precedes the session's first frame.
+  // HelloReply always precedes the session's first frame.  The session is
+  // counted first: a client that has its reply must find it in
+  // session_count().
+  ++session_count;
   if (!rpc::send_hello_reply(p.fd, 0, p.hello,
                              transport == core::WireTransport::kVerbs ? std::string() : tcp_note,
                              transport, extension)) {
     refuse_log.warn(fmt::format("slotrpc: handshake with {} failed: the HelloReply could not be "
                                 "written at once", p.peer));
+    --session_count;
     session.reset();
     admission->release(ring_bytes);
     ::shutdown(p.fd, SHUT_RDWR);
@@ -322,10 +325,9 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
     return;
   }
   ::close(p.fd);  // the link works on its own duplicate
-  spdlog::debug("slotrpc: session with {} on loop {}", p.peer, index);
+  core::log().debug("slotrpc: session with {} on loop {}", p.peer, index);
   core::ServerSession* raw = session.get();
   sessions[index].emplace(raw, std::move(session));
-  ++session_count;
 }
 
 Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_tcp(
@@ -371,7 +373,7 @@ Result<std::vector<std::byte>> Server::Impl::open_verbs(size_t index, int fd,
   closer.fd = -1;
   std::vector<std::byte> ext(transport::verbs::kQpInfoSize);
   transport::verbs::encode_qp_info(raw_link->local_info(), ext.data());
-  spdlog::debug("slotrpc: verbs session with {} on loop {}: {}", peer, index, raw_link->describe());
+  core::log().debug("slotrpc: verbs session with {} on loop {}: {}", peer, index, raw_link->describe());
   out = std::move(session.value());
   return ext;
 }

@@ -11,8 +11,9 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
-#include <spdlog/spdlog.h>
 #include <utility>
+
+#include "core/logging.h"
 
 namespace slotrpc::transport {
 namespace {
@@ -234,7 +235,7 @@ void TcpLink::after_output_change(bool progress) {
   // so a peer draining slowly does not toggle EPOLLIN on every write.
   if (reading_ && queued_bytes_ > budget_bytes_) {
     reading_ = false;
-    spdlog::debug("tcp link {}: {} bytes queued for a peer that is not reading (budget {}): "
+    core::log().debug("tcp link {}: {} bytes queued for a peer that is not reading (budget {}): "
                   "reading from it paused", description_, queued_bytes_, budget_bytes_);
   } else if (!reading_ && queued_bytes_ <= budget_bytes_ / 2) {
     reading_ = true;
@@ -405,7 +406,7 @@ void TcpLink::fail(std::string reason) {
   if (down_) return;
   down_ = true;
   down_reason_ = std::move(reason);
-  spdlog::debug("tcp link {} down: {}", description_, down_reason_);
+  core::log().debug("tcp link {} down: {}", description_, down_reason_);
   if (in_epoll_) {
     ::epoll_ctl(owner_.epoll_fd_, EPOLL_CTL_DEL, socket_.native_handle(), nullptr);
     in_epoll_ = false;
@@ -561,7 +562,7 @@ void TcpTransport::check_stalled() {
         "peer has read nothing for {} ms with {} bytes queued (peer_timeout_ms = {})",
         std::chrono::duration_cast<std::chrono::milliseconds>(idle).count(), link->queued_bytes_,
         peer_timeout_ms_);
-    spdlog::warn("slotrpc: closing {}: {}", link->description_, reason);
+    core::log().warn("slotrpc: closing {}: {}", link->description_, reason);
     link->fail(std::move(reason));
   }
 }

@@ -285,7 +285,7 @@ size_t VerbsTransport::process(const ibv_wc* wc, int n, Completion* out) {
   // before the core sees these completions.
   if (srq_ != nullptr) {
     if (const int rc = srq_->post_consumed(); rc != 0) {
-      spdlog::error("slotrpc: {}: ibv_post_srq_recv: {}", device_->name(), std::strerror(rc));
+      core::log().error("slotrpc: {}: ibv_post_srq_recv: {}", device_->name(), std::strerror(rc));
       fail_all(errno_text("ibv_post_srq_recv", rc));
     }
   }
@@ -344,7 +344,7 @@ bool VerbsTransport::prepare_sleep() {
   if (ready_head_ < ready_.size()) return false;
   if (!armed_) {
     if (const int rc = ibv_req_notify_cq(cq_, 0); rc != 0) {
-      spdlog::warn("slotrpc: ibv_req_notify_cq: {}; not sleeping", std::strerror(rc));
+      core::log().warn("slotrpc: ibv_req_notify_cq: {}; not sleeping", std::strerror(rc));
       return false;
     }
     armed_ = true;

@@ -14,7 +14,8 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
+
+#include "core/logging.h"
 
 namespace slotrpc::transport::verbs {
 namespace {
@@ -141,7 +142,7 @@ bool relaxed_ordering_detected(ibv_context* context, const std::string& device) 
       if (page != MAP_FAILED) ::munmap(page, 4096);
       if (pd != nullptr) ibv_dealloc_pd(pd);
     }
-    spdlog::info("slotrpc: relaxed ordering (auto) on {}: {}", device,
+    core::log().info("slotrpc: relaxed ordering (auto) on {}: {}", device,
                  !pci       ? "off, the device is not on PCI"
                  : accepted ? "on"
                             : "off, the device refused IBV_ACCESS_RELAXED_ORDERING");

@@ -23,7 +23,7 @@ VerbsLink::~VerbsLink() {
   // and are dropped by lookup().
   if (qp_ != nullptr) {
     if (ibv_destroy_qp(qp_) != 0)
-      spdlog::error("slotrpc: ibv_destroy_qp ({}): {}", description_, std::strerror(errno));
+      core::log().error("slotrpc: ibv_destroy_qp ({}): {}", description_, std::strerror(errno));
     // SRQ completions are matched by queue-pair number, which the device
     // may hand to the next queue pair: ours leave the CQ now (their
     // buffers go back to the SRQ; the messages are dropped).
@@ -32,14 +32,14 @@ VerbsLink::~VerbsLink() {
   for (Window& w : windows_)
     if (w.mw != nullptr) ibv_dealloc_mw(w.mw);
   if (!mrs_.empty()) {
-    spdlog::warn("slotrpc: {} destroyed with {} memory region(s) still registered", description_,
+    core::log().warn("slotrpc: {} destroyed with {} memory region(s) still registered", description_,
                  mrs_.size());
     for (ibv_mr* mr : mrs_) ibv_dereg_mr(mr);
   }
   own_rq_.reset();
   ctrl_bufs_ = RegisteredBuffer{};  // before the PD it is registered in
   if (owns_pd_ && pd_ != nullptr && ibv_dealloc_pd(pd_) != 0)
-    spdlog::error("slotrpc: ibv_dealloc_pd ({}): {}", description_, std::strerror(errno));
+    core::log().error("slotrpc: ibv_dealloc_pd ({}): {}", description_, std::strerror(errno));
   owner_.srq_committed_ -= srq_budget_;
   owner_.cq_committed_ -= cq_budget_;
   --owner_.live_links_;
@@ -68,13 +68,13 @@ Status VerbsLink::setup(uint32_t slot_count) {
   } else {
     rq_depth_ = std::min<uint32_t>(want_rq, max_wr);
     if (rq_depth_ < want_rq) {
-      spdlog::warn("slotrpc: {} allows {} receive requests per QP; {} slots want {}: a burst of "
+      core::log().warn("slotrpc: {} allows {} receive requests per QP; {} slots want {}: a burst of "
                    "control messages could meet receiver-not-ready",
                    dev.name(), max_wr, slot_count, want_rq);
     }
     if (owner_.srq_ != nullptr && !owner_.srq_full_logged_) {
       owner_.srq_full_logged_ = true;
-      spdlog::info("slotrpc: {}: the shared receive queue ({} requests, {} reserved) cannot take "
+      core::log().info("slotrpc: {}: the shared receive queue ({} requests, {} reserved) cannot take "
                    "a session of {} slots more; such sessions get receive queues of their own "
                    "(raise SLOTRPC_SRQ_DEPTH)", dev.name(), owner_.srq_->depth(),
                    owner_.srq_committed_, slot_count);
@@ -152,7 +152,7 @@ Status VerbsLink::setup(uint32_t slot_count) {
     inline_want = inline_want < 16 ? 0 : inline_want / 2;
   }
   if (max_inline_ < cfg.inline_bytes) {
-    spdlog::debug("slotrpc: {}: inline_bytes {} not supported, using {}", dev.name(),
+    core::log().debug("slotrpc: {}: inline_bytes {} not supported, using {}", dev.name(),
                   cfg.inline_bytes, max_inline_);
   }
   // An attribute "no more than asked" keeps the documented meaning of

@@ -4,7 +4,8 @@
 #include <cstring>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
+
+#include "core/logging.h"
 
 namespace slotrpc::transport::verbs {
 
@@ -41,7 +42,7 @@ Result<std::unique_ptr<ReceiveQueue>> ReceiveQueue::create_private(ibv_pd* pd, u
 
 ReceiveQueue::~ReceiveQueue() {
   if (srq_ != nullptr && ibv_destroy_srq(srq_) != 0)
-    spdlog::error("slotrpc: ibv_destroy_srq: {}", std::strerror(errno));
+    core::log().error("slotrpc: ibv_destroy_srq: {}", std::strerror(errno));
 }
 
 int ReceiveQueue::post_consumed() {

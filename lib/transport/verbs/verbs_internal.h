@@ -19,7 +19,7 @@
 #include <utility>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
+#include "core/logging.h"
 
 namespace slotrpc::transport::verbs {
 
