@@ -397,6 +397,38 @@ TEST_CASE("deadline: a call to a handler that sleeps 300 ms fails at its 50 ms d
   CHECK_FALSE(ts.probe->saw_text("too-late"));
 }
 
+TEST_CASE("deadline: a reply the loop gets to only after the deadline passed ends DEADLINE_EXCEEDED") {
+  // The channel's loop is held (an application callback that blocks it, as
+  // a descheduled thread would) from before call B's deadline until after
+  // B's reply has arrived.  The turn that follows polls before it runs
+  // timers, so it finds the reply first: B must still end with
+  // DEADLINE_EXCEEDED, not OK 250 ms after its deadline.
+  TestServer ts;
+  auto ch = connect(ts.address);
+  {
+    auto f = ch->call_typed<Pong>(kEcho, ping(1, "warm"));
+    REQUIRE(get_within(f).ok());
+  }
+  Latch blocker_done;
+  // C: its 10 ms deadline runs this callback on the loop, which holds the
+  // loop for 300 ms.
+  ch->call(kEcho, ping(2, "blocker", 0, 1000), CallOptions::with_timeout(10ms), [&](RawReply&& r) {
+    CHECK(r.status().code() == StatusCode::kDeadlineExceeded);
+    std::this_thread::sleep_for(300ms);
+    blocker_done.set();
+  });
+  // B: answered (OK) by the server after 80 ms, while the loop is held;
+  // its deadline is 40 ms.
+  auto f = ch->call_typed<Pong>(kEcho, ping(3, "late", 0, 80), CallOptions::with_timeout(40ms));
+  auto reply = get_within(f);
+  CHECK_MESSAGE(reply.status().code() == StatusCode::kDeadlineExceeded, reply.status().to_string());
+  REQUIRE(blocker_done.wait_for(kWait));
+  // Both replies are dropped as late ones; every slot comes back.
+  REQUIRE(wait_until([&] { return ch->stats().zombies == 0; }));
+  CHECK(ch->stats().late_replies_dropped == 2);
+  CHECK(ch->stats().free_slots == 64);
+}
+
 TEST_CASE("late replies: with one slot, a reply that arrives after its deadline never reaches the next call") {
   Config one;
   one.slot_count = 1;

@@ -304,6 +304,18 @@ void ClientSession::on_message(const transport::Completion& c) {
   PendingCall* call = s.call;
   s.call = nullptr;
   loop_.timers().cancel(call->timer);
+  if (call->deadline && *call->deadline <= Clock::now()) {
+    // The deadline passed before this turn got to the reply: the loop ran
+    // late (descheduled, or an application callback held it), and this
+    // turn polls before it runs timers.  The caller sees DEADLINE_EXCEEDED,
+    // as it would have had the timer run first; the reply is dropped like
+    // any late one.  One clock read per reply, and only for calls with a
+    // deadline.
+    ++late_replies_dropped_;
+    end_stream(h.slot);
+    free_slot(h.slot);
+    return fail(call, deadline_exceeded(*call));
+  }
   if (call->stream) {
     // The final status of a stream: no more messages will come.
     Status status;
@@ -443,13 +455,17 @@ void ClientSession::complete(PendingCall* call, Status status) {
   finish(call, RawReply(std::move(status)));
 }
 
+Status ClientSession::deadline_exceeded(const PendingCall& call) const {
+  return Status(StatusCode::kDeadlineExceeded,
+                fmt::format("deadline exceeded (call {} to {}, method id 0x{:08x})", call.request_id,
+                            peer_, call.method_id));
+}
+
 void ClientSession::on_deadline(void* self_ptr, uint64_t call_ptr) {
   auto* self = static_cast<ClientSession*>(self_ptr);
   auto* call = reinterpret_cast<PendingCall*>(call_ptr);
   call->timer = 0;
-  Status status(StatusCode::kDeadlineExceeded,
-                fmt::format("deadline exceeded (call {} to {}, method id 0x{:08x})",
-                            call->request_id, self->peer_, call->method_id));
+  Status status = self->deadline_exceeded(*call);
   if (call->slot < 0) {
     self->dequeue(call);
     return self->fail(call, std::move(status));

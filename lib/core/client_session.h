@@ -147,6 +147,7 @@ class ClientSession final : public SessionBase,
   static void on_completion_thunk(SessionBase* s, const transport::Completion& c);
   static void flush_thunk(SessionBase* s);
   static void on_deadline(void* self, uint64_t call);
+  Status deadline_exceeded(const PendingCall& call) const;
   static void on_keepalive(void* self, uint64_t);
 
   void on_message(const transport::Completion& c);
