@@ -66,7 +66,7 @@ TcpLink::TcpLink(TcpTransport& owner, tcp::socket socket, std::string descriptio
       // Until attach() gives the geometry, only control frames are possible.
       budget_bytes_(TcpTransport::output_budget(0, 0)) {
   pending_.reserve(kPendingReserve);
-  staging_.resize(TcpTransport::kStagingBytes);
+  staging_ = std::make_unique_for_overwrite<std::byte[]>(TcpTransport::kStagingBytes);
   ++owner_.live_links_;
 }
 
@@ -282,8 +282,8 @@ void TcpLink::on_readable(bool drain_all) {
       dst = body_dest_ + body_got_;
       room = body_len_ - body_got_;
     } else {
-      dst = staging_.data() + staging_end_;
-      room = staging_.size() - staging_end_;
+      dst = staging_.get() + staging_end_;
+      room = TcpTransport::kStagingBytes - staging_end_;
     }
     const ssize_t n = ::recv(fd, dst, room, MSG_DONTWAIT);
     if (n == 0) {
@@ -313,7 +313,7 @@ void TcpLink::on_readable(bool drain_all) {
 }
 
 bool TcpLink::parse_staging() {
-  std::byte* const base = staging_.data();
+  std::byte* const base = staging_.get();
   while (staging_begin_ < staging_end_) {
     const size_t avail = staging_end_ - staging_begin_;
     if (!in_body_) {
