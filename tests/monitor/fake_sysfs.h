@@ -20,16 +20,21 @@ class FakeSysfs {
   FakeSysfs() {
     char tmpl[] = "/tmp/slotrpc-fake-sysfs-XXXXXX";
     if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
-    root_ = tmpl;
+    scratch_ = tmpl;
+    root_ = scratch_ + "/infiniband";
+    std::filesystem::create_directory(root_);
   }
   ~FakeSysfs() {
     std::error_code ec;
-    std::filesystem::remove_all(root_, ec);
+    std::filesystem::remove_all(scratch_, ec);
   }
   FakeSysfs(const FakeSysfs&) = delete;
   FakeSysfs& operator=(const FakeSysfs&) = delete;
 
+  // The fake /sys/class/infiniband.
   const std::string& root() const { return root_; }
+  // A directory beside it for a test's own files.
+  const std::string& scratch() const { return scratch_; }
 
   std::string dir(const std::string& device, int port, const std::string& sub) const {
     return root_ + "/" + device + "/ports/" + std::to_string(port) + "/" + sub;
@@ -55,6 +60,7 @@ class FakeSysfs {
   }
 
  private:
+  std::string scratch_;
   std::string root_;
 };
 
