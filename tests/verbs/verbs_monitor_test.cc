@@ -18,6 +18,7 @@
 #include <atomic>
 #include <array>
 #include <memory>
+#include <mutex>
 #include <regex>
 #include <string>
 #include <vector>
@@ -26,6 +27,8 @@
 #include "core/wire_format.h"
 #include "monitor/monitor.h"
 #include "reactor/reactor.h"
+#include "slotrpc/channel.h"
+#include "slotrpc/server.h"
 #include "transport/verbs/verbs_transport.h"
 
 int main(int argc, char** argv) { return verbs_test::main(argc, argv); }
@@ -322,4 +325,46 @@ TEST_CASE("monitor: off with SLOTRPC_MONITOR_INTERVAL_MS = 0; with it on, the lo
       },
       10000ms));
   CHECK(loop.monitor()->ticks() >= 3);
+}
+
+TEST_CASE("monitor: Server and Channel over verbs call on_monitor_sample with counters and pools") {
+  Config cfg = test_config();
+  cfg.srq = slotrpc::SharedReceiveQueue::kAuto;
+  cfg.transport = slotrpc::TransportKind::kVerbs;
+  cfg.monitor_interval_ms = 50;
+  cfg.reactor_threads = 2;
+  // Declared before the server and channel, so they outlive their loops,
+  // which call the callbacks below.
+  std::mutex mu;
+  std::vector<MetricsSnapshot> server_samples;
+  std::vector<MetricsSnapshot> channel_samples;
+  slotrpc::Server server(cfg);
+  server.on_monitor_sample([&](const MetricsSnapshot& s) {
+    std::lock_guard lock(mu);
+    server_samples.push_back(s);
+  });
+  REQUIRE(server.start("127.0.0.1:0").ok());
+  auto ch = slotrpc::Channel::connect("127.0.0.1:" + std::to_string(server.port()), cfg);
+  REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
+  CHECK(ch.value()->transport() == slotrpc::TransportKind::kVerbs);
+  ch.value()->on_monitor_sample([&](const MetricsSnapshot& s) {
+    std::lock_guard lock(mu);
+    channel_samples.push_back(s);
+  });
+  CHECK(verbs_test::wait_until([&] {
+    std::lock_guard lock(mu);
+    return server_samples.size() >= 3 && channel_samples.size() >= 3;
+  }));
+  std::lock_guard lock(mu);
+  for (const auto* v : {&server_samples, &channel_samples}) {
+    const MetricsSnapshot& s = v->back();
+    CHECK(find(s.hw_counters, "rcvd_rnr_err") != nullptr);
+    REQUIRE(s.receive_pools.size() == 1);  // the loop's SRQ
+    CHECK(s.receive_pools[0].queue == "srq");
+    CHECK(s.receive_pools[0].capacity > 0);
+    CHECK(s.receive_pools[0].posted == s.receive_pools[0].capacity);
+  }
+  // Only the loop that serves the session uses verbs (and has a monitor).
+  CHECK(server_samples.back().receive_pools[0].loop == "slotrpc-srv0");
+  CHECK(channel_samples.back().receive_pools[0].loop == "slotrpc-chan");
 }
