@@ -19,12 +19,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "slotrpc/call.h"
 #include "slotrpc/config.h"
 #include "slotrpc/future.h"
+#include "slotrpc/metrics.h"
 #include "slotrpc/reply.h"
 #include "slotrpc/result.h"
 #include "slotrpc/typed.h"
@@ -144,6 +146,13 @@ class Channel {
     uint64_t reconnects = 0;
   };
   Stats stats() const;
+
+  // Called after every sample of the monitor (while the channel uses verbs,
+  // every SLOTRPC_MONITOR_INTERVAL_MS), on the channel's event loop, with
+  // the snapshot's monitor fields filled: the device port's hardware
+  // counters and the loop's receive pools.  Any thread, any time; an empty
+  // function removes it.  Keep it short: it runs on the event loop.
+  void on_monitor_sample(std::function<void(const MetricsSnapshot&)> callback);
 
   struct Impl;
 

@@ -9,10 +9,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "slotrpc/config.h"
+#include "slotrpc/metrics.h"
 #include "slotrpc/service.h"
 #include "slotrpc/status.h"
 
@@ -38,6 +40,14 @@ class Server {
   uint16_t port() const;            // after start()
   const Config& config() const;     // after start(): with environment overrides
   size_t session_count() const;     // open sessions, for tests and monitoring
+
+  // Called after every sample of the monitor (each event loop that serves
+  // verbs sessions samples every SLOTRPC_MONITOR_INTERVAL_MS), on that
+  // loop's thread, with the snapshot's monitor fields filled: the device
+  // port's hardware counters (deltas since that loop's previous sample) and
+  // that loop's receive pools.  Any thread, any time; an empty function
+  // removes it.  Keep it short: it runs on the event loop.
+  void on_monitor_sample(std::function<void(const MetricsSnapshot&)> callback);
 
   struct Impl;
 

@@ -21,6 +21,7 @@
 #include "core/method_table.h"
 #include "core/server_session.h"
 #include "core/settings.h"
+#include "monitor/monitor.h"
 #include "reactor/reactor.h"
 #include "rpc/acceptor.h"
 #include "rpc/admission.h"
@@ -36,6 +37,8 @@ struct Server::Impl {
   core::MethodTable methods;
 
   std::vector<std::unique_ptr<reactor::Reactor>> loops;
+  // on_monitor_sample()'s callback, shared with every loop's monitor.
+  std::shared_ptr<monitor::SampleHook> monitor_hook = std::make_shared<monitor::SampleHook>();
   // sessions[i] is touched only on loops[i]'s thread (or after it stopped).
   std::vector<std::unordered_map<core::ServerSession*, std::unique_ptr<core::ServerSession>>> sessions;
   std::atomic<size_t> session_count{0};
@@ -114,6 +117,10 @@ std::string explain_setup_failure(const Status& st) {
 
 Server::Server(Config config) : impl_(std::make_unique<Impl>()) { impl_->config = std::move(config); }
 
+void Server::on_monitor_sample(std::function<void(const MetricsSnapshot&)> callback) {
+  impl_->monitor_hook->set(std::move(callback));
+}
+
 Server::~Server() { stop(); }
 
 Status Server::add_service(ServiceDefinition service) {
@@ -184,6 +191,7 @@ Status Server::start(const std::string& listen_address) {
   impl_->sessions.resize(n);
   for (uint32_t i = 0; i < n; ++i) {
     impl_->loops.push_back(std::make_unique<reactor::Reactor>(impl_->config, fmt::format("slotrpc-srv{}", i)));
+    impl_->loops.back()->set_monitor_hook(impl_->monitor_hook);
     impl_->loops.back()->start();
   }
   impl_->started = true;
