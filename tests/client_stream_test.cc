@@ -13,6 +13,7 @@
 
 #include <slotrpc/slotrpc.h>
 
+#include "failure_util.h"
 #include "test_messages_generated.h"
 
 namespace {
@@ -484,4 +485,117 @@ TEST_CASE("bidi: more concurrent streams than credits all finish") {
   CHECK(ok.load() == kStreams);
   CHECK(eventually([&] { return f.idle(); }));
   f.unary_works();
+}
+
+// ---- Peer processes killed mid-stream --------------------------------------
+// The child is this test binary, re-run with one of the two helper cases
+// below (skipped unless named with --no-skip): a server that writes its port
+// to CS_PORT_FILE, or a client that streams to CS_PORT until killed.
+
+namespace {
+
+std::string self_exe() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
+
+std::unique_ptr<failure_test::Child> spawn_helper(const failure_test::TempDir& dir, const std::string& name) {
+  return std::make_unique<failure_test::Child>(
+      std::vector<std::string>{self_exe(), "--no-skip", "--test-case=" + name}, dir.path, "helper");
+}
+
+}  // namespace
+
+TEST_CASE("helper: stream server process" * doctest::skip()) {
+  const char* port_file = std::getenv("CS_PORT_FILE");
+  REQUIRE(port_file != nullptr);
+  Fixture f;
+  const std::string tmp = std::string(port_file) + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << f.server.port();
+  }
+  std::filesystem::rename(tmp, port_file);
+  for (;;) ::pause();  // until the test kills it
+}
+
+TEST_CASE("helper: stream client process" * doctest::skip()) {
+  const char* port = std::getenv("CS_PORT");
+  const char* mode = std::getenv("CS_MODE");
+  REQUIRE(port != nullptr);
+  REQUIRE(mode != nullptr);
+  auto ch = slotrpc::Channel::connect(std::string("127.0.0.1:") + port, Fixture::config(8, 2, 4096));
+  REQUIRE(ch.ok());
+  if (std::string(mode) == "client") {
+    auto w = ch.value()->client_stream<Ping, Pong>(kLoad);
+    for (uint64_t i = 0; w.Write(ping(i)); ++i) {
+    }
+  } else {
+    auto s = ch.value()->bidi_stream<Ping, Pong>(kSync);
+    std::thread reader([&] {
+      while (s.Read()) {
+      }
+    });
+    for (uint64_t i = 0; s.Write(ping(i)); ++i) {
+    }
+    reader.join();
+  }
+  ::_exit(3);  // the stream ended before the kill: the test sees exit 3, not SIGKILL
+}
+
+TEST_CASE("client and bidi streams: the server process is killed mid-stream: UNAVAILABLE") {
+  failure_test::TempDir dir;
+  const std::string port_file = (dir.path / "port").string();
+  ::setenv("CS_PORT_FILE", port_file.c_str(), 1);
+  auto child = spawn_helper(dir, "helper: stream server process");
+  std::string port;
+  REQUIRE(eventually([&] {
+    port = failure_test::read_file(port_file);
+    return !port.empty() || !child->running();
+  }));
+  REQUIRE_MESSAGE(!port.empty(), "helper wrote no port: " << child->stderr_text());
+  auto ch = slotrpc::Channel::connect("127.0.0.1:" + port, Fixture::config(8, 2, 4096));
+  REQUIRE(ch.ok());
+  auto w = ch.value()->client_stream<Ping, Pong>(kLoad);
+  auto s = ch.value()->bidi_stream<Ping, Pong>(kSync);
+  for (uint64_t i = 0; i < 50; ++i) REQUIRE(w.Write(ping(i)));
+  REQUIRE(s.Write(ping(0)));
+  auto echoed = s.Read();
+  REQUIRE(echoed.has_value());
+  REQUIRE(echoed->ok());
+  echoed.reset();
+  child->kill_and_reap();
+  uint64_t i = 50;
+  while (w.Write(ping(i))) REQUIRE(++i < 10'000'000);
+  CHECK(w.status().code() == StatusCode::kUnavailable);
+  CHECK(w.Finish().status().code() == StatusCode::kUnavailable);
+  while (s.Read()) {
+  }
+  CHECK_FALSE(s.Write(ping(1)));
+  CHECK(s.write_status().code() == StatusCode::kUnavailable);
+  CHECK(s.Finish().code() == StatusCode::kUnavailable);
+}
+
+TEST_CASE("client and bidi streams: the client process is killed mid-stream: the server goes on") {
+  for (const char* mode : {"client", "bidi"}) {
+    CAPTURE(mode);
+    Fixture f(8, 2);
+    failure_test::TempDir dir;
+    const std::string port = std::to_string(f.server.port());
+    ::setenv("CS_PORT", port.c_str(), 1);
+    ::setenv("CS_MODE", mode, 1);
+    auto child = spawn_helper(dir, "helper: stream client process");
+    REQUIRE_MESSAGE(eventually([&] { return f.server_read.load() >= 1000 || !child->running(); }),
+                    child->stderr_text());
+    REQUIRE_MESSAGE(child->running(), "helper exited early: " << child->stderr_text());
+    child->kill_and_reap();
+    // The handler's Read() (or Write()) ends with UNAVAILABLE once the
+    // session sees the connection close.
+    REQUIRE(eventually([&] { return f.handler_done.load(); }));
+    CHECK(f.server_end_code.load() == static_cast<int>(StatusCode::kUnavailable));
+    // The server keeps serving: a unary call and a new stream on another channel.
+    f.unary_works();
+    auto w = f.load();
+    for (uint64_t i = 0; i < 100; ++i) REQUIRE(w.Write(ping(i)));
+    auto r = w.Finish();
+    REQUIRE(r.ok());
+    CHECK(r->seq() == 100);
+  }
 }
