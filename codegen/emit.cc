@@ -62,6 +62,36 @@ std::string handler_output(const std::string& rt, const Method& m, const std::st
                                       : rt + "ServerWriter<" + resp + ">& writer";
 }
 
+// A handler's parameters and the names its wrapper passes, per kind:
+//   unary   (const Req& request, ReplyBuilder<Resp>& reply, ServerCall& call)
+//   server  (const Req& request, ServerWriter<Resp>& writer, ServerCall& call)
+//   client  (ServerReader<Req>& reader, ReplyBuilder<Resp>& reply, ServerCall& call)
+//   bidi    (ServerReaderWriter<Req, Resp>& stream, ServerCall& call)
+struct HandlerShape {
+  std::vector<std::string> params;
+  std::string args;
+  std::string registrar;
+};
+
+HandlerShape handler_shape(const std::string& rt, const Method& m, const std::string& req,
+                           const std::string& resp) {
+  switch (m.kind) {
+    case MethodKind::kUnary:
+    case MethodKind::kServerStream:
+      return {{"const " + req + "& request", handler_output(rt, m, resp), rt + "ServerCall& call"},
+              m.kind == MethodKind::kUnary ? "request, reply, call" : "request, writer, call",
+              m.kind == MethodKind::kUnary ? "add_typed_unary" : "add_server_stream"};
+    case MethodKind::kClientStream:
+      return {{rt + "ServerReader<" + req + ">& reader", rt + "ReplyBuilder<" + resp + ">& reply",
+               rt + "ServerCall& call"},
+              "reader, reply, call", "add_client_stream"};
+    case MethodKind::kBidiStream:
+      return {{rt + "ServerReaderWriter<" + req + ", " + resp + ">& stream", rt + "ServerCall& call"},
+              "stream, call", "add_bidi_stream"};
+  }
+  return {};
+}
+
 void emit_doc(std::string& out, const std::string& indent, const std::vector<std::string>& doc) {
   for (std::string line : doc) {
     while (!line.empty() && (line.back() == ' ' || line.back() == '\t' || line.back() == '\r'))
@@ -135,7 +165,11 @@ void emit_service(std::string& out, const Scope& sc) {
   const std::string& rt = sc.rt;
   const std::string cls = svc.name + "Service";
   bool streams = false;
-  for (const Method& m : svc.methods) streams |= m.kind == MethodKind::kServerStream;
+  bool reads = false;
+  for (const Method& m : svc.methods) {
+    streams |= m.kind == MethodKind::kServerStream || m.kind == MethodKind::kBidiStream;
+    reads |= m.kind == MethodKind::kClientStream || m.kind == MethodKind::kBidiStream;
+  }
   emit_doc(out, "", svc.doc);
   if (!svc.doc.empty()) out += "//\n";
   out += "// Server side: implement the methods, then register definition() with\n";
@@ -144,6 +178,11 @@ void emit_service(std::string& out, const Scope& sc) {
   if (streams) {
     out += "// A streaming handler Write()s each message (false once the stream is\n";
     out += "// over); the status it returns ends the stream.\n";
+  }
+  if (reads) {
+    out += "// A client-streaming or bidi handler Read()s the client's messages in\n";
+    out += "// place until nullptr (the client half-closed, or reader status() says\n";
+    out += "// why not); it may return before, which ends the call for the client.\n";
   }
   out += "// Handlers run on the server's fibers: they may wait for other calls\n";
   out += "// (Future::get) but should not block the thread.\n";
@@ -155,8 +194,7 @@ void emit_service(std::string& out, const Scope& sc) {
     const std::string resp = sc.type(m.response);
     out += "\n";
     emit_doc(out, "  ", m.doc);
-    out += wrap("  virtual " + rt + "Status " + m.cpp_name,
-                {"const " + req + "& request", handler_output(rt, m, resp), rt + "ServerCall& call"},
+    out += wrap("  virtual " + rt + "Status " + m.cpp_name, handler_shape(rt, m, req, resp).params,
                 " = 0;");
   }
   out += "\n";
@@ -167,14 +205,10 @@ void emit_service(std::string& out, const Scope& sc) {
   for (const Method& m : svc.methods) {
     const std::string req = sc.type(m.request);
     const std::string resp = sc.type(m.response);
-    const bool unary = m.kind == MethodKind::kUnary;
-    out += "    def." + std::string(unary ? "add_typed_unary" : "add_server_stream") + "<" + req +
-           ", " + resp + ">(\n";
-    out += wrap("        " + quote(m.name) + ", [this]",
-                {"const " + req + "& request", handler_output(rt, m, resp), rt + "ServerCall& call"},
-                " {");
-    out += "          return " + m.cpp_name + "(request, " + (unary ? "reply" : "writer") +
-           ", call);\n";
+    const HandlerShape shape = handler_shape(rt, m, req, resp);
+    out += "    def." + shape.registrar + "<" + req + ", " + resp + ">(\n";
+    out += wrap("        " + quote(m.name) + ", [this]", shape.params, " {");
+    out += "          return " + m.cpp_name + "(" + shape.args + ");\n";
     out += "        });\n";
   }
   out += "    return def;\n";
@@ -220,6 +254,22 @@ void emit_client(std::string& out, const Scope& sc) {
       if (m.idempotent) out += idem;
       out += wrap("    return channel_.unary<" + req + ", " + resp + ">",
                   {id, sd + "move(build)", sd + "move(options)", sd + "move(done)"}, ";");
+      out += "  }\n";
+    } else if (m.kind == MethodKind::kClientStream) {
+      out += "  // Client streaming: Write() each message (false once the call is over),\n";
+      out += "  // then Finish() half-closes and waits for the reply.\n";
+      out += wrap("  " + rt + "ClientWriter<" + req + ", " + resp + "> " + m.cpp_name,
+                  {rt + "CallOptions options = {}"}, " {");
+      out += wrap("    return channel_.client_stream<" + req + ", " + resp + ">",
+                  {id, sd + "move(options)"}, ";");
+      out += "  }\n";
+    } else if (m.kind == MethodKind::kBidiStream) {
+      out += "  // Bidi streaming: Write()/WritesDone() and Read() independently (from\n";
+      out += "  // two threads if both may wait); Finish() returns the final status.\n";
+      out += wrap("  " + rt + "ClientReaderWriter<" + req + ", " + resp + "> " + m.cpp_name,
+                  {rt + "CallOptions options = {}"}, " {");
+      out += wrap("    return channel_.bidi_stream<" + req + ", " + resp + ">",
+                  {id, sd + "move(options)"}, ";");
       out += "  }\n";
     } else {
       out += "  // Server streaming: Read() until nullopt, then status() tells how it ended.\n";

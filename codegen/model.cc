@@ -183,12 +183,13 @@ FileModel build_model(const reflection::Schema& schema, const std::string& input
                 m.kind = MethodKind::kServerStream;
               } else if (value == "none") {
                 m.kind = MethodKind::kUnary;
-              } else if (value == "client" || value == "bidi") {
-                throw GenError(at + ": streaming mode \"" + value +
-                               "\" is not supported yet (only unary and \"server\")");
+              } else if (value == "client") {
+                m.kind = MethodKind::kClientStream;
+              } else if (value == "bidi") {
+                m.kind = MethodKind::kBidiStream;
               } else {
                 throw GenError(at + ": unknown streaming mode \"" + value +
-                               "\" (slotrpc supports unary and \"server\")");
+                               "\" (slotrpc supports \"none\", \"server\", \"client\" and \"bidi\")");
               }
             }
           }

@@ -36,7 +36,9 @@ std::vector<std::string> split_name(std::string_view dotted);
 // flatc's C++ generator appends '_' to identifiers that are C++ keywords.
 std::string escape_keyword(const std::string& name);
 
-enum class MethodKind { kUnary, kServerStream };
+// The four call kinds of a FlatBuffers rpc_service (`streaming:` "none",
+// "server", "client", "bidi").
+enum class MethodKind { kUnary, kServerStream, kClientStream, kBidiStream };
 
 struct Method {
   std::string name;       // as in the schema ("Get")
@@ -72,7 +74,7 @@ struct FileModel {
 // `schema`.  `root` is the directory given to flatc --bfbs-filenames; the
 // file names flatc recorded ("//x.fbs") are relative to it.  `display` is
 // how error messages name the input.  Throws GenError on a schema slotrpc
-// cannot serve: unsupported streaming mode, method id collision, a
+// cannot serve: unknown streaming mode, method id collision, a
 // generated name that clashes with a schema type.
 FileModel build_model(const reflection::Schema& schema, const std::string& input,
                       const std::string& root, const std::string& display);

@@ -208,8 +208,19 @@ TEST_CASE("wire_format: validate_header accepts a good header") {
     g.flags = static_cast<uint8_t>(Kind::kRequest) | slotrpc::core::kFlagServerStream;
     CHECK(check(g) == HeaderError::kOk);
   }
+  SUBCASE("client-streaming and bidi requests") {
+    Header g = good_header();
+    g.flags = static_cast<uint8_t>(Kind::kRequest) | slotrpc::core::kFlagClientStream;
+    CHECK(check(g) == HeaderError::kOk);
+    CHECK(g.client_stream());
+    CHECK_FALSE(g.server_stream());
+    g.flags |= slotrpc::core::kFlagServerStream;
+    CHECK(check(g) == HeaderError::kOk);
+    CHECK(g.client_stream());
+    CHECK(g.server_stream());
+  }
   SUBCASE("every kind") {
-    for (uint8_t k : {1, 2, 3, 4, 5, 6, 7, 8}) {
+    for (uint8_t k : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}) {
       Header g = good_header();
       g.flags = k;
       CAPTURE(int{k});
@@ -276,7 +287,7 @@ TEST_CASE("wire_format: validate_header rejects each bad input") {
   }
   SUBCASE("unknown kinds") {
     Header h = good_header();
-    for (uint8_t k = 9; k <= kKindMask; ++k) {
+    for (uint8_t k = 12; k <= kKindMask; ++k) {
       h.flags = k;
       CAPTURE(int{k});
       CHECK(check(h) == HeaderError::kBadKind);
@@ -287,6 +298,10 @@ TEST_CASE("wire_format: validate_header rejects each bad input") {
     h.flags = static_cast<uint8_t>(Kind::kReply) | slotrpc::core::kFlagServerStream;
     CHECK(check(h) == HeaderError::kBadKind);
     h.flags = static_cast<uint8_t>(Kind::kStreamGrant) | slotrpc::core::kFlagServerStream;
+    CHECK(check(h) == HeaderError::kBadKind);
+    h.flags = static_cast<uint8_t>(Kind::kClientMessage) | slotrpc::core::kFlagClientStream;
+    CHECK(check(h) == HeaderError::kBadKind);
+    h.flags = static_cast<uint8_t>(Kind::kStreamAck) | slotrpc::core::kFlagClientStream;
     CHECK(check(h) == HeaderError::kBadKind);
   }
   SUBCASE("unknown bits") {

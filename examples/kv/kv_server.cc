@@ -93,7 +93,7 @@ flatbuffers::Offset<kv::Entry> build_entry(flatbuffers::FlatBufferBuilder& fbb, 
   return kv::CreateEntry(fbb, k, s.kind, value, label_vector, &modified);
 }
 
-// The service: generated KVService with its four methods filled in.
+// The service: generated KVService with its five methods filled in.
 // Handlers run on the server's event-loop fibers, possibly on several
 // threads: the map is behind a mutex, which is never held across a
 // suspension (a stream Write()).
@@ -144,6 +144,25 @@ class Store final : public kv::KVService {
     }
     flatbuffers::FlatBufferBuilder& fbb = reply.fbb();
     reply.Finish(kv::CreateDeleteReply(fbb, fbb.CreateVector(outcomes)));
+    return {};
+  }
+
+  // Client streaming: each Entry is read in place in its receive slot and
+  // copied into the map; the slot goes back to the client at the next
+  // Read(), so a fast client is held to the stream's window.
+  slotrpc::Status PutMany(slotrpc::ServerReader<kv::Entry>& reader, slotrpc::ReplyBuilder<kv::PutReply>& reply,
+                          slotrpc::ServerCall&) override {
+    uint32_t stored = 0;
+    while (const kv::Entry* e = reader.Read()) {
+      Stored s;
+      std::string error;
+      if (!parse_entry(*e, s, error)) return invalid(error);
+      std::lock_guard<std::mutex> lock(mu_);
+      map_.insert_or_assign(e->key()->str(), std::move(s));
+      ++stored;
+    }
+    if (!reader.status().ok()) return reader.status();  // cancelled, deadline, session lost
+    reply.Finish(kv::CreatePutReply(reply.fbb(), stored));
     return {};
   }
 

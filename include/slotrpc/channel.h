@@ -29,6 +29,7 @@
 #include "slotrpc/metrics.h"
 #include "slotrpc/reply.h"
 #include "slotrpc/result.h"
+#include "slotrpc/stream.h"
 #include "slotrpc/typed.h"
 
 namespace slotrpc {
@@ -108,6 +109,42 @@ class Channel {
     std::lock_guard<std::mutex> lock(state->mu);
     if (!state->end) state->cancel = [handle] { handle.cancel(); };
     return ClientReader<Resp>(state);
+  }
+
+  // Raw client-streaming (`bidi` false) or bidi call.  Messages go through
+  // the returned state (OutStreamState::send / half_close); a client
+  // stream's reply reaches `on_reply`, a bidi call's messages `on_reply`
+  // and its final status `on_end`.  All callbacks run on the channel's loop.
+  std::shared_ptr<detail::OutStreamState> open_stream(uint32_t method_id, bool bidi,
+                                                      CallOptions options, ReplySink on_reply,
+                                                      std::function<void(Status)> on_end);
+
+  // Typed client-streaming call (see slotrpc/stream.h).
+  template <class Req, class Resp>
+  ClientWriter<Req, Resp> client_stream(uint32_t method_id, CallOptions options = {}) {
+    auto reply = std::make_shared<detail::SharedState<Reply<Resp>>>();
+    auto out = open_stream(method_id, false, std::move(options),
+                           [reply](RawReply&& raw) { reply->set(Reply<Resp>(std::move(raw))); },
+                           nullptr);
+    {
+      std::lock_guard<std::mutex> lock(reply->mu);
+      if (!reply->value) reply->cancel = [out] { out->post_cancel(); };
+    }
+    return ClientWriter<Req, Resp>(out, Future<Reply<Resp>>(reply));
+  }
+
+  // Typed bidi call (see slotrpc/stream.h).
+  template <class Req, class Resp>
+  ClientReaderWriter<Req, Resp> bidi_stream(uint32_t method_id, CallOptions options = {}) {
+    auto in = std::make_shared<detail::StreamState>();
+    auto out = open_stream(method_id, true, std::move(options),
+                           [in](RawReply&& m) { in->push(std::move(m)); },
+                           [in](Status s) { in->finish(std::move(s)); });
+    {
+      std::lock_guard<std::mutex> lock(in->mu);
+      if (!in->end) in->cancel = [out] { out->post_cancel(); };
+    }
+    return ClientReaderWriter<Req, Resp>(out, in);
   }
 
   TransportKind transport() const;

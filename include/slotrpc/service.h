@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "slotrpc/status.h"
+#include "slotrpc/stream.h"
 #include "slotrpc/typed.h"
 
 namespace slotrpc {
@@ -66,13 +67,16 @@ class ServerCall {
   const std::string& method_name() const { return *method_name_; }
   uint32_t method_id() const { return method_id_; }
   const std::string& peer() const { return *peer_; }
-  // Server-streaming calls only: where the handler's messages go.
+  // Server-streaming and bidi calls only: where the handler's messages go.
   detail::StreamWriterImpl* stream() const { return stream_; }
+  // Client-streaming and bidi calls only: where the client's messages come from.
+  detail::InboundStream* inbound() const { return inbound_; }
 
  private:
   friend class core::ServerSession;
   ServerCall() = default;
   detail::StreamWriterImpl* stream_ = nullptr;
+  detail::InboundStream* inbound_ = nullptr;
   std::span<const std::byte> request_;
   flatbuffers::FlatBufferBuilder* reply_ = nullptr;
   const bool* cancelled_ = nullptr;
@@ -97,6 +101,8 @@ using Verifier = bool (*)(const uint8_t* data, size_t size);
 enum class MethodKind : uint8_t {
   kUnary,         // one request, one reply
   kServerStream,  // one request, a stream of replies, then a final status
+  kClientStream,  // a stream of requests, half-closed, then one reply
+  kBidiStream,    // both sides stream independently, then a final status
 };
 
 struct MethodDescriptor {
@@ -164,6 +170,34 @@ class ServiceDefinition {
           return fn(call.request_as<Req>(), writer, call);
         },
         &verify_as<Req>, MethodKind::kServerStream);
+  }
+
+  // Client streaming: fn(ServerReader<Req>&, ReplyBuilder<Resp>&, ServerCall&)
+  // -> Status; the reply (with an OK status) or the error ends the call,
+  // whether or not the client has finished writing.
+  template <class Req, class Resp, class Fn>
+  ServiceDefinition& add_client_stream(std::string_view method, Fn fn) {
+    return add_method(
+        method,
+        [fn = std::move(fn)](ServerCall& call) -> Status {
+          ServerReader<Req> reader(*call.inbound());
+          ReplyBuilder<Resp> reply(call.reply());
+          return fn(reader, reply, call);
+        },
+        nullptr, MethodKind::kClientStream);
+  }
+
+  // Bidi streaming: fn(ServerReaderWriter<Req, Resp>&, ServerCall&) ->
+  // Status; the returned status ends the call.
+  template <class Req, class Resp, class Fn>
+  ServiceDefinition& add_bidi_stream(std::string_view method, Fn fn) {
+    return add_method(
+        method,
+        [fn = std::move(fn)](ServerCall& call) -> Status {
+          ServerReaderWriter<Req, Resp> stream(*call.inbound(), *call.stream());
+          return fn(stream, call);
+        },
+        nullptr, MethodKind::kBidiStream);
   }
 
   template <class T>

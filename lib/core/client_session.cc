@@ -6,6 +6,7 @@
 #include <string_view>
 #include <utility>
 
+#include "core/handshake.h"
 #include "core/logging.h"
 
 namespace slotrpc::detail {
@@ -132,6 +133,15 @@ void ClientSession::submit(PendingCall* call) {
   assert(loop_.on_this_thread());
   if (closed_) return fail_later(call, close_status_);
   if (call->request_id == 0) call->request_id = next_request_id();
+  if (call->client_stream && (peer_features_ & kFeatureClientStreams) == 0) {
+    // An older server would take the new message kinds for a protocol
+    // error and close the session: refuse here instead (protocol.md,
+    // "Versions and features").
+    return fail_later(call, Status(StatusCode::kUnimplemented,
+                                   fmt::format("the server at {} does not support client or bidi "
+                                               "streaming (it predates the feature)",
+                                               peer_)));
+  }
   if (call->deadline && *call->deadline <= Clock::now()) {
     return fail_later(call, Status(StatusCode::kDeadlineExceeded, "deadline passed before the call was sent"));
   }
@@ -180,7 +190,7 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
   b.Clear();
   Status error;
   try {
-    call->writer(b);
+    if (call->writer) call->writer(b);  // client streams open without a payload
   } catch (const SlotOverflow&) {
     error = Status(StatusCode::kResourceExhausted,
                    fmt::format("request does not fit a slot: payload capacity is {} bytes "
@@ -189,7 +199,7 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
   } catch (const std::exception& e) {
     error = Status(StatusCode::kInternal, fmt::format("request writer threw: {}", e.what()));
   }
-  if (error.ok() && !b.is_finished()) {
+  if (error.ok() && call->writer && !b.is_finished()) {
     error = Status(StatusCode::kInvalidArgument, "request writer did not call Finish()");
   }
   call->writer = nullptr;  // release captures now
@@ -211,10 +221,11 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
   call->slot = slot;
 
   Header h;
-  h.flags = static_cast<uint8_t>(Kind::kRequest) | (call->stream ? kFlagServerStream : 0);
+  h.flags = static_cast<uint8_t>(Kind::kRequest) | (call->stream ? kFlagServerStream : 0) |
+            (call->client_stream ? kFlagClientStream : 0);
   h.method_id = call->method_id;
   h.request_id = call->request_id;
-  h.payload_len = b.GetSize();
+  h.payload_len = b.is_finished() ? b.GetSize() : 0;
   h.slot = slot;
   h.generation = s.generation;
   h.timeout_us = remaining_us(call->deadline, Clock::now());
@@ -228,6 +239,7 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
                            s.generation);
   loop_.request_flush(this);
 
+  if (call->client_stream) reserve_out(slot, call);
   if (call->stream) {
     // Lend the stream its window: the grants follow the request on the same
     // ordered link, so the server sees the call before its credits.
@@ -251,6 +263,135 @@ void ClientSession::lend(uint16_t slot, uint16_t owner, uint64_t request_id) {
   send_control(Kind::kStreamGrant, slot, s.generation, request_id, owner);
 }
 
+// Reserves the client stream's window: slots its messages go into, each
+// reused once the server has acknowledged the message in it.  A bidi call
+// leaves at least one free credit for the window it lends the server.
+void ClientSession::reserve_out(uint16_t call_slot, PendingCall* call) {
+  const size_t keep = call->stream ? 1 : 0;
+  const size_t avail = free_.size() > keep ? free_.size() - keep : 0;
+  const size_t window = std::max<size_t>(1, std::min<size_t>(call->window, avail));
+  call->out_free.reserve(window);
+  for (size_t i = 0; i < window && !free_.empty(); ++i) {
+    const uint16_t j = free_.back();
+    free_.pop_back();
+    Slot& s = slots_[j];
+    s.state = SlotState::kOutIdle;
+    s.request_id = call->request_id;
+    s.call = nullptr;
+    s.stream_owner = call_slot;
+    call->out_free.push_back(j);
+  }
+  call->out->loop_call = call;
+  call->out->loop_session = this;
+  call->out->start(static_cast<uint32_t>(call->out_free.size()));
+}
+
+// Hot path (one per client-stream message): no allocation, no lock (the
+// writer's state is touched with atomics unless a writer waits), the
+// builder is the slot's own.
+void ClientSession::stream_write(::slotrpc::detail::OutStreamState& out, RequestWriter writer) {
+  auto* call = static_cast<PendingCall*>(out.loop_call);
+  if (call == nullptr || out.loop_session != this || closed_) return;  // the stream is over
+  const auto call_slot = static_cast<uint16_t>(call->slot);
+  if (call->out_free.empty()) {
+    // ClientWriter waits for a credit first; only a misuse of the raw
+    // state gets here.
+    return abort_call(call_slot,
+                      Status(StatusCode::kInternal, "client stream wrote past its window"),
+                      static_cast<uint16_t>(StatusCode::kCancelled));
+  }
+  const uint16_t j = call->out_free.back();
+  call->out_free.pop_back();
+  SlotBuilder& b = *builders_[j];
+  b.Clear();
+  Status error;
+  try {
+    writer(b);
+  } catch (const SlotOverflow&) {
+    error = Status(StatusCode::kResourceExhausted,
+                   fmt::format("stream message does not fit a slot: payload capacity is {} bytes "
+                               "(slot_size {} minus the {}-byte header)",
+                               b.payload_capacity(), geometry_.slot_size, kHeaderSize));
+  } catch (const std::exception& e) {
+    error = Status(StatusCode::kInternal, fmt::format("stream message writer threw: {}", e.what()));
+  }
+  if (error.ok() && !b.is_finished()) {
+    error = Status(StatusCode::kInvalidArgument, "stream message writer did not call Finish()");
+  }
+  if (!error.ok()) {
+    // Write() has already returned: the stream fails as a whole, and the
+    // server is told to stop.
+    b.recover();
+    call->out_free.push_back(j);
+    return abort_call(call_slot, std::move(error), static_cast<uint16_t>(StatusCode::kCancelled));
+  }
+  Slot& s = slots_[j];
+  ++s.generation;
+  s.state = SlotState::kOutInFlight;
+  Header h;
+  h.flags = static_cast<uint8_t>(Kind::kClientMessage);
+  h.method_id = call_slot;
+  h.request_id = call->request_id;
+  h.payload_len = b.GetSize();
+  h.slot = j;
+  h.generation = s.generation;
+  std::byte* msg = b.message_begin();
+  encode_header(h, msg);
+  outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), j,
+                           s.generation);
+  loop_.request_flush(this);
+}
+
+void ClientSession::stream_half_close(::slotrpc::detail::OutStreamState& out) {
+  auto* call = static_cast<PendingCall*>(out.loop_call);
+  if (call == nullptr || out.loop_session != this || closed_) return;
+  const auto slot = static_cast<uint16_t>(call->slot);
+  send_control(Kind::kHalfClose, slot, slots_[slot].generation, call->request_id);
+}
+
+// The server is done with the client message in `h.slot`: the slot serves
+// the stream's next message, or comes back to the free list once the
+// stream is over.
+void ClientSession::on_stream_ack(const Header& h) {
+  Slot& s = slots_[h.slot];
+  if (s.state != SlotState::kOutInFlight || s.generation != h.generation ||
+      s.request_id != h.request_id || s.stream_owner != static_cast<int32_t>(h.method_id)) {
+    return protocol_error(fmt::format(
+        "stream ack for slot {} generation {} request {} matches no client message in flight",
+        h.slot, h.generation, h.request_id));
+  }
+  if (!stream_active(s)) {
+    s.stream_owner = -1;
+    return free_slot(h.slot);
+  }
+  PendingCall* call = slots_[static_cast<size_t>(s.stream_owner)].call;
+  s.state = SlotState::kOutIdle;
+  call->out_free.push_back(h.slot);
+  call->out->acked();
+}
+
+// Ends the call in `slot` from this side (cancel, deadline, a failed
+// stream message): the caller learns `status` now, the slot waits as a
+// zombie for the server's final message, which CANCEL asks for;
+// `wire_status` tells the server why.
+void ClientSession::abort_call(uint16_t slot, Status status, uint16_t wire_status) {
+  Slot& s = slots_[slot];
+  PendingCall* call = s.call;
+  s.state = SlotState::kZombie;
+  s.call = nullptr;
+  loop_.timers().cancel(call->timer);
+  call->timer = 0;
+  send_control(Kind::kCancel, slot, s.generation, s.request_id, 0, wire_status);
+  fail(call, std::move(status));
+}
+
+void ClientSession::end_out(PendingCall* call, const Status& status) {
+  if (!call->out) return;
+  call->out->loop_call = nullptr;
+  call->out->loop_session = nullptr;
+  call->out->end(status);
+}
+
 bool ClientSession::stream_active(const Slot& lent) const {
   if (lent.stream_owner < 0) return false;
   const Slot& owner = slots_[static_cast<size_t>(lent.stream_owner)];
@@ -259,10 +400,10 @@ bool ClientSession::stream_active(const Slot& lent) const {
 }
 
 void ClientSession::send_control(Kind kind, uint16_t slot, uint32_t generation,
-                                 uint64_t request_id, uint32_t aux) {
+                                 uint64_t request_id, uint32_t aux, uint16_t status) {
   if (closed_) return;
   if (!outbox_.has_control_room()) flush();
-  outbox_.add_control(control_header(kind, slot, generation, request_id, aux));
+  outbox_.add_control(control_header(kind, slot, generation, request_id, aux, status));
   loop_.request_flush(this);
 }
 
@@ -328,6 +469,7 @@ void ClientSession::on_message(const transport::Completion& c) {
     return fail(call, std::move(status));
   }
   const std::span<const std::byte> payload(bytes + kHeaderSize, h.payload_len);
+  if (call->client_stream) end_stream(h.slot);  // the reply ends the client's writes too
   if (h.kind() == Kind::kError) {
     std::string message(reinterpret_cast<const char*>(payload.data()), payload.size());
     free_slot(h.slot);
@@ -364,11 +506,12 @@ void ClientSession::end_stream(uint16_t owner_slot) {
   for (uint16_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     if (s.stream_owner != owner_slot || s.request_id != slots_[owner_slot].request_id) continue;
-    if (s.state == SlotState::kLent) {
+    if (s.state == SlotState::kLent || s.state == SlotState::kOutIdle) {
       s.stream_owner = -1;
       s.state = SlotState::kFree;
       free_.push_back(i);
     }
+    // kOutInFlight slots come back with their acks (on_stream_ack).
   }
 }
 
@@ -387,6 +530,8 @@ void ClientSession::on_control(const transport::Completion& c) {
       return loop_.request_flush(this);
     case Kind::kPong:
       return;
+    case Kind::kStreamAck:
+      return on_stream_ack(h);
     default:
       return protocol_error(fmt::format("unexpected control kind 0x{:02x}", h.flags));
   }
@@ -438,6 +583,7 @@ void ClientSession::pump_queue() {
 }
 
 void ClientSession::finish(PendingCall* call, RawReply reply) {
+  end_out(call, reply.status());
   ReplySink sink = std::move(call->sink);
   delete call;
   if (sink) sink(std::move(reply));
@@ -446,6 +592,7 @@ void ClientSession::finish(PendingCall* call, RawReply reply) {
 void ClientSession::fail(PendingCall* call, Status status) { complete(call, std::move(status)); }
 
 void ClientSession::complete(PendingCall* call, Status status) {
+  end_out(call, status);
   if (call->stream) {
     auto on_end = std::move(call->on_end);
     delete call;
@@ -470,12 +617,8 @@ void ClientSession::on_deadline(void* self_ptr, uint64_t call_ptr) {
     self->dequeue(call);
     return self->fail(call, std::move(status));
   }
-  const uint16_t slot = static_cast<uint16_t>(call->slot);
-  Slot& s = self->slots_[slot];
-  s.state = SlotState::kZombie;
-  s.call = nullptr;
-  self->send_control(Kind::kCancel, slot, s.generation, s.request_id);
-  self->fail(call, std::move(status));
+  self->abort_call(static_cast<uint16_t>(call->slot), std::move(status),
+                   static_cast<uint16_t>(StatusCode::kDeadlineExceeded));
 }
 
 void ClientSession::cancel(uint64_t request_id, Status status) {
@@ -488,13 +631,8 @@ void ClientSession::cancel(uint64_t request_id, Status status) {
   }
   for (uint16_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
-    if (s.state == SlotState::kInFlight && s.request_id == request_id) {
-      PendingCall* call = s.call;
-      s.state = SlotState::kZombie;
-      s.call = nullptr;
-      loop_.timers().cancel(call->timer);
-      send_control(Kind::kCancel, i, s.generation, s.request_id);
-      return fail(call, std::move(status));
+    if (s.state == SlotState::kInFlight && s.call != nullptr && s.request_id == request_id) {
+      return abort_call(i, std::move(status), static_cast<uint16_t>(StatusCode::kCancelled));
     }
   }
 }
@@ -583,7 +721,9 @@ ClientSession::Counters ClientSession::counters() const {
     if (s.state == SlotState::kInFlight) ++c.in_flight;
     if (s.state == SlotState::kZombie) ++c.zombies;
     if (s.state == SlotState::kHeld) ++c.held;
-    if (s.state == SlotState::kLent) ++c.lent;
+    if (s.state == SlotState::kLent || s.state == SlotState::kOutIdle ||
+        s.state == SlotState::kOutInFlight)
+      ++c.lent;
   }
   c.queued = queued_;
   c.late_replies_dropped = late_replies_dropped_;

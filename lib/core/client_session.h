@@ -32,6 +32,7 @@
 #include "core/slot_ring.h"
 #include "reactor/reactor.h"
 #include "slotrpc/call.h"
+#include "slotrpc/stream.h"
 
 namespace slotrpc::detail {
 // The part of a client session that outlives its channel while replies are
@@ -54,6 +55,13 @@ struct PendingCall {
   bool stream = false;
   uint32_t window = 0;
   std::function<void(Status)> on_end;
+  // Client streaming (with `stream` too: bidi): the client writes messages
+  // through `out` into `window` slots reserved for them; `sink` gets the
+  // reply of a client stream.  `out_free` lists the reserved slots not in
+  // flight (capacity reserved at creation: no allocation per message).
+  bool client_stream = false;
+  std::shared_ptr<::slotrpc::detail::OutStreamState> out;
+  std::vector<uint16_t> out_free;
   std::optional<Clock::time_point> deadline;
   uint64_t request_id = 0;
   // Session-owned state.
@@ -107,6 +115,14 @@ class ClientSession final : public SessionBase,
   // The owner's handle on the loop, so replies dropped on other threads can
   // reach it without racing the owner's destruction of the loop.
   void set_loop_handle(std::weak_ptr<reactor::Reactor> handle) { loop_handle_ = std::move(handle); }
+  // Before the first call: the kFeature* bits of the server's HelloReply.
+  void set_peer_features(uint16_t features) { peer_features_ = features; }
+
+  // Loop thread.  Client and bidi streams: one message (built in place in a
+  // send slot of the stream's window), and the half-close.  Streams that
+  // have ended ignore both.
+  void stream_write(::slotrpc::detail::OutStreamState& out, RequestWriter writer);
+  void stream_half_close(::slotrpc::detail::OutStreamState& out);
 
   uint64_t next_request_id() { return last_request_id_.fetch_add(1, std::memory_order_relaxed) + 1; }
 
@@ -117,7 +133,7 @@ class ClientSession final : public SessionBase,
     uint32_t zombies = 0;
     uint32_t held = 0;
     uint32_t queued = 0;
-    uint32_t lent = 0;  // slots lent to server streams
+    uint32_t lent = 0;  // slots lent to server streams or reserved for client streams
     uint64_t late_replies_dropped = 0;
     uint64_t messages_sent = 0;
     transport::LinkStats link;  // zeros once the session is closed
@@ -131,8 +147,12 @@ class ClientSession final : public SessionBase,
  private:
   // kLent: granted to the server stream whose call sits in `stream_owner`;
   // a stream message that arrived in it and is held by the application is
-  // kHeld with `stream_owner` still set.
-  enum class SlotState : uint8_t { kFree, kInFlight, kZombie, kHeld, kLent };
+  // kHeld with `stream_owner` still set.  kOutIdle / kOutInFlight: reserved
+  // for the client stream of the call in `stream_owner`, free for its next
+  // message / carrying one the server has not acknowledged yet.  A slot in
+  // flight comes back only with its kStreamAck, even after the call ended:
+  // until then the server may still be reading it.
+  enum class SlotState : uint8_t { kFree, kInFlight, kZombie, kHeld, kLent, kOutIdle, kOutInFlight };
   struct Slot {
     SlotState state = SlotState::kFree;
     uint32_t generation = 0;
@@ -159,12 +179,20 @@ class ClientSession final : public SessionBase,
   void fail(PendingCall* call, Status status);
   void fail_later(PendingCall* call, Status status);
   void send_control(Kind kind, uint16_t slot, uint32_t generation, uint64_t request_id,
-                    uint32_t aux = 0);
+                    uint32_t aux = 0, uint16_t status = 0);
   void on_stream_message(const Header& h, const std::byte* bytes);
   void lend(uint16_t slot, uint16_t owner, uint64_t request_id);
   bool stream_active(const Slot& lent) const;
   void end_stream(uint16_t owner_slot);
-  uint32_t credits_needed(const PendingCall* call) const { return call->stream ? 2 : 1; }
+  // The call's slot, one lent slot for a server stream, one reserved slot
+  // for a client stream: every open stream can always make progress.
+  uint32_t credits_needed(const PendingCall* call) const {
+    return 1u + (call->stream ? 1u : 0u) + (call->client_stream ? 1u : 0u);
+  }
+  void reserve_out(uint16_t call_slot, PendingCall* call);
+  void on_stream_ack(const Header& h);
+  void abort_call(uint16_t slot, Status status, uint16_t wire_status);
+  static void end_out(PendingCall* call, const Status& status);
   void protocol_error(std::string reason);
   void flush();
   void enqueue(PendingCall* call);
@@ -187,6 +215,7 @@ class ClientSession final : public SessionBase,
   std::atomic<uint64_t> last_request_id_{0};
   uint64_t late_replies_dropped_ = 0;
   uint64_t messages_sent_ = 0;
+  uint16_t peer_features_ = 0;
 
   Outbox outbox_;
   Liveness liveness_;

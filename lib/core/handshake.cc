@@ -65,6 +65,7 @@ void encode_hello_reply(const HelloReply& r, std::byte* out) {
   put32(out + 16, r.extension_len);
   put32(out + 20, r.message_len);
   put16(out + 24, static_cast<uint16_t>(r.transport));
+  put16(out + 26, r.features);
 }
 
 Result<HelloReply> decode_hello_reply(const std::byte* in) {
@@ -86,6 +87,8 @@ Result<HelloReply> decode_hello_reply(const std::byte* in) {
   } else {
     return bad(fmt::format("server chose unknown transport {}", t));
   }
+  // Bits this client does not know are ignored: a newer server's features.
+  r.features = get16(in + 26);
   if (r.extension_len > kMaxHandshakeExtension || r.message_len > kMaxHandshakeMessage)
     return bad("oversized handshake reply");
   return r;

@@ -22,6 +22,12 @@ inline constexpr uint16_t kHandshakeVersion = 1;
 inline constexpr uint32_t kMaxHandshakeExtension = 4096;
 inline constexpr uint32_t kMaxHandshakeMessage = 1024;
 
+// Protocol features a server announces in its HelloReply (offset 26).  A
+// server predating the field sends 0 there; the client then does not use
+// what the server lacks (docs/protocol.md, "Versions and features").
+inline constexpr uint16_t kFeatureClientStreams = 0x0001;  // client and bidi streaming
+inline constexpr uint16_t kKnownFeatures = kFeatureClientStreams;
+
 enum class WireTransport : uint16_t { kTcp = 1, kVerbs = 2 };
 
 struct Hello {
@@ -41,6 +47,8 @@ struct HelloReply {
   // tcp (no device, or tcp forced); `message` then says why.  On the wire 0
   // (a server predating the field) means tcp.
   WireTransport transport = WireTransport::kTcp;
+  // kFeature* bits; 0 from a server predating the field.
+  uint16_t features = kKnownFeatures;
 };
 
 void encode_hello(const Hello& h, std::byte* out);

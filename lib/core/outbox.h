@@ -23,8 +23,9 @@ namespace slotrpc::core {
 
 // Control header with the fields every control message sets.
 inline Header control_header(Kind kind, uint16_t slot, uint32_t generation, uint64_t request_id,
-                             uint32_t aux = 0) {
+                             uint32_t aux = 0, uint16_t status = 0) {
   Header h;
+  h.status = status;
   h.flags = static_cast<uint8_t>(kind);
   h.slot = slot;
   h.generation = generation;

@@ -21,6 +21,10 @@ ServerSession::ServerSession(reactor::Reactor& loop, std::unique_ptr<transport::
       recv_ring_(g.slot_count, g.slot_size),
       send_ring_(g.slot_count, g.slot_size),
       slots_(g.slot_count),
+      in_owner_(g.slot_count, -1),
+      in_next_(g.slot_count, -1),
+      in_generation_(g.slot_count, 0),
+      in_len_(g.slot_count, 0),
       granted_to_(g.slot_count, -1),
       grant_generation_(g.slot_count, 0),
       outbox_(g.slot_count),
@@ -29,9 +33,13 @@ ServerSession::ServerSession(reactor::Reactor& loop, std::unique_ptr<transport::
   SessionBase::flush = &ServerSession::flush_thunk;
   builders_.reserve(g.slot_count);
   writers_.reserve(g.slot_count);
+  inbound_.resize(g.slot_count);
   for (uint32_t i = 0; i < g.slot_count; ++i) {
     builders_.push_back(std::make_unique<SlotBuilder>(send_ring_.slot(i), g.slot_size));
     writers_.emplace_back(this, static_cast<uint16_t>(i));
+    inbound_[i].read = &ServerSession::read_inbound;
+    inbound_[i].session = this;
+    inbound_[i].slot = static_cast<uint16_t>(i);
   }
 }
 
@@ -86,6 +94,7 @@ void ServerSession::on_message(const transport::Completion& c) {
   if (e != HeaderError::kOk) {
     return protocol_error(fmt::format("malformed request header in slot {}: {}", c.slot, to_string(e)));
   }
+  if (h.kind() == Kind::kClientMessage) return on_client_message(c, h);
   if (h.kind() != Kind::kRequest) {
     return protocol_error(fmt::format("unexpected message kind 0x{:02x} in slot {}", h.flags, h.slot));
   }
@@ -99,9 +108,18 @@ void ServerSession::on_message(const transport::Completion& c) {
   if (granted_to_[h.slot] >= 0) {
     return protocol_error(fmt::format("request written into slot {}, which is lent to a stream", h.slot));
   }
+  if (in_owner_[h.slot] >= 0) {
+    return protocol_error(fmt::format(
+        "request written into slot {}, which holds an unacknowledged stream message", h.slot));
+  }
   s.state = SlotState::kRunning;
   s.cancelled = false;
   s.streaming = h.server_stream();
+  s.client_stream = h.client_stream();
+  s.half_closed = false;
+  s.in_head = s.in_tail = s.in_held = -1;
+  s.cancel_code = StatusCode::kCancelled;
+  s.in_invalid = false;
   s.grants.clear();
   s.grant_head = 0;
   s.waiter = nullptr;
@@ -116,13 +134,23 @@ void ServerSession::on_message(const transport::Completion& c) {
     return send_reply(h.slot, Status(StatusCode::kUnimplemented,
                                      fmt::format("no method with id 0x{:08x} on this server", h.method_id)));
   }
-  const bool method_streams = s.method->kind == MethodKind::kServerStream;
-  if (method_streams != s.streaming) {
+  const MethodKind called = s.client_stream
+                               ? (s.streaming ? MethodKind::kBidiStream : MethodKind::kClientStream)
+                               : (s.streaming ? MethodKind::kServerStream : MethodKind::kUnary);
+  if (s.method->kind != called) {
+    auto name = [](MethodKind k) {
+      switch (k) {
+        case MethodKind::kUnary: return "unary";
+        case MethodKind::kServerStream: return "server-streaming";
+        case MethodKind::kClientStream: return "client-streaming";
+        case MethodKind::kBidiStream: return "bidi-streaming";
+      }
+      return "?";
+    };
     return send_reply(h.slot, Status(StatusCode::kInvalidArgument,
-                                     fmt::format("{} is a {} method but was called as a {}",
-                                                 s.method->full_name,
-                                                 method_streams ? "server-streaming" : "unary",
-                                                 s.streaming ? "stream" : "unary call")));
+                                     fmt::format("{} is a {} method but was called as {}",
+                                                 s.method->full_name, name(s.method->kind),
+                                                 name(called))));
   }
   if (s.method->verify != nullptr &&
       !s.method->verify(reinterpret_cast<const uint8_t*>(bytes + kHeaderSize), h.payload_len)) {
@@ -150,6 +178,7 @@ void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
   call.method_id_ = s.method->id;
   call.peer_ = &self->peer_;
   if (s.streaming) call.stream_ = &self->writers_[slot];
+  if (s.client_stream) call.inbound_ = &self->inbound_[slot];
 
   Status status;
   try {
@@ -176,6 +205,11 @@ void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
     status = Status(StatusCode::kInternal,
                     fmt::format("{} threw a non-standard exception", s.method->full_name));
   }
+  if (status.ok() && s.in_invalid) {
+    status = Status(StatusCode::kInvalidArgument,
+                    fmt::format("a client stream message to {} failed FlatBuffers verification",
+                                s.method->full_name));
+  }
   --self->running_;
   if (self->closed_) return self->maybe_finished();
   self->send_reply(slot, std::move(status));
@@ -195,6 +229,9 @@ void ServerSession::send_reply(uint16_t slot, Status status) {
   h.slot = slot;
   h.generation = s.generation;
   if (s.streaming) release_grants(slot);
+  // Every client message the handler did not read is acknowledged before
+  // the final message, so the client has its slots back in order.
+  if (s.client_stream) release_inbound(slot);
   std::byte* msg;
   if (status.ok() && !s.streaming) {
     h.flags = static_cast<uint8_t>(Kind::kReply);
@@ -217,6 +254,7 @@ void ServerSession::send_reply(uint16_t slot, Status status) {
   s.state = SlotState::kIdle;
   s.method = nullptr;
   s.streaming = false;
+  s.client_stream = false;
   link_->arm(slot);  // the client may write this slot again once it has the reply
   outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), slot,
                            s.generation);
@@ -237,10 +275,15 @@ void ServerSession::on_control(const transport::Completion& c) {
       // A cancel may cross the reply on the wire; then there is nothing to do.
       if (s.state == SlotState::kRunning && s.generation == h.generation) {
         s.cancelled = true;
+        // Why, from a client that says (older ones send 0).
+        if (h.status == static_cast<uint16_t>(StatusCode::kDeadlineExceeded))
+          s.cancel_code = StatusCode::kDeadlineExceeded;
         wake_writer(s);
       }
       return;
     }
+    case Kind::kHalfClose:
+      return on_half_close(h);
     case Kind::kStreamGrant:
       return on_grant(h);
     case Kind::kPing:
@@ -256,10 +299,10 @@ void ServerSession::on_control(const transport::Completion& c) {
 }
 
 void ServerSession::send_control(Kind kind, uint16_t slot, uint32_t generation,
-                                 uint64_t request_id) {
+                                 uint64_t request_id, uint32_t aux) {
   if (closed_) return;
   if (!outbox_.has_control_room()) flush();
-  outbox_.add_control(control_header(kind, slot, generation, request_id));
+  outbox_.add_control(control_header(kind, slot, generation, request_id, aux));
   loop_.request_flush(this);
 }
 
@@ -373,7 +416,7 @@ bool ServerSession::StreamWriter::write(
       return false;
     }
     if (s.cancelled) {
-      *error = Status(StatusCode::kCancelled, "the client cancelled the stream");
+      *error = ss.cancel_status(s);
       return false;
     }
     if (s.grant_head < s.grants.size()) break;
@@ -429,6 +472,136 @@ bool ServerSession::StreamWriter::write(
                               h.generation);
   ss.loop_.request_flush(&ss);
   return true;
+}
+
+}  // namespace slotrpc::core
+
+namespace slotrpc::core {
+
+Status ServerSession::cancel_status(const Slot& s) const {
+  if (s.cancel_code == StatusCode::kDeadlineExceeded)
+    return Status(StatusCode::kDeadlineExceeded, "the client's deadline passed");
+  return Status(StatusCode::kCancelled, "the client cancelled the call");
+}
+
+// A message of a client stream in slot j (not the call's slot): queued for
+// the handler's reader, in order.  Hot path: no allocation (the FIFO is
+// linked through in_next_), no lock.
+void ServerSession::on_client_message(const transport::Completion& c, const Header& h) {
+  const uint16_t j = h.slot;
+  if (imm_generation(c.imm) != static_cast<uint16_t>(h.generation)) {
+    return protocol_error(fmt::format("slot {}: immediate and header disagree on the generation", j));
+  }
+  const uint32_t owner = h.method_id;
+  if (owner >= geometry_.slot_count || owner == j) {
+    return protocol_error(fmt::format("client stream message in slot {} names call slot {}", j, owner));
+  }
+  if (slots_[j].state != SlotState::kIdle || granted_to_[j] >= 0 || in_owner_[j] >= 0) {
+    return protocol_error(fmt::format("client stream message written into slot {} while it is in use", j));
+  }
+  Slot& s = slots_[owner];
+  if (s.state != SlotState::kRunning || !s.client_stream || s.request_id != h.request_id) {
+    // The call ended (its final message crossed this one): the message is
+    // dropped, but acknowledged like any other, which gives the client
+    // its slot back.
+    link_->arm(j);
+    return send_control(Kind::kStreamAck, j, h.generation, h.request_id, owner);
+  }
+  if (s.half_closed) {
+    return protocol_error(fmt::format("client stream message in slot {} after the half-close", j));
+  }
+  in_owner_[j] = static_cast<int32_t>(owner);
+  in_next_[j] = -1;
+  in_generation_[j] = h.generation;
+  in_len_[j] = h.payload_len;
+  if (s.in_tail >= 0) in_next_[static_cast<size_t>(s.in_tail)] = j; else s.in_head = j;
+  s.in_tail = j;
+  wake_writer(s);  // the handler's fiber, if it waits in Read()
+}
+
+void ServerSession::on_half_close(const Header& h) {
+  if (h.slot >= slots_.size()) return;
+  Slot& s = slots_[h.slot];
+  // A half-close may cross the call's end on the wire: then it is moot.
+  if (s.state != SlotState::kRunning || !s.client_stream || s.request_id != h.request_id ||
+      s.generation != h.generation) {
+    return;
+  }
+  s.half_closed = true;
+  wake_writer(s);
+}
+
+// The handler is done with the client message in `slot`: the slot may be
+// written again, and the client learns so.
+void ServerSession::ack_inbound(uint16_t slot) {
+  const auto owner = static_cast<uint16_t>(in_owner_[slot]);
+  in_owner_[slot] = -1;
+  link_->arm(slot);
+  send_control(Kind::kStreamAck, slot, in_generation_[slot], slots_[owner].request_id, owner);
+}
+
+void ServerSession::release_inbound(uint16_t call_slot) {
+  Slot& s = slots_[call_slot];
+  if (s.in_held >= 0) ack_inbound(static_cast<uint16_t>(s.in_held));
+  s.in_held = -1;
+  while (s.in_head >= 0) {
+    const auto j = static_cast<uint16_t>(s.in_head);
+    s.in_head = in_next_[j];
+    ack_inbound(j);
+  }
+  s.in_tail = -1;
+}
+
+// ServerReader::Read() on the handler's fiber.  Hot path: releasing the
+// previous message and taking the next are array operations; the fiber
+// suspends only when nothing has arrived yet.
+bool ServerSession::read_inbound(::slotrpc::detail::InboundStream* in_base,
+                                 std::span<const std::byte>* msg, Status* status) {
+  auto* in = static_cast<Inbound*>(in_base);
+  ServerSession& ss = *in->session;
+  Slot& s = ss.slots_[in->slot];
+  if (s.in_held >= 0) {
+    ss.ack_inbound(static_cast<uint16_t>(s.in_held));
+    s.in_held = -1;
+  }
+  for (;;) {
+    if (ss.closed_) {
+      *status = Status(StatusCode::kUnavailable, "session closed");
+      return false;
+    }
+    if (s.cancelled) {
+      *status = ss.cancel_status(s);
+      return false;
+    }
+    if (s.in_invalid) {
+      *status = Status(StatusCode::kInvalidArgument, "a client stream message failed verification");
+      return false;
+    }
+    if (s.in_head >= 0) {
+      const auto j = static_cast<uint16_t>(s.in_head);
+      s.in_head = ss.in_next_[j];
+      if (s.in_head < 0) s.in_tail = -1;
+      s.in_held = j;
+      const std::byte* bytes = ss.recv_ring_.slot(j) + kHeaderSize;
+      const uint32_t len = ss.in_len_[j];
+      if (in->verify != nullptr && !in->verify(reinterpret_cast<const uint8_t*>(bytes), len)) {
+        s.in_invalid = true;
+        continue;
+      }
+      *msg = {bytes, len};
+      return true;
+    }
+    if (s.half_closed) {
+      *status = Status();
+      return false;
+    }
+    if (reactor::FiberPool::current() == nullptr) {
+      *status = Status(StatusCode::kInternal, "ServerReader used outside its handler");
+      return false;
+    }
+    s.waiter = reactor::FiberPool::current();
+    reactor::FiberPool::suspend();
+  }
 }
 
 }  // namespace slotrpc::core

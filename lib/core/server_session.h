@@ -61,7 +61,19 @@ class ServerSession final : public SessionBase {
     // the handler's fiber while it waits for one.
     std::vector<uint16_t> grants;
     size_t grant_head = 0;
+    // The handler's fiber while it waits for a grant or a client message.
     reactor::Fiber* waiter = nullptr;
+    // Client streaming: the client's messages not yet read (a FIFO of slots
+    // linked through in_next_), the one the handler reads now, whether the
+    // client half-closed, why the client cancelled (kCancel's status), and
+    // a message that failed verification.
+    bool client_stream = false;
+    bool half_closed = false;
+    int32_t in_head = -1;
+    int32_t in_tail = -1;
+    int32_t in_held = -1;
+    StatusCode cancel_code = StatusCode::kCancelled;
+    bool in_invalid = false;
     uint32_t generation = 0;
     uint64_t request_id = 0;
     uint32_t payload_len = 0;
@@ -82,6 +94,14 @@ class ServerSession final : public SessionBase {
     uint16_t slot_;
   };
 
+  // The handler's end of a client stream on one call slot.
+  struct Inbound : ::slotrpc::detail::InboundStream {
+    ServerSession* session = nullptr;
+    uint16_t slot = 0;
+  };
+  static bool read_inbound(::slotrpc::detail::InboundStream* in, std::span<const std::byte>* msg,
+                           Status* status);
+
   ServerSession(reactor::Reactor& loop, std::unique_ptr<transport::Link> link, Geometry g,
                 const MethodTable& methods, std::string peer, ClosedFn on_closed);
 
@@ -93,7 +113,13 @@ class ServerSession final : public SessionBase {
   void on_message(const transport::Completion& c);
   void on_control(const transport::Completion& c);
   void send_reply(uint16_t slot, Status status);
-  void send_control(Kind kind, uint16_t slot, uint32_t generation, uint64_t request_id);
+  void send_control(Kind kind, uint16_t slot, uint32_t generation, uint64_t request_id,
+                    uint32_t aux = 0);
+  void on_client_message(const transport::Completion& c, const Header& h);
+  void on_half_close(const Header& h);
+  void ack_inbound(uint16_t slot);
+  void release_inbound(uint16_t call_slot);
+  Status cancel_status(const Slot& s) const;
   void protocol_error(std::string reason);
   void on_grant(const Header& h);
   void release_grants(uint16_t call_slot);
@@ -113,6 +139,14 @@ class ServerSession final : public SessionBase {
   std::vector<std::unique_ptr<SlotBuilder>> builders_;
   std::vector<Slot> slots_;
   std::vector<StreamWriter> writers_;
+  std::vector<Inbound> inbound_;
+  // For each slot j holding a client-stream message: the call slot it
+  // belongs to (or -1), the next message of that stream, and the message's
+  // generation and length.  Fixed size: no allocation per message.
+  std::vector<int32_t> in_owner_;
+  std::vector<int32_t> in_next_;
+  std::vector<uint32_t> in_generation_;
+  std::vector<uint32_t> in_len_;
   // For each slot j: the call slot whose stream it is lent to, or -1, and
   // the generation the client gave it.
   std::vector<int32_t> granted_to_;

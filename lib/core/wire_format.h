@@ -28,12 +28,21 @@ enum class Kind : uint8_t {
   kPong = 6,           // control: keepalive answer
   kStreamMessage = 7,  // server -> client: one message of a server stream, into a lent slot
   kStreamGrant = 8,    // control: client lends slot `slot` to the stream in slot `method_id`
+  // Client and bidi streaming (protocol feature kFeatureClientStreams):
+  kClientMessage = 9,  // client -> server: one message of a client stream, into slot `slot`
+                       // of the stream's window; `method_id` = the call slot
+  kHalfClose = 10,     // control: the client will write no more to the call in `slot`
+  kStreamAck = 11,     // control, server -> client: the handler is done with the client
+                       // message in `slot`; `method_id` = the call slot
 };
 inline constexpr uint8_t kKindMask = 0x0f;
-inline constexpr uint8_t kMaxKind = 8;
-// On a kRequest: the call is server-streaming.
+inline constexpr uint8_t kMaxKind = 11;
+// On a kRequest: the server writes a stream of messages (server streaming).
 inline constexpr uint8_t kFlagServerStream = 0x10;
-inline constexpr uint8_t kKnownFlags = kFlagServerStream;
+// On a kRequest: the client writes a stream of messages (client streaming;
+// with kFlagServerStream too, bidi).
+inline constexpr uint8_t kFlagClientStream = 0x20;
+inline constexpr uint8_t kKnownFlags = kFlagServerStream | kFlagClientStream;
 
 struct Header {
   uint16_t magic = kWireMagic;
@@ -43,12 +52,13 @@ struct Header {
   uint64_t request_id = 0;   // unique per session and direction, never reused
   uint32_t payload_len = 0;  // bytes after the header
   uint16_t slot = 0;         // slot index in the receiver's ring
-  uint16_t status = 0;       // StatusCode of a kError message, else 0
+  uint16_t status = 0;       // StatusCode of a kError message (kCancel: why), else 0
   uint32_t generation = 0;   // bumped by the client each time it reuses a slot
   uint32_t timeout_us = 0;   // kRequest: time left before the caller's deadline, 0 = none
 
   Kind kind() const { return static_cast<Kind>(flags & kKindMask); }
   bool server_stream() const { return (flags & kFlagServerStream) != 0; }
+  bool client_stream() const { return (flags & kFlagClientStream) != 0; }
 };
 
 // Writes `h` into `out[0..32)`.

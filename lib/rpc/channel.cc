@@ -229,6 +229,7 @@ Result<Established> establish(Channel::Impl& impl) {
       // A session that died meanwhile (keepalive) has dropped its link.
       if (vsession->closed()) return vsession->close_status();
       Status s = vlink->connect(info.value(), link_fd, e.peer);
+      vsession->set_peer_features(hs->reply.features);
       if (s.ok()) vsession->link_ready();
       return s;
     });
@@ -264,6 +265,7 @@ Result<Established> establish(Channel::Impl& impl) {
     auto s = core::ClientSession::create(loop, std::move(link.value()), geometry, e.peer);
     if (!s.ok()) return s.status();
     s.value()->set_loop_handle(impl.loop);
+    s.value()->set_peer_features(hs->reply.features);
     return s;
   });
   if (!created.ok()) return fail(created.status());
@@ -558,6 +560,56 @@ Channel::Stats Channel::stats() const {
   std::promise<Stats> result;
   impl_->loop->post([&] { result.set_value(snapshot()); });
   return result.get_future().get();
+}
+
+}  // namespace slotrpc
+
+// Client and bidi streaming (docs/protocol.md, section 5a).  The messages
+// reach the session through the state's functions: each is posted to the
+// loop (the cross-thread path; a caller on the loop runs it at once) and
+// built there in a send slot of the stream's window.
+namespace slotrpc {
+
+std::shared_ptr<detail::OutStreamState> Channel::open_stream(uint32_t method_id, bool bidi,
+                                                             CallOptions options, ReplySink on_reply,
+                                                             std::function<void(Status)> on_end) {
+  auto out = std::make_shared<detail::OutStreamState>();
+  auto* pc = new core::PendingCall;
+  pc->method_id = method_id;
+  pc->sink = std::move(on_reply);
+  pc->on_end = std::move(on_end);
+  pc->stream = bidi;
+  pc->client_stream = true;
+  pc->window = options.stream_window != 0 ? options.stream_window : impl_->config.stream_window;
+  pc->deadline = options.deadline;
+  pc->out = out;
+  std::weak_ptr<Impl> weak_impl = impl_;
+  std::weak_ptr<detail::OutStreamState> weak_out = out;
+  {
+    std::lock_guard<std::mutex> lock(out->mu);
+    out->send = [weak_impl, weak_out](RequestWriter writer) {
+      auto impl = weak_impl.lock();
+      if (!impl || impl->closing.load()) return;
+      impl->loop->run_or_post([impl, weak_out, writer = std::move(writer)]() mutable {
+        auto o = weak_out.lock();
+        if (o && impl->session) impl->session->stream_write(*o, std::move(writer));
+      });
+    };
+    out->half_close = [weak_impl, weak_out] {
+      auto impl = weak_impl.lock();
+      if (!impl || impl->closing.load()) return;
+      impl->loop->run_or_post([impl, weak_out] {
+        auto o = weak_out.lock();
+        if (o && impl->session) impl->session->stream_half_close(*o);
+      });
+    };
+  }
+  CallHandle handle = submit(pc);
+  {
+    std::lock_guard<std::mutex> lock(out->mu);
+    if (!out->ended.load()) out->cancel = [handle] { handle.cancel(); };
+  }
+  return out;
 }
 
 }  // namespace slotrpc

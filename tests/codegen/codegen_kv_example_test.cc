@@ -109,7 +109,8 @@ TEST_CASE("examples/kv: kv_client against a kv_server process, every check passi
   const std::string out = read(client.out);
   INFO("kv_client stdout:\n" << out << "\nstderr:\n" << read(client.err));
   CHECK(status == 0);
-  CHECK(out.find("put 12000 keys") != std::string::npos);
+  CHECK(out.find("put 6000 keys in 60 calls and 6000 in one put-many stream") != std::string::npos);
+  CHECK(out.find("got all 12000 back, verified") != std::string::npos);
   CHECK(out.find("scan streamed 10800 entries in key order") != std::string::npos);
   CHECK(out.find("all checks passed") != std::string::npos);
 

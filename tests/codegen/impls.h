@@ -10,7 +10,9 @@
 #include <slotrpc/slotrpc.h>
 
 #include <atomic>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,11 +40,51 @@ inline slotrpc::Status mirror(const v1::AllKinds& request, slotrpc::ReplyBuilder
   return {};
 }
 
+inline uint64_t seed_of(const v1::AllKinds& m) { return std::numeric_limits<uint64_t>::max() - m.f_ulong(); }
+
 class TypesEchoImpl final : public v1::TypesEchoService {
  public:
   slotrpc::Status Mirror(const v1::AllKinds& request, slotrpc::ReplyBuilder<v1::AllKinds>& reply,
                          slotrpc::ServerCall&) override {
     return mirror(request, reply);
+  }
+  slotrpc::Status Spread(const v1::AllKinds& request, slotrpc::ServerWriter<v1::AllKinds>& writer,
+                         slotrpc::ServerCall&) override {
+    const uint64_t seed = seed_of(request);
+    if (const std::string e = check_all_kinds(&request, seed); !e.empty())
+      return slotrpc::Status(slotrpc::StatusCode::kInvalidArgument, "request differs: " + e);
+    for (uint64_t i = 1; i <= 3; ++i) {
+      if (!writer.Write([seed, i](flatbuffers::FlatBufferBuilder& fbb) { return build_all_kinds(fbb, seed + i); }))
+        return writer.error();
+    }
+    return {};
+  }
+  slotrpc::Status Gather(slotrpc::ServerReader<v1::AllKinds>& reader,
+                         slotrpc::ReplyBuilder<v1::AllKinds>& reply, slotrpc::ServerCall&) override {
+    std::optional<uint64_t> next;
+    while (const v1::AllKinds* m = reader.Read()) {
+      const uint64_t seed = seed_of(*m);
+      if (next && seed != *next)
+        return slotrpc::Status(slotrpc::StatusCode::kInvalidArgument, "seed out of order");
+      if (const std::string e = check_all_kinds(m, seed); !e.empty())
+        return slotrpc::Status(slotrpc::StatusCode::kInvalidArgument, "message differs: " + e);
+      next = seed + 1;
+    }
+    if (!reader.status().ok()) return reader.status();
+    if (!next) return slotrpc::Status(slotrpc::StatusCode::kInvalidArgument, "no messages");
+    reply.Finish(build_all_kinds(reply.fbb(), *next));
+    return {};
+  }
+  slotrpc::Status Chat(slotrpc::ServerReaderWriter<v1::AllKinds, v1::AllKinds>& stream,
+                       slotrpc::ServerCall&) override {
+    while (const v1::AllKinds* m = stream.Read()) {
+      const uint64_t seed = seed_of(*m);
+      if (const std::string e = check_all_kinds(m, seed); !e.empty())
+        return slotrpc::Status(slotrpc::StatusCode::kInvalidArgument, "message differs: " + e);
+      if (!stream.Write([seed](flatbuffers::FlatBufferBuilder& fbb) { return build_all_kinds(fbb, seed + 1); }))
+        return stream.write_error();
+    }
+    return stream.read_status();
   }
 };
 

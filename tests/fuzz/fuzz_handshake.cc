@@ -86,11 +86,14 @@ void fuzz_hello_reply(const uint8_t* b) {
   encode_hello_reply(h, reinterpret_cast<std::byte*>(out));
   FUZZ_CHECK(std::memcmp(out, b, 24) == 0);
   FUZZ_CHECK(le(out + 24, 2) == static_cast<uint16_t>(h.transport));
-  for (size_t i = 26; i < kHelloSize; ++i) FUZZ_CHECK(out[i] == 0);
+  // Feature bits (offset 26) round-trip, unknown ones included.
+  FUZZ_CHECK(h.features == le(b + 26, 2) && le(out + 26, 2) == h.features);
+  for (size_t i = 28; i < kHelloSize; ++i) FUZZ_CHECK(out[i] == 0);
   auto again = decode_hello_reply(reinterpret_cast<const std::byte*>(out));
   FUZZ_CHECK(again.ok() && again->status == h.status && again->slot_count == h.slot_count &&
              again->slot_size == h.slot_size && again->extension_len == h.extension_len &&
-             again->message_len == h.message_len && again->transport == h.transport);
+             again->message_len == h.message_len && again->transport == h.transport &&
+             again->features == h.features);
 }
 
 void fuzz_qp_info(std::span<const uint8_t> in) {

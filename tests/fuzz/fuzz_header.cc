@@ -45,8 +45,9 @@ HeaderError reference_validate(const uint8_t* b, size_t received, uint32_t slot_
   if (le16(b) != 0x5253) return HeaderError::kBadMagic;
   if (b[2] != 1) return HeaderError::kBadVersion;
   const unsigned kind = b[3] & 0x0f, flags = b[3] & 0xf0;
-  if (kind < 1 || kind > 8) return HeaderError::kBadKind;
-  if (flags != 0 && !(flags == 0x10 && kind == 1)) return HeaderError::kBadKind;
+  if (kind < 1 || kind > 11) return HeaderError::kBadKind;
+  // 0x10 server stream, 0x20 client stream: on requests only.
+  if (flags != 0 && !((flags & ~0x30u) == 0 && kind == 1)) return HeaderError::kBadKind;
   const uint64_t total = 32 + uint64_t{le32(b + 16)};
   if (total != received || total > slot_size) return HeaderError::kBadLength;
   const uint16_t slot = le16(b + 20);
@@ -96,6 +97,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (got == HeaderError::kOk) {
     FUZZ_CHECK(static_cast<uint8_t>(h.kind()) >= 1 && static_cast<uint8_t>(h.kind()) <= kMaxKind);
     FUZZ_CHECK(!h.server_stream() || h.kind() == Kind::kRequest);
+    FUZZ_CHECK(!h.client_stream() || h.kind() == Kind::kRequest);
     FUZZ_CHECK(kHeaderSize + size_t{h.payload_len} <= slot_size);
   }
 

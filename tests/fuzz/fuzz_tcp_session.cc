@@ -189,6 +189,8 @@ class Oracle {
           ++grants_[{h.slot, h.request_id, h.generation}];
         if (!control && h.kind() == Kind::kRequest)
           ++requests_[{h.slot, h.request_id, h.generation}];
+        if (!control && h.kind() == Kind::kClientMessage)
+          ++client_messages_[{h.slot, h.request_id, h.generation}];
       }
       at += len;
     }
@@ -234,8 +236,14 @@ class Oracle {
       std::abort();
     }
     if (control) {
-      FUZZ_CHECK(h.kind() == Kind::kPong || h.kind() == Kind::kPing);
+      FUZZ_CHECK(h.kind() == Kind::kPong || h.kind() == Kind::kPing ||
+                 h.kind() == Kind::kStreamAck);
       if (h.kind() == Kind::kPong) FUZZ_CHECK(pongs_++ < pings_);
+      // Acknowledges a client stream message sent into that slot, once.
+      if (h.kind() == Kind::kStreamAck) {
+        const Key key{h.slot, h.request_id, h.generation};
+        FUZZ_CHECK(acked_[key]++ < client_messages_[key]);
+      }
       return;
     }
     FUZZ_CHECK(imm_generation(imm) == static_cast<uint16_t>(h.generation));
@@ -266,7 +274,7 @@ class Oracle {
   std::vector<std::byte> in_;
   uint64_t pings_ = 0, pongs_ = 0;
   unsigned messages_[16] = {};
-  std::map<Key, uint64_t> requests_, answered_, grants_, streamed_;
+  std::map<Key, uint64_t> requests_, answered_, grants_, streamed_, client_messages_, acked_;
 };
 
 // One input's run, all on this thread.
