@@ -25,6 +25,7 @@
 #include "slotrpc/call.h"
 #include "slotrpc/config.h"
 #include "slotrpc/future.h"
+#include "slotrpc/metrics.h"
 #include "slotrpc/reply.h"
 #include "slotrpc/result.h"
 #include "slotrpc/typed.h"
@@ -144,6 +145,11 @@ class Channel {
     uint64_t reconnects = 0;
   };
   Stats stats() const;
+
+  // The channel loop's counters and histograms (client side, per method),
+  // with the monitor's hardware counters (slotrpc/metrics.h).  Taken on the
+  // loop like stats(); from any thread, the channel's own loop included.
+  MetricsSnapshot metrics() const;
 
   struct Impl;
 

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "slotrpc/config.h"
+#include "slotrpc/metrics.h"
 #include "slotrpc/service.h"
 #include "slotrpc/status.h"
 
@@ -38,6 +39,11 @@ class Server {
   uint16_t port() const;            // after start()
   const Config& config() const;     // after start(): with environment overrides
   size_t session_count() const;     // open sessions, for tests and monitoring
+
+  // Counters and histograms of every event loop, added up, with the
+  // monitor's hardware counters (slotrpc/metrics.h).  Any thread, also a
+  // handler (a fiber waits without blocking its loop); empty before start().
+  MetricsSnapshot metrics() const;
 
   struct Impl;
 

@@ -21,6 +21,7 @@
 #include "core/method_table.h"
 #include "core/server_session.h"
 #include "core/settings.h"
+#include "metrics/collect.h"
 #include "reactor/reactor.h"
 #include "rpc/acceptor.h"
 #include "rpc/admission.h"
@@ -123,6 +124,7 @@ Status Server::add_service(ServiceDefinition service) {
   auto owned = std::make_unique<ServiceDefinition>(std::move(service));
   Status st = impl_->methods.add(*owned);
   if (!st.ok()) return st;
+  for (const MethodDescriptor& m : owned->methods()) metrics::remember_method_name(m.id, m.full_name);
   impl_->services.push_back(std::move(owned));
   return {};
 }
@@ -184,6 +186,12 @@ Status Server::start(const std::string& listen_address) {
   impl_->sessions.resize(n);
   for (uint32_t i = 0; i < n; ++i) {
     impl_->loops.push_back(std::make_unique<reactor::Reactor>(impl_->config, fmt::format("slotrpc-srv{}", i)));
+    // Every method's counters exist before the loop runs: a request never
+    // allocates to count itself.
+    auto& counted = impl_->loops.back()->counters().server.methods;
+    for (const auto& service : impl_->services) {
+      for (const MethodDescriptor& m : service->methods()) counted[m.id];
+    }
     impl_->loops.back()->start();
   }
   impl_->started = true;
@@ -406,6 +414,44 @@ void Server::stop() {
   d.session_count.store(0);
   d.loops.clear();
   d.sessions.clear();
+}
+
+MetricsSnapshot Server::metrics() const {
+  Impl& d = *impl_;
+  metrics::Collector collector;
+  auto namer = [&d](uint32_t id, bool server) -> std::string {
+    if (server) {
+      const MethodDescriptor* m = d.methods.find(id);
+      return m != nullptr ? m->full_name : std::string();
+    }
+    return metrics::known_method_name(id);
+  };
+  if (!d.started) return collector.finish(namer);
+  // Each loop is read on its own thread; the one we may be running on (an
+  // Admin handler) directly.  The wait suspends a handler's fiber only.
+  std::vector<std::shared_ptr<detail::SharedState<metrics::LoopReading>>> pending;
+  for (size_t i = 0; i < d.loops.size(); ++i) {
+    auto read = [&d, i] {
+      std::vector<const transport::Link*> links;
+      links.reserve(d.sessions[i].size());
+      for (const auto& [raw, owned] : d.sessions[i]) {
+        if (!raw->closed()) links.push_back(&raw->link());
+      }
+      return metrics::read_loop(*d.loops[i], links, 0);
+    };
+    if (d.loops[i]->on_this_thread()) {
+      collector.add(read());
+      continue;
+    }
+    auto state = std::make_shared<detail::SharedState<metrics::LoopReading>>();
+    d.loops[i]->post([state, read] { state->set(read()); });
+    pending.push_back(std::move(state));
+  }
+  for (auto& state : pending) {
+    state->wait();
+    collector.add(*state->value);
+  }
+  return collector.finish(namer);
 }
 
 uint16_t Server::port() const { return impl_->port; }
