@@ -44,6 +44,8 @@ class Server {
   // monitor's hardware counters (slotrpc/metrics.h).  Any thread, also a
   // handler (a fiber waits without blocking its loop); empty before start().
   MetricsSnapshot metrics() const;
+  // The metrics port (Config::metrics_address) after start(); 0 when off.
+  uint16_t metrics_port() const;
 
   struct Impl;
 

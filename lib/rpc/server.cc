@@ -22,6 +22,7 @@
 #include "core/server_session.h"
 #include "core/settings.h"
 #include "metrics/collect.h"
+#include "metrics/http_server.h"
 #include "reactor/reactor.h"
 #include "rpc/acceptor.h"
 #include "rpc/admission.h"
@@ -49,6 +50,7 @@ struct Server::Impl {
   uint16_t port = 0;
   std::unique_ptr<rpc::Admission> admission;
   std::unique_ptr<rpc::Acceptor> acceptor;
+  std::unique_ptr<metrics::HttpServer> metrics_port;  // SLOTRPC_METRICS_ADDRESS
   std::thread accept_thread;
   std::atomic<bool> stopping{false};
   bool started = false;
@@ -195,6 +197,17 @@ Status Server::start(const std::string& listen_address) {
     impl_->loops.back()->start();
   }
   impl_->started = true;
+  if (!impl_->config.metrics_address.empty()) {
+    // Once the loops exist (a scrape reads them), before the first session:
+    // a port that cannot be bound fails start() and undoes it.
+    auto http = metrics::HttpServer::start(impl_->config.metrics_address,
+                                           [this] { return to_prometheus(metrics()); });
+    if (!http.ok()) {
+      stop();
+      return http.status();
+    }
+    impl_->metrics_port = std::move(http.value());
+  }
   impl_->accept_thread = std::thread([impl = impl_.get()] { impl->acceptor->run(); });
   const std::string transports =
       impl_->config.transport == TransportKind::kVerbs ? "verbs only, on " + impl_->verbs_note
@@ -389,6 +402,7 @@ Result<std::vector<std::byte>> Server::Impl::open_verbs(size_t index, int fd,
 void Server::stop() {
   Impl& d = *impl_;
   if (!d.started) return;
+  d.metrics_port.reset();  // a scrape in progress finishes first
   d.started = false;
   d.stopping.store(true);
   d.acceptor->stop();
@@ -455,6 +469,7 @@ MetricsSnapshot Server::metrics() const {
 }
 
 uint16_t Server::port() const { return impl_->port; }
+uint16_t Server::metrics_port() const { return impl_->metrics_port ? impl_->metrics_port->port() : 0; }
 const Config& Server::config() const { return impl_->config; }
 size_t Server::session_count() const { return impl_->session_count.load(); }
 
