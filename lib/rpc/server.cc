@@ -23,6 +23,7 @@
 #include "core/settings.h"
 #include "metrics/collect.h"
 #include "metrics/http_server.h"
+#include "rpc/admin/admin.h"
 #include "reactor/reactor.h"
 #include "rpc/acceptor.h"
 #include "rpc/admission.h"
@@ -51,6 +52,7 @@ struct Server::Impl {
   std::unique_ptr<rpc::Admission> admission;
   std::unique_ptr<rpc::Acceptor> acceptor;
   std::unique_ptr<metrics::HttpServer> metrics_port;  // SLOTRPC_METRICS_ADDRESS
+  std::shared_ptr<admin::AdminServiceImpl> admin;     // slotrpc.Admin, on every server
   std::thread accept_thread;
   std::atomic<bool> stopping{false};
   bool started = false;
@@ -115,7 +117,15 @@ std::string explain_setup_failure(const Status& st) {
 
 }  // namespace
 
-Server::Server(Config config) : impl_(std::make_unique<Impl>()) { impl_->config = std::move(config); }
+Server::Server(Config config) : impl_(std::make_unique<Impl>()) {
+  impl_->config = std::move(config);
+  // The built-in slotrpc.Admin service (lib/rpc/admin/admin.fbs), over the
+  // ordinary RPC port: slotrpc-stat --address reads Admin/Metrics.  Added
+  // first, so a user method whose id collides is the one refused.
+  impl_->admin = admin::make_service([this] { return metrics(); });
+  Status st = add_service(admin::definition(*impl_->admin));
+  (void)st;  // the table is empty: cannot collide
+}
 
 Server::~Server() { stop(); }
 
