@@ -30,6 +30,8 @@ PACKAGES=(
   flatbuffers-compiler
   libspdlog-dev
   libfmt-dev
+  # Command-line parsing of tools/slotrpc-stat
+  libcli11-dev
   # Tests
   doctest-dev
   # Fuzzing (tests/fuzz, phase 4 of scripts/test.sh): clang, and libFuzzer

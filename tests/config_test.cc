@@ -133,6 +133,7 @@ TEST_CASE("config: the settings table covers every whole-number field") {
       {"min_rnr_timer", "SLOTRPC_MIN_RNR_TIMER", &Config::min_rnr_timer, 0, 31},
       {"inline_bytes", "SLOTRPC_INLINE_BYTES", &Config::inline_bytes, 0, 4096},
       {"srq_depth", "SLOTRPC_SRQ_DEPTH", &Config::srq_depth, 64, 1u << 20},
+      {"monitor_interval_ms", "SLOTRPC_MONITOR_INTERVAL_MS", &Config::monitor_interval_ms, 0, 3'600'000},
   };
   CHECK(slotrpc::core::uint_settings().size() == std::size(expected));
   for (const Expect& e : expected) {

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -150,6 +151,12 @@ class Channel {
   // with the monitor's hardware counters (slotrpc/metrics.h).  Taken on the
   // loop like stats(); from any thread, the channel's own loop included.
   MetricsSnapshot metrics() const;
+  // Called after every sample of the monitor (while the channel uses verbs,
+  // every SLOTRPC_MONITOR_INTERVAL_MS), on the channel's event loop, with
+  // the snapshot's monitor fields filled: the device port's hardware
+  // counters and the loop's receive pools.  Any thread, any time; an empty
+  // function removes it.  Keep it short: it runs on the event loop.
+  void on_monitor_sample(std::function<void(const MetricsSnapshot&)> callback);
 
   struct Impl;
 

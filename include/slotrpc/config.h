@@ -91,6 +91,10 @@ struct Config {
   uint32_t inline_bytes = 256;       // SLOTRPC_INLINE_BYTES: messages up to this go inline
   SharedReceiveQueue srq = SharedReceiveQueue::kAuto;  // SLOTRPC_SRQ off|on|auto
   uint32_t srq_depth = 16384;        // SLOTRPC_SRQ_DEPTH: receive requests of a loop's SRQ
+  // SLOTRPC_MONITOR_INTERVAL_MS: how often each event loop that uses verbs
+  // samples the device port's hardware counters and its receive pools
+  // (lib/monitor/, docs/design.md "Metrics and the monitor"); 0 = off.
+  uint32_t monitor_interval_ms = 1000;
   std::string log_level = "info";  // SLOTRPC_LOG_LEVEL trace|debug|info|warn|error|critical|off
 
   // SLOTRPC_METRICS_ADDRESS HOST:PORT: a Server serves its metrics in the

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -46,6 +47,13 @@ class Server {
   MetricsSnapshot metrics() const;
   // The metrics port (Config::metrics_address) after start(); 0 when off.
   uint16_t metrics_port() const;
+  // Called after every sample of the monitor (each event loop that serves
+  // verbs sessions samples every SLOTRPC_MONITOR_INTERVAL_MS), on that
+  // loop's thread, with the snapshot's monitor fields filled: the device
+  // port's hardware counters (deltas since that loop's previous sample) and
+  // that loop's receive pools.  Any thread, any time; an empty function
+  // removes it.  Keep it short: it runs on the event loop.
+  void on_monitor_sample(std::function<void(const MetricsSnapshot&)> callback);
 
   struct Impl;
 

@@ -64,6 +64,8 @@ std::span<const UintSetting> uint_settings() {
        "verbs: header + payload up to this many bytes is posted inline"},
       {"SLOTRPC_SRQ_DEPTH", "srq_depth", &Config::srq_depth, 64, 1u << 20,
        "verbs: receive requests in an event loop's shared receive queue (capped by the device)"},
+      {"SLOTRPC_MONITOR_INTERVAL_MS", "monitor_interval_ms", &Config::monitor_interval_ms, 0,
+       3'600'000, "verbs: how often a loop samples hardware counters and receive pools; 0 = off"},
   };
   return kTable;
 }

@@ -59,6 +59,7 @@ Reactor::~Reactor() {
   Task t;
   while (inbox_.pop(t)) {
   }
+  monitor_.reset();  // it samples verbs_'s receive queues
   verbs_.reset();
   ::close(event_fd_);
   ::close(epoll_fd_);
@@ -76,6 +77,11 @@ Result<transport::verbs::VerbsTransport*> Reactor::verbs() {
   }
   verbs_ = std::move(created.value());
   core::log().debug("slotrpc: {}: verbs transport on {}", name_, verbs_->device().describe());
+  // The monitor samples what this loop's verbs sessions use: the device
+  // port's counters and the loop's receive queues (lib/monitor/monitor.h).
+  if (config_.monitor_interval_ms != 0) {
+    monitor_ = std::make_unique<monitor::Monitor>(*this, *verbs_, monitor_hook_);
+  }
   return verbs_.get();
 }
 

@@ -33,6 +33,7 @@ class VerbsTransport;
 }
 namespace slotrpc::monitor {
 class Monitor;
+class SampleHook;
 }
 
 namespace slotrpc::reactor {
@@ -80,6 +81,9 @@ class Reactor {
   // Loop thread.  This loop's monitor (hardware counters, receive pools),
   // or nullptr while the loop uses no verbs or the monitor is off.
   monitor::Monitor* monitor() { return monitor_.get(); }
+  // Before start().  The callback holder the monitor calls after each
+  // sample (Server/Channel::on_monitor_sample).
+  void set_monitor_hook(std::shared_ptr<monitor::SampleHook> hook) { monitor_hook_ = std::move(hook); }
 
   // Loop thread.  The session's flush() runs at the end of this turn.
   void request_flush(core::SessionBase* s) {
@@ -128,6 +132,7 @@ class Reactor {
   transport::TcpTransport tcp_;
   std::unique_ptr<transport::verbs::VerbsTransport> verbs_;  // lazily, see verbs()
   std::unique_ptr<monitor::Monitor> monitor_;  // with verbs_ (lib/monitor/)
+  std::shared_ptr<monitor::SampleHook> monitor_hook_;
   Stats stats_;
   metrics::LoopCounters counters_;
 };

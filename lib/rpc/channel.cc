@@ -17,6 +17,7 @@
 #include "core/handshake.h"
 #include "core/logging.h"
 #include "metrics/collect.h"
+#include "monitor/monitor.h"
 #include "reactor/reactor.h"
 #include "rpc/connector.h"
 #include "transport/verbs/device.h"
@@ -39,6 +40,8 @@ struct Channel::Impl {
   bool verbs_possible = false;
   std::string verbs_note;
   std::shared_ptr<reactor::Reactor> loop;
+  // on_monitor_sample()'s callback, shared with the loop's monitor.
+  std::shared_ptr<monitor::SampleHook> monitor_hook = std::make_shared<monitor::SampleHook>();
   std::atomic<uint64_t> last_request_id{0};
   std::atomic<bool> closing{false};
 
@@ -353,6 +356,7 @@ Result<std::unique_ptr<Channel>> Channel::connect(const std::string& address, Co
     }
   }
   impl->loop = std::make_shared<reactor::Reactor>(*cfg, "slotrpc-chan");
+  impl->loop->set_monitor_hook(impl->monitor_hook);
   impl->loop->start();
   auto est = establish(*impl);
   if (!est.ok()) return est.status();  // ~Impl stops the loop
@@ -370,6 +374,10 @@ Result<std::unique_ptr<Channel>> Channel::connect(const std::string& address, Co
 }
 
 Channel::Channel(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+void Channel::on_monitor_sample(std::function<void(const MetricsSnapshot&)> callback) {
+  impl_->monitor_hook->set(std::move(callback));
+}
 
 Channel::~Channel() {
   assert(!impl_->loop->on_this_thread() && "a Channel cannot be destroyed on its own event loop");

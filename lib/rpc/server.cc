@@ -24,6 +24,7 @@
 #include "metrics/collect.h"
 #include "metrics/http_server.h"
 #include "rpc/admin/admin.h"
+#include "monitor/monitor.h"
 #include "reactor/reactor.h"
 #include "rpc/acceptor.h"
 #include "rpc/admission.h"
@@ -39,6 +40,8 @@ struct Server::Impl {
   core::MethodTable methods;
 
   std::vector<std::unique_ptr<reactor::Reactor>> loops;
+  // on_monitor_sample()'s callback, shared with every loop's monitor.
+  std::shared_ptr<monitor::SampleHook> monitor_hook = std::make_shared<monitor::SampleHook>();
   // sessions[i] is touched only on loops[i]'s thread (or after it stopped).
   std::vector<std::unordered_map<core::ServerSession*, std::unique_ptr<core::ServerSession>>> sessions;
   std::atomic<size_t> session_count{0};
@@ -127,6 +130,10 @@ Server::Server(Config config) : impl_(std::make_unique<Impl>()) {
   (void)st;  // the table is empty: cannot collide
 }
 
+void Server::on_monitor_sample(std::function<void(const MetricsSnapshot&)> callback) {
+  impl_->monitor_hook->set(std::move(callback));
+}
+
 Server::~Server() { stop(); }
 
 Status Server::add_service(ServiceDefinition service) {
@@ -204,6 +211,7 @@ Status Server::start(const std::string& listen_address) {
     for (const auto& service : impl_->services) {
       for (const MethodDescriptor& m : service->methods()) counted[m.id];
     }
+    impl_->loops.back()->set_monitor_hook(impl_->monitor_hook);
     impl_->loops.back()->start();
   }
   impl_->started = true;

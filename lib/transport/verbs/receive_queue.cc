@@ -49,6 +49,11 @@ int ReceiveQueue::post_consumed() {
   queued_ = false;
   const size_t n = n_consumed_;
   n_consumed_ = 0;
+  if (posted_ < low_water_) low_water_ = posted_;  // once per batch (the monitor's)
+  return post_chain(n);
+}
+
+int ReceiveQueue::post_chain(size_t n) {
   if (n == 0) return 0;
   for (size_t j = 0; j < n; ++j) {
     const uint32_t idx = consumed_[j];
@@ -61,15 +66,29 @@ int ReceiveQueue::post_consumed() {
     wr_[j].next = j + 1 < n ? &wr_[j + 1] : nullptr;
   }
   ibv_recv_wr* bad = nullptr;
-  if (srq_ != nullptr) return ibv_post_srq_recv(srq_, wr_.data(), &bad);
-  if (qp_ == nullptr) return EINVAL;
-  return ibv_post_recv(qp_, wr_.data(), &bad);
+  int rc = EINVAL;
+  if (srq_ != nullptr) {
+    rc = ibv_post_srq_recv(srq_, wr_.data(), &bad);
+  } else if (qp_ != nullptr) {
+    rc = ibv_post_recv(qp_, wr_.data(), &bad);
+  }
+  // On failure the requests before `bad` were posted (the link or the
+  // transport fails anyway; the count only has to stay plausible).
+  if (rc == 0) {
+    posted_ += static_cast<uint32_t>(n);
+  } else if (bad != nullptr) {
+    posted_ += static_cast<uint32_t>(bad - wr_.data());
+  }
+  return rc;
 }
 
 int ReceiveQueue::post_all() {
   for (uint32_t i = 0; i < depth_; ++i) consumed_[i] = i;
-  n_consumed_ = depth_;
-  return post_consumed();
+  n_consumed_ = 0;
+  queued_ = false;
+  const int rc = post_chain(depth_);
+  low_water_ = posted_;
+  return rc;
 }
 
 }  // namespace slotrpc::transport::verbs

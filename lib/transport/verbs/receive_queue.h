@@ -10,7 +10,10 @@
 // which the transport calls once per polled batch, before the core sees the
 // batch: the queue is never short of more than one batch.
 //
-// Hot path (consumed, post_consumed): no allocation, no locks.
+// Hot path (consumed, post_consumed): no allocation, no locks.  For the
+// monitor (lib/monitor/), consumed() also decrements the count of posted
+// requests and post_consumed() compares it with the low-water mark, once
+// per batch: nothing more.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -55,6 +58,7 @@ class ReceiveQueue {
   bool consumed(uint32_t index) {
     if (index >= depth_ || n_consumed_ == consumed_.size()) return false;
     consumed_[n_consumed_++] = index;
+    --posted_;
     const bool first = !queued_;
     queued_ = true;
     return first;
@@ -66,9 +70,18 @@ class ReceiveQueue {
   // Posts every buffer (at creation).
   int post_all();
 
+  // For the monitor (loop thread).  Requests posted now, as far as this
+  // side knows (the NIC may have consumed some whose completions are not
+  // polled yet); and the fewest that were posted when a batch of consumed
+  // ones went back, since creation: how close the queue came to running
+  // dry (an empty queue means RNR NAKs).
+  uint32_t posted() const { return posted_; }
+  uint32_t low_water() const { return low_water_; }
+
  private:
   ReceiveQueue() = default;
   Status allocate(ibv_pd* pd, uint32_t depth);
+  int post_chain(size_t n);  // consumed_[0..n) as one chain
 
   ibv_srq* srq_ = nullptr;
   ibv_qp* qp_ = nullptr;
@@ -78,6 +91,8 @@ class ReceiveQueue {
   std::vector<uint32_t> consumed_;  // depth_ entries
   size_t n_consumed_ = 0;
   bool queued_ = false;
+  uint32_t posted_ = 0;
+  uint32_t low_water_ = 0;
   std::vector<ibv_recv_wr> wr_;  // depth_ entries, reused for every chain
   std::vector<ibv_sge> sge_;
 };

@@ -193,6 +193,15 @@ VerbsLink* VerbsTransport::lookup_qp(uint32_t qp_num) const {
   return it == by_qpn_.end() ? nullptr : table_[it->second].link;
 }
 
+void VerbsTransport::receive_queues(std::vector<ReceiveQueueInfo>& out) const {
+  if (srq_) out.push_back({"srq", srq_->depth(), srq_->posted(), srq_->low_water()});
+  for (const Entry& e : table_) {
+    if (e.link == nullptr || e.link->own_rq_ == nullptr) continue;
+    const ReceiveQueue& q = *e.link->own_rq_;
+    out.push_back({e.link->describe(), q.depth(), q.posted(), q.low_water()});
+  }
+}
+
 void VerbsTransport::forget(VerbsLink* link) {
   if (link->qp_ != nullptr) {
     const auto it = by_qpn_.find(link->qp_->qp_num);

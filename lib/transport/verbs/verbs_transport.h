@@ -253,6 +253,17 @@ class VerbsTransport final : public Transport {
   uint32_t srq_depth() const { return srq_ ? srq_->depth() : 0; }
   uint32_t srq_committed() const { return srq_committed_; }
 
+  // For the monitor (lib/monitor/), once an interval, loop thread: this
+  // loop's receive queues, the SRQ ("srq") and every live link's own
+  // queue (named by the link's description).
+  struct ReceiveQueueInfo {
+    std::string queue;
+    uint32_t capacity = 0;
+    uint32_t posted = 0;
+    uint32_t low_water = 0;
+  };
+  void receive_queues(std::vector<ReceiveQueueInfo>& out) const;
+
   // Completion-queue polls that found work and the completions they took:
   // completions / polls is how much one poll batches under load.  Two
   // counter increments per non-empty poll, no more.
