@@ -184,6 +184,10 @@ class Channel {
   };
   Stats stats() const;
 
+  // The channel loop's counters and histograms (client side, per method),
+  // with the monitor's hardware counters (slotrpc/metrics.h).  Taken on the
+  // loop like stats(); from any thread, the channel's own loop included.
+  MetricsSnapshot metrics() const;
   // Called after every sample of the monitor (while the channel uses verbs,
   // every SLOTRPC_MONITOR_INTERVAL_MS), on the channel's event loop, with
   // the snapshot's monitor fields filled: the device port's hardware

@@ -97,6 +97,13 @@ struct Config {
   uint32_t monitor_interval_ms = 1000;
   std::string log_level = "info";  // SLOTRPC_LOG_LEVEL trace|debug|info|warn|error|critical|off
 
+  // SLOTRPC_METRICS_ADDRESS HOST:PORT: a Server serves its metrics in the
+  // Prometheus text format at http://HOST:PORT/metrics.  Empty (default):
+  // off.  Port 0 picks a free one (Server::metrics_port()).  One port per
+  // Server: a second Server of the process with the same address fails in
+  // start().
+  std::string metrics_address;
+
   // Checks every field; the error names the first bad setting.
   Status validate() const;
   // Applies set SLOTRPC_* variables on top of `*this`, then validates.

@@ -15,6 +15,7 @@
 // what to do when it rises.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -63,11 +64,75 @@ struct ReceivePool {
   uint32_t low_water = 0;  // the fewest seen since the loop started
 };
 
+// Calls of one side (server: requests this process served; client: calls
+// its channels made), summed over event loops.  docs/design.md, "Framework
+// counters", says what each means and what to do when it rises.
+struct CallCounters {
+  // Status codes are gRPC's numbers (slotrpc/status.h), 0..16.
+  static constexpr size_t kCodes = 17;
+
+  uint64_t started = 0;
+  std::array<uint64_t, kCodes> finished{};  // by status code
+  // Slot messages, 32-byte header included: server in = requests, out =
+  // replies and stream messages; client the other way round.  Control
+  // frames (cancels, grants, keepalives) are not counted.
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+  // Client: calls that found no free credit and waited in the queue.
+  uint64_t credit_stalls = 0;
+  // Client: calls waiting for a credit at the moment of the snapshot.
+  uint64_t queued = 0;
+
+  uint64_t finished_total() const {
+    uint64_t n = 0;
+    for (uint64_t f : finished) n += f;
+    return n;
+  }
+};
+
+// One method on one side, from all loops.
+struct MethodMetrics {
+  std::string name;  // "slotrpc.examples.Echo/Echo"; a client that never
+                     // learnt the name (a raw call) shows "0x1234abcd"
+  uint32_t id = 0;
+  bool server = true;  // false: the calls this process made
+  uint64_t started = 0;
+  std::array<uint64_t, CallCounters::kCodes> finished{};
+  // Server: from the request's arrival to its reply being queued for the
+  // wire; client: from the call's submission on its loop (queueing for a
+  // credit included) to its completion.  Microseconds.
+  HistogramSnapshot latency_us;
+};
+
+// One transport kind ("tcp", "verbs"), summed over the loops and their
+// sessions, open and closed (LinkStats in lib/transport/transport.h).
+struct TransportMetrics {
+  std::string transport;
+  uint64_t sessions = 0;        // open now
+  uint64_t slot_sends = 0;      // slot messages handed to the network
+  uint64_t control_sends = 0;   // control frames
+  uint64_t inline_sends = 0;    // verbs: posted IBV_SEND_INLINE
+  uint64_t noninline_sends = 0; // verbs: read by the NIC from the send slot
+  uint64_t doorbells = 0;       // verbs: ibv_post_send calls
+  uint64_t signaled = 0;        // verbs: sends posted IBV_SEND_SIGNALED
+  uint64_t backlogged = 0;      // verbs: sends that waited for send-queue room
+  // Completions returned by each poll that returned any (the loop polls
+  // without pause when busy, so empty polls are not recorded).
+  HistogramSnapshot completions_per_poll;
+};
+
 // Everything at one moment.  The framework and transport parts are filled
 // by Server::metrics() / Channel::metrics(); the hardware part by the
 // monitor (empty when no loop uses verbs or the monitor is off).
 struct MetricsSnapshot {
   std::chrono::system_clock::time_point taken{};
+
+  // --- framework: calls, methods, transports ----------------------------
+  uint32_t loops = 0;  // event loops asked
+  CallCounters server;
+  CallCounters client;
+  std::vector<MethodMetrics> methods;  // sorted by side, then name
+  std::vector<TransportMetrics> transports;
 
   // --- monitor: hardware counters and receive pools ---------------------
   std::vector<HwCounter> hw_counters;
@@ -76,5 +141,9 @@ struct MetricsSnapshot {
   std::vector<std::string> hw_counters_absent;
   std::vector<ReceivePool> receive_pools;
 };
+
+// The snapshot in the Prometheus text exposition format (version 0.0.4):
+// what the metrics port (SLOTRPC_METRICS_ADDRESS) serves at /metrics.
+std::string to_prometheus(const MetricsSnapshot& snapshot);
 
 }  // namespace slotrpc

@@ -41,6 +41,12 @@ class Server {
   const Config& config() const;     // after start(): with environment overrides
   size_t session_count() const;     // open sessions, for tests and monitoring
 
+  // Counters and histograms of every event loop, added up, with the
+  // monitor's hardware counters (slotrpc/metrics.h).  Any thread, also a
+  // handler (a fiber waits without blocking its loop); empty before start().
+  MetricsSnapshot metrics() const;
+  // The metrics port (Config::metrics_address) after start(); 0 when off.
+  uint16_t metrics_port() const;
   // Called after every sample of the monitor (each event loop that serves
   // verbs sessions samples every SLOTRPC_MONITOR_INTERVAL_MS), on that
   // loop's thread, with the snapshot's monitor fields filled: the device

@@ -6,6 +6,7 @@
 #include "slotrpc/config.h"
 #include "slotrpc/fiber.h"
 #include "slotrpc/future.h"
+#include "slotrpc/histogram.h"
 #include "slotrpc/metrics.h"
 #include "slotrpc/reply.h"
 #include "slotrpc/result.h"

@@ -131,6 +131,15 @@ void ClientSession::fail_later(reactor::Reactor& loop, PendingCall* call, Status
 
 void ClientSession::submit(PendingCall* call) {
   assert(loop_.on_this_thread());
+  // Metrics: plain integers of this loop.  The first call of a method id on
+  // this loop inserts its entry (one allocation per method and loop, ever);
+  // every later call finds it.
+  metrics::SideCounters& counters = loop_.counters().client;
+  ++counters.calls.started;
+  call->counters = &counters;
+  call->method_counters = &counters.methods[call->method_id];
+  ++call->method_counters->started;
+  call->submitted = Clock::now();
   if (closed_) return fail_later(call, close_status_);
   if (call->request_id == 0) call->request_id = next_request_id();
   if (call->client_stream && (peer_features_ & kFeatureClientStreams) == 0) {
@@ -161,6 +170,7 @@ void ClientSession::submit(PendingCall* call) {
                                          "{} (max_queued_calls = {})",
                                          queued_, peer_, limit)));
   }
+  ++counters.calls.credit_stalls;  // no credit: it waits in the queue
   if (call->deadline) {
     call->timer = loop_.timers().add(*call->deadline, &ClientSession::on_deadline, this,
                                      reinterpret_cast<uint64_t>(call));
@@ -234,6 +244,7 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
   std::byte* msg = h.payload_len == 0 ? b.slot() : b.message_begin();
   encode_header(h, msg);
 
+  if (call->counters != nullptr) call->counters->calls.bytes_out += kHeaderSize + h.payload_len;
   link_->arm(slot);  // the reply may now land in our receive slot
   outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), slot,
                            s.generation);
@@ -420,6 +431,7 @@ void ClientSession::on_message(const transport::Completion& c) {
   if (e != HeaderError::kOk) {
     return protocol_error(fmt::format("malformed reply header in slot {}: {}", c.slot, to_string(e)));
   }
+  loop_.counters().client.calls.bytes_in += c.length;
   if (h.kind() == Kind::kStreamMessage) return on_stream_message(h, bytes);
   if (h.kind() != Kind::kReply && h.kind() != Kind::kError) {
     return protocol_error(fmt::format("unexpected message kind 0x{:02x} in slot {}", h.flags, c.slot));
@@ -582,8 +594,19 @@ void ClientSession::pump_queue() {
   }
 }
 
+// Hot path: a clock read and a few increments of the loop's counters.
+// Runs on the loop (completions and posted failures do).
+void ClientSession::count_finished(PendingCall* call, StatusCode code) {
+  if (call->counters == nullptr) return;  // never submitted to a session
+  ++call->counters->calls.finished[metrics::code_index(code)];
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - call->submitted);
+  call->method_counters->finish(code, static_cast<uint64_t>(std::max<int64_t>(0, us.count())));
+  call->counters = nullptr;
+}
+
 void ClientSession::finish(PendingCall* call, RawReply reply) {
   end_out(call, reply.status());
+  count_finished(call, reply.status().code());
   ReplySink sink = std::move(call->sink);
   delete call;
   if (sink) sink(std::move(reply));
@@ -594,6 +617,7 @@ void ClientSession::fail(PendingCall* call, Status status) { complete(call, std:
 void ClientSession::complete(PendingCall* call, Status status) {
   end_out(call, status);
   if (call->stream) {
+    count_finished(call, status.code());
     auto on_end = std::move(call->on_end);
     delete call;
     if (on_end) on_end(std::move(status));
@@ -684,6 +708,7 @@ void ClientSession::shutdown(Status status) {
   // held replies keep the memory itself mapped.
   send_ring_.deregister();
   recv_ring_.deregister();
+  loop_.counters().retire_link(*link_);
   link_.reset();
   for (PendingCall* call : dying) complete(call, status);
 }

@@ -64,6 +64,11 @@ struct PendingCall {
   std::vector<uint16_t> out_free;
   std::optional<Clock::time_point> deadline;
   uint64_t request_id = 0;
+  // Metrics, set by ClientSession::submit on the loop: the loop's client
+  // counters and this method's entry there, and when the call was submitted.
+  metrics::SideCounters* counters = nullptr;
+  metrics::MethodCounters* method_counters = nullptr;
+  Clock::time_point submitted{};
   // Session-owned state.
   reactor::TimerHeap::TimerId timer = 0;
   int32_t slot = -1;  // -1 while queued
@@ -143,6 +148,8 @@ class ClientSession final : public SessionBase,
   const Status& close_status() const { return close_status_; }
   const std::string& peer() const { return peer_; }
   reactor::Reactor& loop() { return loop_; }
+  // Loop thread, cold: the link (nullptr once closed), for its counters.
+  const transport::Link* link() const { return link_.get(); }
 
  private:
   // kLent: granted to the server stream whose call sits in `stream_owner`;
@@ -176,6 +183,7 @@ class ClientSession final : public SessionBase,
   void free_slot(uint16_t slot);
   void pump_queue();
   static void finish(PendingCall* call, RawReply reply);
+  static void count_finished(PendingCall* call, StatusCode code);
   void fail(PendingCall* call, Status status);
   void fail_later(PendingCall* call, Status status);
   void send_control(Kind kind, uint16_t slot, uint32_t generation, uint64_t request_id,

@@ -74,7 +74,7 @@ std::span<const std::string_view> named_settings() {
   static constexpr std::string_view kNames[] = {
       "SLOTRPC_POLL_MODE", "SLOTRPC_TRANSPORT",  "SLOTRPC_LOG_LEVEL",
       "SLOTRPC_DEVICE",    "SLOTRPC_GID_INDEX", "SLOTRPC_RELAXED_ORDERING",
-      "SLOTRPC_SRQ",       "SLOTRPC_MAX_RING_MEMORY",
+      "SLOTRPC_SRQ",       "SLOTRPC_MAX_RING_MEMORY", "SLOTRPC_METRICS_ADDRESS",
   };
   return kNames;
 }
@@ -168,6 +168,35 @@ Result<uint64_t> parse_ring_memory(std::string_view setting, std::string_view te
   return value;
 }
 
+// SLOTRPC_METRICS_ADDRESS: empty, or HOST:PORT with an IPv4 address, a
+// bracketed IPv6 address or a host name, and a port from 0 to 65535.  The
+// address itself is resolved and bound by Server::start().
+constexpr std::string_view kMetricsAddressAllowed =
+    "empty (off) or HOST:PORT (an IPv4 address, [IPv6] or a host name, and a port from 0 to 65535)";
+
+Status check_metrics_address(std::string_view setting, std::string_view text) {
+  if (text.empty()) return {};
+  const size_t colon = text.rfind(':');
+  auto bad = [&] { return out_of_range(setting, fmt::format("'{}'", text), kMetricsAddressAllowed); };
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == text.size()) return bad();
+  std::string_view host = text.substr(0, colon);
+  const std::string_view port = text.substr(colon + 1);
+  uint32_t value = 0;
+  auto [ptr, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+  if (ec != std::errc() || ptr != port.data() + port.size() || value > 65535) return bad();
+  const bool v6 = host.front() == '[';
+  if (v6) {
+    if (host.size() < 3 || host.back() != ']') return bad();
+    host = host.substr(1, host.size() - 2);
+  }
+  for (char ch : host) {
+    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                    (ch >= '0' && ch <= '9') || ch == '.' || ch == '-' || (v6 && ch == ':');
+    if (!ok) return bad();
+  }
+  return {};
+}
+
 }  // namespace
 }  // namespace core
 
@@ -236,6 +265,11 @@ Status Config::validate() const {
     return out_of_range("Config.srq (SLOTRPC_SRQ)", std::to_string(static_cast<int>(srq)),
                         "off, on or auto");
   }
+  if (Status st = check_metrics_address("Config.metrics_address (SLOTRPC_METRICS_ADDRESS)",
+                                        metrics_address);
+      !st.ok()) {
+    return st;
+  }
   if (max_ring_memory != 0 &&
       (max_ring_memory < kMinRingMemory || max_ring_memory > kMaxRingMemory)) {
     return out_of_range("Config.max_ring_memory (SLOTRPC_MAX_RING_MEMORY)",
@@ -293,6 +327,10 @@ Result<Config> Config::with_environment() const {
     auto v = parse_ring_memory("SLOTRPC_MAX_RING_MEMORY", text);
     if (!v.ok()) return v.status();
     out.max_ring_memory = v.value();
+  }
+  if (const char* text = std::getenv("SLOTRPC_METRICS_ADDRESS")) {
+    if (Status st = check_metrics_address("SLOTRPC_METRICS_ADDRESS", text); !st.ok()) return st;
+    out.metrics_address = text;
   }
   Status st = out.validate();
   if (!st.ok()) return st;

@@ -3,6 +3,7 @@
 #include <boost/context/fiber.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/logging.h"
@@ -62,6 +63,7 @@ Result<std::unique_ptr<ServerSession>> ServerSession::create(
 ServerSession::~ServerSession() {
   loop_.timers().cancel(keepalive_timer_);
   loop_.forget(this);
+  if (link_) loop_.counters().retire_link(*link_);
   // The rings were registered through the link: deregister them first.
   send_ring_.deregister();
   recv_ring_.deregister();
@@ -112,6 +114,11 @@ void ServerSession::on_message(const transport::Completion& c) {
     return protocol_error(fmt::format(
         "request written into slot {}, which holds an unacknowledged stream message", h.slot));
   }
+  // Metrics (plain integers of this loop, no allocation: every method's
+  // entry exists since the server started).
+  metrics::SideCounters& counters = loop_.counters().server;
+  ++counters.calls.started;
+  counters.calls.bytes_in += c.length;
   s.state = SlotState::kRunning;
   s.cancelled = false;
   s.streaming = h.server_stream();
@@ -129,6 +136,14 @@ void ServerSession::on_message(const transport::Completion& c) {
   s.timeout_us = h.timeout_us;
   s.received = liveness_.last_heard();
   s.method = methods_.find(h.method_id);
+  s.counters = nullptr;
+  if (s.method != nullptr) {
+    auto it = counters.methods.find(h.method_id);
+    if (it != counters.methods.end()) {
+      s.counters = &it->second;
+      ++s.counters->started;
+    }
+  }
 
   if (s.method == nullptr) {
     return send_reply(h.slot, Status(StatusCode::kUnimplemented,
@@ -211,7 +226,11 @@ void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
                                 s.method->full_name));
   }
   --self->running_;
-  if (self->closed_) return self->maybe_finished();
+  if (self->closed_) {
+    // No reply can go out: the call ends here, as the client sees it.
+    self->count_finished(s, StatusCode::kUnavailable);
+    return self->maybe_finished();
+  }
   self->send_reply(slot, std::move(status));
 }
 
@@ -251,6 +270,8 @@ void ServerSession::send_reply(uint16_t slot, Status status) {
     h.payload_len = static_cast<uint32_t>(n);
   }
   encode_header(h, msg);
+  count_finished(s, status.code());
+  loop_.counters().server.calls.bytes_out += kHeaderSize + h.payload_len;
   s.state = SlotState::kIdle;
   s.method = nullptr;
   s.streaming = false;
@@ -259,6 +280,16 @@ void ServerSession::send_reply(uint16_t slot, Status status) {
   outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), slot,
                            s.generation);
   loop_.request_flush(this);
+}
+
+// Hot path: a clock read and a few increments of this loop's counters.
+void ServerSession::count_finished(Slot& s, StatusCode code) {
+  ++loop_.counters().server.calls.finished[metrics::code_index(code)];
+  if (s.counters != nullptr) {
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - s.received);
+    s.counters->finish(code, static_cast<uint64_t>(std::max<int64_t>(0, us.count())));
+    s.counters = nullptr;
+  }
 }
 
 void ServerSession::on_control(const transport::Completion& c) {
@@ -468,6 +499,7 @@ bool ServerSession::StreamWriter::write(
   h.payload_len = b.GetSize();
   std::byte* msg = b.message_begin();
   encode_header(h, msg);
+  ss.loop_.counters().server.calls.bytes_out += kHeaderSize + h.payload_len;
   ss.outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), lent,
                               h.generation);
   ss.loop_.request_flush(&ss);

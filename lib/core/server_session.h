@@ -50,6 +50,8 @@ class ServerSession final : public SessionBase {
   bool closed() const { return closed_; }
   const std::string& peer() const { return peer_; }
   uint32_t running_handlers() const { return running_; }
+  // Loop thread, cold: the link, for its counters (metrics).
+  const transport::Link& link() const { return *link_; }
 
  private:
   enum class SlotState : uint8_t { kIdle, kRunning };
@@ -80,6 +82,7 @@ class ServerSession final : public SessionBase {
     uint32_t timeout_us = 0;
     Clock::time_point received;
     const MethodDescriptor* method = nullptr;
+    metrics::MethodCounters* counters = nullptr;  // the method's, on this loop
   };
 
   // The handler's end of a server stream on one call slot.
@@ -126,6 +129,7 @@ class ServerSession final : public SessionBase {
   void wake_writer(Slot& s);
   void flush();
   void maybe_finished();
+  void count_finished(Slot& s, StatusCode code);
   void arm_keepalive();
 
   reactor::Reactor& loop_;

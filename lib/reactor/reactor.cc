@@ -183,7 +183,8 @@ bool Reactor::run_turn() {
   // One batch of completions per transport (both classes are final: these
   // are direct calls).  A session callback may destroy a link, never a
   // transport, so the batch stays valid while it is handed out.
-  auto deliver = [this](size_t n) {
+  auto deliver = [this](size_t n, Histogram& per_poll) {
+    if (n != 0) per_poll.record(n);
     for (size_t i = 0; i < n; ++i) {
       const transport::Completion& c = completions_[i];
       auto* session = static_cast<core::SessionBase*>(c.context);
@@ -192,8 +193,8 @@ bool Reactor::run_turn() {
     stats_.completions += n;
     return n > 0;
   };
-  if (verbs_) worked |= deliver(verbs_->poll(completions_));
-  worked |= deliver(tcp_.poll(completions_));
+  if (verbs_) worked |= deliver(verbs_->poll(completions_), counters_.verbs.completions_per_poll);
+  worked |= deliver(tcp_.poll(completions_), counters_.tcp.completions_per_poll);
 
   if (timers_.live() != 0) {
     const Clock::time_point now = Clock::now();

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/session_base.h"
+#include "metrics/loop_counters.h"
 #include "reactor/fiber_pool.h"
 #include "reactor/mpsc_queue.h"
 #include "reactor/timer_heap.h"
@@ -94,6 +95,9 @@ class Reactor {
   // Loop thread.  Drops a session from the flush list (it is going away).
   void forget(core::SessionBase* s);
 
+  // Loop thread.  The framework's counters of this loop (lib/metrics/).
+  metrics::LoopCounters& counters() { return counters_; }
+
   // Counters for tests and benchmarks (loop thread or after stop()).
   struct Stats {
     uint64_t turns = 0;
@@ -130,6 +134,7 @@ class Reactor {
   std::unique_ptr<monitor::Monitor> monitor_;  // with verbs_ (lib/monitor/)
   std::shared_ptr<monitor::SampleHook> monitor_hook_;
   Stats stats_;
+  metrics::LoopCounters counters_;
 };
 
 }  // namespace slotrpc::reactor

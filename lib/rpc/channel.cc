@@ -16,6 +16,7 @@
 #include "core/client_session.h"
 #include "core/handshake.h"
 #include "core/logging.h"
+#include "metrics/collect.h"
 #include "monitor/monitor.h"
 #include "reactor/reactor.h"
 #include "rpc/connector.h"
@@ -532,6 +533,28 @@ const std::string& Channel::peer() const { return impl_->peer; }
 const Config& Channel::config() const { return impl_->config; }
 uint32_t Channel::slot_count() const { return impl_->config.slot_count; }
 uint32_t Channel::slot_size() const { return impl_->config.slot_size; }
+
+MetricsSnapshot Channel::metrics() const {
+  auto read = [impl = impl_.get()] {
+    std::vector<const transport::Link*> links;
+    uint64_t queued = 0;
+    if (impl->session) {
+      links.push_back(impl->session->link());
+      queued = impl->session->counters().queued;
+    }
+    return metrics::read_loop(*impl->loop, links, queued);
+  };
+  metrics::Collector collector;
+  if (impl_->loop->on_this_thread()) {
+    collector.add(read());
+  } else {
+    auto state = std::make_shared<detail::SharedState<metrics::LoopReading>>();
+    impl_->loop->post([state, read] { state->set(read()); });
+    state->wait();
+    collector.add(*state->value);
+  }
+  return collector.finish([](uint32_t id, bool) { return metrics::known_method_name(id); });
+}
 
 Channel::Stats Channel::stats() const {
   auto snapshot = [impl = impl_.get()] {

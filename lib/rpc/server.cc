@@ -21,6 +21,9 @@
 #include "core/method_table.h"
 #include "core/server_session.h"
 #include "core/settings.h"
+#include "metrics/collect.h"
+#include "metrics/http_server.h"
+#include "rpc/admin/admin.h"
 #include "monitor/monitor.h"
 #include "reactor/reactor.h"
 #include "rpc/acceptor.h"
@@ -51,6 +54,8 @@ struct Server::Impl {
   uint16_t port = 0;
   std::unique_ptr<rpc::Admission> admission;
   std::unique_ptr<rpc::Acceptor> acceptor;
+  std::unique_ptr<metrics::HttpServer> metrics_port;  // SLOTRPC_METRICS_ADDRESS
+  std::shared_ptr<admin::AdminServiceImpl> admin;     // slotrpc.Admin, on every server
   std::thread accept_thread;
   std::atomic<bool> stopping{false};
   bool started = false;
@@ -115,7 +120,15 @@ std::string explain_setup_failure(const Status& st) {
 
 }  // namespace
 
-Server::Server(Config config) : impl_(std::make_unique<Impl>()) { impl_->config = std::move(config); }
+Server::Server(Config config) : impl_(std::make_unique<Impl>()) {
+  impl_->config = std::move(config);
+  // The built-in slotrpc.Admin service (lib/rpc/admin/admin.fbs), over the
+  // ordinary RPC port: slotrpc-stat --address reads Admin/Metrics.  Added
+  // first, so a user method whose id collides is the one refused.
+  impl_->admin = admin::make_service([this] { return metrics(); });
+  Status st = add_service(admin::definition(*impl_->admin));
+  (void)st;  // the table is empty: cannot collide
+}
 
 void Server::on_monitor_sample(std::function<void(const MetricsSnapshot&)> callback) {
   impl_->monitor_hook->set(std::move(callback));
@@ -130,6 +143,7 @@ Status Server::add_service(ServiceDefinition service) {
   auto owned = std::make_unique<ServiceDefinition>(std::move(service));
   Status st = impl_->methods.add(*owned);
   if (!st.ok()) return st;
+  for (const MethodDescriptor& m : owned->methods()) metrics::remember_method_name(m.id, m.full_name);
   impl_->services.push_back(std::move(owned));
   return {};
 }
@@ -191,10 +205,27 @@ Status Server::start(const std::string& listen_address) {
   impl_->sessions.resize(n);
   for (uint32_t i = 0; i < n; ++i) {
     impl_->loops.push_back(std::make_unique<reactor::Reactor>(impl_->config, fmt::format("slotrpc-srv{}", i)));
+    // Every method's counters exist before the loop runs: a request never
+    // allocates to count itself.
+    auto& counted = impl_->loops.back()->counters().server.methods;
+    for (const auto& service : impl_->services) {
+      for (const MethodDescriptor& m : service->methods()) counted[m.id];
+    }
     impl_->loops.back()->set_monitor_hook(impl_->monitor_hook);
     impl_->loops.back()->start();
   }
   impl_->started = true;
+  if (!impl_->config.metrics_address.empty()) {
+    // Once the loops exist (a scrape reads them), before the first session:
+    // a port that cannot be bound fails start() and undoes it.
+    auto http = metrics::HttpServer::start(impl_->config.metrics_address,
+                                           [this] { return to_prometheus(metrics()); });
+    if (!http.ok()) {
+      stop();
+      return http.status();
+    }
+    impl_->metrics_port = std::move(http.value());
+  }
   impl_->accept_thread = std::thread([impl = impl_.get()] { impl->acceptor->run(); });
   const std::string transports =
       impl_->config.transport == TransportKind::kVerbs ? "verbs only, on " + impl_->verbs_note
@@ -389,6 +420,7 @@ Result<std::vector<std::byte>> Server::Impl::open_verbs(size_t index, int fd,
 void Server::stop() {
   Impl& d = *impl_;
   if (!d.started) return;
+  d.metrics_port.reset();  // a scrape in progress finishes first
   d.started = false;
   d.stopping.store(true);
   d.acceptor->stop();
@@ -416,7 +448,46 @@ void Server::stop() {
   d.sessions.clear();
 }
 
+MetricsSnapshot Server::metrics() const {
+  Impl& d = *impl_;
+  metrics::Collector collector;
+  auto namer = [&d](uint32_t id, bool server) -> std::string {
+    if (server) {
+      const MethodDescriptor* m = d.methods.find(id);
+      return m != nullptr ? m->full_name : std::string();
+    }
+    return metrics::known_method_name(id);
+  };
+  if (!d.started) return collector.finish(namer);
+  // Each loop is read on its own thread; the one we may be running on (an
+  // Admin handler) directly.  The wait suspends a handler's fiber only.
+  std::vector<std::shared_ptr<detail::SharedState<metrics::LoopReading>>> pending;
+  for (size_t i = 0; i < d.loops.size(); ++i) {
+    auto read = [&d, i] {
+      std::vector<const transport::Link*> links;
+      links.reserve(d.sessions[i].size());
+      for (const auto& [raw, owned] : d.sessions[i]) {
+        if (!raw->closed()) links.push_back(&raw->link());
+      }
+      return metrics::read_loop(*d.loops[i], links, 0);
+    };
+    if (d.loops[i]->on_this_thread()) {
+      collector.add(read());
+      continue;
+    }
+    auto state = std::make_shared<detail::SharedState<metrics::LoopReading>>();
+    d.loops[i]->post([state, read] { state->set(read()); });
+    pending.push_back(std::move(state));
+  }
+  for (auto& state : pending) {
+    state->wait();
+    collector.add(*state->value);
+  }
+  return collector.finish(namer);
+}
+
 uint16_t Server::port() const { return impl_->port; }
+uint16_t Server::metrics_port() const { return impl_->metrics_port ? impl_->metrics_port->port() : 0; }
 const Config& Server::config() const { return impl_->config; }
 size_t Server::session_count() const { return impl_->session_count.load(); }
 

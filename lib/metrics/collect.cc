@@ -1,0 +1,138 @@
+#include "metrics/collect.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
+
+#include "monitor/monitor.h"
+#include "reactor/reactor.h"
+
+namespace slotrpc::metrics {
+
+LoopReading read_loop(reactor::Reactor& loop, const std::vector<const transport::Link*>& links,
+                      uint64_t client_queued) {
+  LoopReading r;
+  r.counters = loop.counters();
+  r.client_queued = client_queued;
+  for (const transport::Link* link : links) {
+    if (link == nullptr) continue;
+    const bool verbs = link->describe().rfind("verbs", 0) == 0;
+    LoopCounters::add(verbs ? r.verbs_live : r.tcp_live, link->stats());
+    ++(verbs ? r.verbs_sessions : r.tcp_sessions);
+  }
+  if (monitor::Monitor* m = loop.monitor()) m->fill(r.monitor);
+  return r;
+}
+
+std::string method_display_name(const std::string& full_name) {
+  const size_t dot = full_name.rfind('.');
+  if (dot == std::string::npos) return full_name;
+  std::string out = full_name;
+  out[dot] = '/';
+  return out;
+}
+
+void Collector::add(const LoopReading& r) {
+  ++out_.loops;
+  auto add_calls = [](CallCounters& into, const CallCounters& c) {
+    into.started += c.started;
+    for (size_t i = 0; i < CallCounters::kCodes; ++i) into.finished[i] += c.finished[i];
+    into.bytes_in += c.bytes_in;
+    into.bytes_out += c.bytes_out;
+    into.credit_stalls += c.credit_stalls;
+  };
+  add_calls(out_.server, r.counters.server.calls);
+  add_calls(out_.client, r.counters.client.calls);
+  out_.client.queued += r.client_queued;
+  for (int side = 0; side < 2; ++side) {
+    const SideCounters& sc = side == 0 ? r.counters.server : r.counters.client;
+    for (const auto& [id, m] : sc.methods) {
+      MethodCounters& into = methods_[{side == 1, id}];
+      into.started += m.started;
+      for (size_t i = 0; i < CallCounters::kCodes; ++i) into.finished[i] += m.finished[i];
+      into.latency_us.merge(m.latency_us);
+    }
+  }
+  LoopCounters::add(tcp_, r.counters.tcp.retired);
+  LoopCounters::add(tcp_, r.tcp_live);
+  LoopCounters::add(verbs_, r.counters.verbs.retired);
+  LoopCounters::add(verbs_, r.verbs_live);
+  tcp_sessions_ += r.tcp_sessions;
+  verbs_sessions_ += r.verbs_sessions;
+  tcp_polls_.merge(r.counters.tcp.completions_per_poll);
+  verbs_polls_.merge(r.counters.verbs.completions_per_poll);
+  const MetricsSnapshot& m = r.monitor;
+  out_.hw_counters.insert(out_.hw_counters.end(), m.hw_counters.begin(), m.hw_counters.end());
+  for (const std::string& a : m.hw_counters_absent) {
+    if (std::find(out_.hw_counters_absent.begin(), out_.hw_counters_absent.end(), a) ==
+        out_.hw_counters_absent.end()) {
+      out_.hw_counters_absent.push_back(a);
+    }
+  }
+  out_.receive_pools.insert(out_.receive_pools.end(), m.receive_pools.begin(),
+                            m.receive_pools.end());
+}
+
+MetricsSnapshot Collector::finish(const Namer& name) {
+  MetricsSnapshot out = std::move(out_);
+  out.taken = std::chrono::system_clock::now();
+  for (const auto& [key, m] : methods_) {
+    MethodMetrics mm;
+    mm.server = !key.first;
+    mm.id = key.second;
+    std::string n = name ? name(mm.id, mm.server) : std::string();
+    mm.name = n.empty() ? fmt::format("0x{:08x}", mm.id) : method_display_name(n);
+    mm.started = m.started;
+    mm.finished = m.finished;
+    mm.latency_us = m.latency_us.snapshot();
+    out.methods.push_back(std::move(mm));
+  }
+  std::sort(out.methods.begin(), out.methods.end(), [](const MethodMetrics& a, const MethodMetrics& b) {
+    if (a.server != b.server) return a.server;
+    return a.name < b.name;
+  });
+  auto transport = [](std::string kind, const transport::LinkStats& s, uint64_t sessions,
+                      const Histogram& polls) {
+    TransportMetrics t;
+    t.transport = std::move(kind);
+    t.sessions = sessions;
+    t.slot_sends = s.slot_sends;
+    t.control_sends = s.control_sends;
+    t.inline_sends = s.inline_sends;
+    t.noninline_sends = s.noninline_sends;
+    t.doorbells = s.doorbells;
+    t.signaled = s.signaled;
+    t.backlogged = s.backlogged;
+    t.completions_per_poll = polls.snapshot();
+    return t;
+  };
+  out.transports.push_back(transport("tcp", tcp_, tcp_sessions_, tcp_polls_));
+  if (verbs_sessions_ != 0 || verbs_.slot_sends != 0 || verbs_polls_.count() != 0) {
+    out.transports.push_back(transport("verbs", verbs_, verbs_sessions_, verbs_polls_));
+  }
+  *this = Collector();
+  return out;
+}
+
+namespace {
+std::mutex names_mu;
+std::unordered_map<uint32_t, std::string>& names() {
+  static auto* m = new std::unordered_map<uint32_t, std::string>();  // never destroyed
+  return *m;
+}
+}  // namespace
+
+void remember_method_name(uint32_t id, const std::string& full_name) {
+  std::lock_guard<std::mutex> lock(names_mu);
+  names().try_emplace(id, full_name);
+}
+
+std::string known_method_name(uint32_t id) {
+  std::lock_guard<std::mutex> lock(names_mu);
+  auto it = names().find(id);
+  return it == names().end() ? std::string() : it->second;
+}
+
+}  // namespace slotrpc::metrics

@@ -1,0 +1,62 @@
+// Gathering a MetricsSnapshot from event loops (cold path).
+//
+// Each loop is read on its own thread (read_loop, from a posted task, or
+// directly when the caller already runs on it): a copy of its counters, the
+// live links' LinkStats and the monitor's part.  The caller adds the
+// readings up (Collector) and names the methods.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "metrics/loop_counters.h"
+#include "slotrpc/metrics.h"
+
+namespace slotrpc::reactor {
+class Reactor;
+}
+
+namespace slotrpc::metrics {
+
+struct LoopReading {
+  LoopCounters counters;
+  transport::LinkStats tcp_live, verbs_live;  // open links
+  uint64_t tcp_sessions = 0, verbs_sessions = 0;
+  uint64_t client_queued = 0;
+  MetricsSnapshot monitor;  // the monitor's part (hardware, receive pools)
+};
+
+// Loop thread.  `links` are the loop's open links; `client_queued` the calls
+// its client sessions hold in their queues.
+LoopReading read_loop(reactor::Reactor& loop, const std::vector<const transport::Link*>& links,
+                      uint64_t client_queued);
+
+// "slotrpc.examples.Echo.Echo" -> "slotrpc.examples.Echo/Echo".
+std::string method_display_name(const std::string& full_name);
+
+// Any thread: adds readings up into one snapshot.
+class Collector {
+ public:
+  // Names a method id of one side; empty: unknown (shown as "0x%08x").
+  using Namer = std::function<std::string(uint32_t id, bool server)>;
+
+  void add(const LoopReading& r);
+  MetricsSnapshot finish(const Namer& name);
+
+ private:
+  MetricsSnapshot out_;
+  std::map<std::pair<bool, uint32_t>, MethodCounters> methods_;  // (client?, id)
+  transport::LinkStats tcp_, verbs_;
+  uint64_t tcp_sessions_ = 0, verbs_sessions_ = 0;
+  Histogram tcp_polls_, verbs_polls_;
+};
+
+// Process-wide: the names clients learnt for method ids (generated clients
+// announce theirs; servers their services').  Cold: a mutex.
+void remember_method_name(uint32_t id, const std::string& full_name);
+std::string known_method_name(uint32_t id);
+
+}  // namespace slotrpc::metrics
