@@ -71,13 +71,7 @@ constexpr uint32_t kEcho = slotrpc::method_id("slotrpc.test.Oom.Echo");
 #else
   // What the process has mapped now plus 320 MiB: about 20 sessions of 8 MiB
   // (the server's threads, their malloc arenas and fiber stacks take a share).
-  long vm_kb = 0;
-  {
-    std::ifstream in("/proc/self/status");
-    std::string line;
-    while (std::getline(in, line))
-      if (line.rfind("VmSize:", 0) == 0) vm_kb = std::stol(line.substr(7));
-  }
+  const long vm_kb = test_process::status_kib(0, "VmSize");
   const rlim_t limit = rlim_t(vm_kb) * 1024 + (320ull << 20);
   rlimit rl{limit, limit};
   if (::setrlimit(RLIMIT_AS, &rl) != 0) ::_exit(10);
@@ -122,14 +116,7 @@ TEST_CASE("out of memory while opening a session refuses it and keeps the server
     run_limited_server(pipe_fds[1]);
   }
   ::close(pipe_fds[1]);
-  struct Reaper {
-    pid_t pid;
-    ~Reaper() {
-      ::kill(pid, SIGKILL);
-      int st = 0;
-      ::waitpid(pid, &st, 0);
-    }
-  } reaper{pid};
+  test_process::Child server = test_process::Child::adopt(pid);  // killed and reaped at the end
   uint16_t port = 0;
   REQUIRE(::read(pipe_fds[0], &port, sizeof port) == sizeof port);
   ::close(pipe_fds[0]);
@@ -151,8 +138,7 @@ TEST_CASE("out of memory while opening a session refuses it and keeps the server
   CHECK(refused.code() == StatusCode::kResourceExhausted);
   CHECK_MESSAGE(contains(refused.message(), "out of memory"), refused.message());
   REQUIRE(open.size() >= 1);
-  int status = 0;
-  CHECK_MESSAGE(::waitpid(pid, &status, WNOHANG) == 0, "the server process died");
+  CHECK_MESSAGE(server.running(), "the server process died");
   for (size_t i = 0; i < open.size(); ++i) CHECK(call_once(*open[i], i) == "");
 #ifndef SLOTRPC_TEST_ASAN
   // The memory of a closed session comes back: one more fits again.  (Under
@@ -169,5 +155,5 @@ TEST_CASE("out of memory while opening a session refuses it and keeps the server
   REQUIRE_MESSAGE(again.ok(), again.status().to_string());
   CHECK(call_once(**again, 99) == "");
 #endif
-  CHECK(::waitpid(pid, &status, WNOHANG) == 0);
+  CHECK(server.running());
 }

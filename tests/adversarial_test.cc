@@ -28,7 +28,9 @@
 #include <thread>
 #include <vector>
 
+#include "adversary_util.h"
 #include "core/logging.h"
+#include "process_util.h"
 #include "raw_tcp_client.h"
 #include "test_messages_generated.h"
 
@@ -61,139 +63,16 @@ bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-template <class Pred>
-bool wait_until(Pred pred, std::chrono::milliseconds limit = 10000ms) {
-  const auto until = Clock::now() + limit;
-  while (!pred()) {
-    if (Clock::now() >= until) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
+// Bounded polling (10 s unless told): process_util.h.
+using test_process::wait_until;
 
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
+using adversary::ms_since;
+using adversary::ping_bytes;
 
-// --------------------------------------------------------------- the server
+ServiceDefinition make_service() { return adversary::make_service("slotrpc.test.Adversary"); }
 
-Status write_pong(const Ping& req, flatbuffers::FlatBufferBuilder& out) {
-  auto text = out.CreateString(req.text() != nullptr ? req.text()->str() : std::string());
-  const auto* p = req.payload();
-  auto payload = p != nullptr ? out.CreateVector(p->data(), p->size())
-                              : out.CreateVector(static_cast<const uint8_t*>(nullptr), 0);
-  out.Finish(slotrpc::test::CreatePong(out, req.seq(), text, payload));
-  return {};
-}
-
-ServiceDefinition make_service() {
-  ServiceDefinition svc("slotrpc.test.Adversary");
-  svc.add_unary<Ping>("Echo", [](const Ping& req, flatbuffers::FlatBufferBuilder& out, ServerCall&) {
-    return write_pong(req, out);
-  });
-  // Sleeps sleep_ms in 5 ms steps; returns early once cancelled.
-  svc.add_unary<Ping>("Slow", [](const Ping& req, flatbuffers::FlatBufferBuilder& out, ServerCall& call) {
-    const auto until = Clock::now() + std::chrono::milliseconds(req.sleep_ms());
-    while (Clock::now() < until && !call.cancelled()) slotrpc::this_fiber::sleep_for(5ms);
-    return write_pong(req, out);
-  });
-  return svc;
-}
-
-// Keeps every log line, so a test can read which session the server closed
-// and why.
-class CaptureSink final : public spdlog::sinks::base_sink<std::mutex> {
- public:
-  std::vector<std::string> lines() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return lines_;
-  }
-
- protected:
-  void sink_it_(const spdlog::details::log_msg& msg) override {
-    lines_.emplace_back(msg.payload.data(), msg.payload.size());
-  }
-  void flush_() override {}
-
- private:
-  std::vector<std::string> lines_;
-};
-
-// The well-behaved client: a Channel calling Echo from its own thread, 4
-// calls in flight, every reply checked, for as long as the test runs.
-class SteadyClient {
- public:
-  explicit SteadyClient(const std::string& address) {
-    auto ch = Channel::connect(address);
-    REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
-    channel_ = std::move(ch).value();
-    thread_ = std::thread([this] { run(); });
-  }
-  ~SteadyClient() { stop(); }
-
-  void stop() {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-  }
-  uint64_t ok() const { return ok_.load(); }
-  std::vector<std::string> failures() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return failures_;
-  }
-  // Waits until `n` more calls have completed OK: the channel is being
-  // served right now.
-  bool progresses(uint64_t n = 20) {
-    const uint64_t from = ok();
-    return wait_until([&] { return ok() >= from + n || !failures().empty(); }) && failures().empty();
-  }
-
- private:
-  void fail(std::string why) {
-    std::lock_guard<std::mutex> lock(mu_);
-    failures_.push_back(std::move(why));
-  }
-  void run() {
-    uint64_t seq = 0;
-    while (!stop_) {
-      std::vector<std::pair<uint64_t, Future<Reply<Pong>>>> batch;
-      for (int i = 0; i < 4; ++i) {
-        ++seq;
-        const std::string text = "steady-" + std::to_string(seq);
-        batch.emplace_back(seq, channel_->call_typed<Pong>(kEcho, [seq, text](flatbuffers::FlatBufferBuilder& fbb) {
-          fbb.Finish(slotrpc::test::CreatePing(fbb, seq, fbb.CreateString(text)));
-        }));
-      }
-      for (auto& [s, f] : batch) {
-        if (!f.wait_for(10000ms)) {
-          fail("call " + std::to_string(s) + " did not complete within 10 s");
-          return;
-        }
-        Reply<Pong> r = f.get();
-        if (!r.ok()) {
-          fail("call " + std::to_string(s) + ": " + r.status().to_string());
-        } else if (r->seq() != s || r->text() == nullptr || r->text()->str() != "steady-" + std::to_string(s)) {
-          fail("call " + std::to_string(s) + ": wrong reply");
-        } else {
-          ++ok_;
-        }
-      }
-    }
-  }
-
-  std::unique_ptr<Channel> channel_;
-  std::thread thread_;
-  std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> ok_{0};
-  std::mutex mu_;
-  std::vector<std::string> failures_;
-};
-
-std::vector<std::byte> ping_bytes(uint64_t seq, const std::string& text, uint32_t sleep_ms = 0) {
-  flatbuffers::FlatBufferBuilder fbb;
-  fbb.Finish(slotrpc::test::CreatePing(fbb, seq, fbb.CreateString(text), 0, sleep_ms));
-  const auto* p = reinterpret_cast<const std::byte*>(fbb.GetBufferPointer());
-  return std::vector<std::byte>(p, p + fbb.GetSize());
-}
+using adversary::CaptureSink;
+using adversary::SteadyClient;
 
 // Sends a request for `method` into `slot`.
 void send_request(int fd, uint32_t method, uint64_t request_id, uint16_t slot, uint32_t generation,
@@ -247,7 +126,7 @@ struct Arena {
     const Status st = server->start("127.0.0.1:0");
     REQUIRE_MESSAGE(st.ok(), st.to_string());
     port = server->port();
-    steady = std::make_unique<SteadyClient>("127.0.0.1:" + std::to_string(port));
+    steady = std::make_unique<SteadyClient>("127.0.0.1:" + std::to_string(port), kEcho);
     auto b = Channel::connect("127.0.0.1:" + std::to_string(port));
     REQUIRE_MESSAGE(b.ok(), b.status().to_string());
     bystander = std::move(b).value();
@@ -282,24 +161,10 @@ struct Arena {
   // Lines since `from` that name `peer` ("127.0.0.1:PORT") with a close or
   // refusal.
   std::vector<std::string> closes_of(const std::string& peer, size_t from) {
-    std::vector<std::string> out;
-    const auto lines = log->lines();
-    for (size_t i = from; i < lines.size(); ++i) {
-      const std::string& l = lines[i];
-      if (contains(l, peer + " closed") || contains(l, "with " + peer + ":") || contains(l, "from " + peer + ":") ||
-          contains(l, peer + " failed"))
-        out.push_back(l);
-    }
-    return out;
+    return adversary::closes_of(*log, peer, from);
   }
   // Lines since `from` that report any session closing.
-  size_t close_lines(size_t from) {
-    size_t n = 0;
-    const auto lines = log->lines();
-    for (size_t i = from; i < lines.size(); ++i)
-      if (contains(lines[i], "closed") || contains(lines[i], "closing")) ++n;
-    return n;
-  }
+  size_t close_lines(size_t from) { return adversary::close_lines(*log, from); }
 
   // The attack is over: whatever happened to the attacker, the server has
   // exactly the Channel's and the bystander's sessions, and both work.
@@ -487,20 +352,7 @@ TEST_CASE("adversary: stale and backward generations") {
 
 TEST_CASE("adversary: reply-type frames sent to a server close that session") {
   Arena a;
-  struct Case {
-    const char* name;
-    bool control;
-    core::Kind kind;
-    const char* reason;
-  };
-  const Case cases[] = {
-      {"REPLY in a slot", false, core::Kind::kReply, "unexpected message kind"},
-      {"ERROR in a slot", false, core::Kind::kError, "unexpected message kind"},
-      {"STREAM_MESSAGE in a slot", false, core::Kind::kStreamMessage, "unexpected message kind"},
-      {"REPLY on the control lane", true, core::Kind::kReply, "unexpected control kind"},
-      {"ERROR on the control lane", true, core::Kind::kError, "unexpected control kind"},
-  };
-  for (const Case& k : cases) {
+  for (const adversary::ReplyTypeCase& k : adversary::kReplyTypeCases) {
     CAPTURE(k.name);
     const size_t lines_before = a.mark();
     Fd c(raw_connect(a.port));

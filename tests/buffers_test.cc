@@ -16,9 +16,7 @@
 #include <arpa/inet.h>
 #include <signal.h>
 #include <slotrpc/slotrpc.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,16 +27,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/handshake.h"
 #include "core/wire_format.h"
-
-extern char** environ;
+#include "process_util.h"
 
 namespace {
 
@@ -54,98 +50,35 @@ namespace core = slotrpc::core;
 // The echo example's method (examples/echo/echo_service.h).
 constexpr uint32_t kExampleEcho = slotrpc::method_id("slotrpc.examples.Echo.Echo");
 
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "slotrpc-buffers-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
-
-std::string read_file(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Resident set of `pid` in KiB, from /proc/PID/status; 0 if unreadable.
-long rss_kib(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::strtol(line.c_str() + 6, nullptr, 10);
-  return 0;
-}
+using test_process::read_file;
+using test_process::rss_kib;
 
 // An echo_server child with a short peer timeout and info logging (the
 // drain-timeout line is checked in its stderr).
 struct ServerProcess {
+  test_process::TempDir dir{"slotrpc-buffers"};
+  std::unique_ptr<test_process::Child> child;
   pid_t pid = -1;
   uint16_t port = 0;
-  TempDir dir;
 
   explicit ServerProcess(const std::vector<std::string>& env_extra) {
-    const char* exe = std::getenv("ECHO_SERVER");
-    REQUIRE_MESSAGE(exe != nullptr, "ECHO_SERVER is not set (run through meson test)");
-    const std::string port_file = (dir.path / "port").string();
-    std::vector<std::string> args = {exe, "--listen", "127.0.0.1:0", "--port-file", port_file};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e != nullptr; ++e) {
-      const std::string s = *e;
-      if (s.rfind("SLOTRPC_", 0) != 0) env_strings.push_back(s);  // ours win
-    }
-    env_strings.insert(env_strings.end(), env_extra.begin(), env_extra.end());
-    std::vector<char*> envp;
-    for (auto& s : env_strings) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
     // Both streams into one file: the log goes wherever spdlog sends it.
-    posix_spawn_file_actions_addopen(&fa, 1, log_path().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    const int rc = ::posix_spawn(&pid, exe, &fa, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&fa);
-    REQUIRE_MESSAGE(rc == 0, "posix_spawn " << exe << ": " << std::strerror(rc));
-    const auto until = Clock::now() + 15s;
-    for (;;) {
-      const std::string text = read_file(port_file);
-      if (!text.empty()) {
-        port = static_cast<uint16_t>(std::stoul(text));
-        break;
-      }
-      int status = 0;
-      if (::waitpid(pid, &status, WNOHANG) == pid) {
-        pid = -1;
-        FAIL("echo_server exited early: " << read_file(log_path()));
-      }
-      if (Clock::now() >= until) {
-        kill_and_reap();
-        FAIL("echo_server wrote no port file");
-      }
-      std::this_thread::sleep_for(5ms);
-    }
+    test_process::SpawnOptions o = test_process::SpawnOptions::to_file(log_path());
+    o.env = env_extra;
+    o.drop_env_prefix = "SLOTRPC_";  // ours win
+    auto up = test_process::start_echo_server(dir.path, o);
+    child = std::move(up.child);
+    REQUIRE_MESSAGE(up.port != 0, up.error);
+    pid = child->pid;
+    port = up.port;
   }
-  ~ServerProcess() { kill_and_reap(); }
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;
 
   std::filesystem::path log_path() const { return dir.path / "log"; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port); }
   void kill_and_reap() {
-    if (pid <= 0) return;
-    ::kill(pid, SIGKILL);
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    child->kill_and_reap();
     pid = -1;
   }
 };

@@ -122,7 +122,7 @@ void echo_client_exits_cleanly(const std::string& outstanding) {
   const uint64_t idle_ticks = cpu_ticks(server.pid());
   Child client({binary("ECHO_CLIENT"), "--connect", server.address(), "--count", "20000000",
                 "--outstanding", outstanding},
-               server.dir.path, "echo_client");
+               SpawnOptions::to_files(server.dir.path, "echo_client"));
   // Progress: the server has served calls for 10 ticks of CPU (~100 ms).
   REQUIRE_MESSAGE(wait_until([&] { return !client.running() || cpu_ticks(server.pid()) >= idle_ticks + 10; },
                              60000ms),

@@ -9,14 +9,12 @@
 //     echo_client does, and counts how every call ended.
 //
 // Every wait is bounded; the child is killed and reaped even when a check
-// fails.
+// fails.  The process plumbing (Child, waits, /proc) is process_util.h's.
 #pragma once
 
 #include <doctest/doctest.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <slotrpc/slotrpc.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,7 +35,7 @@
 #include <thread>
 #include <vector>
 
-extern char** environ;
+#include "process_util.h"
 
 namespace failure_test {
 
@@ -69,126 +67,23 @@ inline double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-inline std::string read_file(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using test_process::Child;
+using test_process::cpu_ticks;
+using test_process::process_state;
+using test_process::read_file;
+using test_process::SpawnOptions;
+using test_process::wait_until;
 
-// Polls `done` every millisecond until it holds or `limit` passes.
-inline bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds limit) {
-  const auto until = Clock::now() + limit;
-  while (!done()) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
-
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "slotrpc-fail-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
+struct TempDir : test_process::TempDir {
+  TempDir() : test_process::TempDir("slotrpc-fail") {}
 };
-
-// Waits up to `limit` for `pid` to exit; fills `status`.
-inline bool wait_exit(pid_t pid, std::chrono::milliseconds limit, int* status) {
-  const auto until = Clock::now() + limit;
-  for (;;) {
-    const pid_t r = ::waitpid(pid, status, WNOHANG);
-    if (r == pid) return true;
-    if (r < 0 && errno != EINTR) return false;
-    if (Clock::now() >= until) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-}
-
-// The state letter of /proc/PID/stat ('R', 'S', 'T', ...), or 0.
-inline char process_state(pid_t pid) {
-  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
-  const size_t paren = stat.rfind(')');  // the command name may hold spaces
-  return paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : 0;
-}
-
-// utime + stime of /proc/PID/stat, in clock ticks.
-inline uint64_t cpu_ticks(pid_t pid) {
-  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
-  const size_t paren = stat.rfind(')');
-  if (paren == std::string::npos) return 0;
-  std::istringstream in(stat.substr(paren + 2));
-  std::string field;
-  uint64_t utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && in >> field; ++i) {  // fields 14 and 15, counted from 1
-    if (i == 14) utime = std::stoull(field);
-    if (i == 15) stime = std::stoull(field);
-  }
-  return utime + stime;
-}
 
 inline const char* binary(const char* env) {
-  const char* exe = std::getenv(env);
-  REQUIRE_MESSAGE(exe != nullptr, env << " is not set (run through meson test)");
-  REQUIRE_MESSAGE(::access(exe, X_OK) == 0, exe << " is not executable");
+  std::string error;
+  const char* exe = test_process::binary_from_env(env, &error);
+  REQUIRE_MESSAGE(exe != nullptr, error);
   return exe;
 }
-
-// A child process with stdout and stderr in files; SIGKILLed and reaped on
-// destruction unless it was reaped before.
-struct Child {
-  pid_t pid = -1;
-  std::filesystem::path out, err;
-
-  Child(std::vector<std::string> args, const std::filesystem::path& dir, const std::string& name) {
-    out = dir / (name + ".stdout");
-    err = dir / (name + ".stderr");
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int rc = ::posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) pid = -1;
-    REQUIRE_MESSAGE(rc == 0, "posix_spawn " << args[0] << ": " << std::strerror(rc));
-  }
-  ~Child() { kill_and_reap(); }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  bool running() {
-    if (pid <= 0) return false;
-    int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) != pid) return true;
-    pid = -1;
-    return false;
-  }
-  // Bounded wait for exit; false (the child is left to the destructor) on
-  // timeout.
-  bool wait(std::chrono::milliseconds limit, int* status) {
-    if (!wait_exit(pid, limit, status)) return false;
-    pid = -1;
-    return true;
-  }
-  void kill_and_reap() {
-    if (pid <= 0) return;
-    ::kill(pid, SIGKILL);
-    int status = 0;
-    wait_exit(pid, 10000ms, &status);
-    pid = -1;
-  }
-  std::string stdout_text() const { return read_file(out); }
-  std::string stderr_text() const { return read_file(err); }
-};
 
 // echo_server --listen 127.0.0.1:0 --port-file <dir>/port, listening.
 struct EchoServerProcess {
@@ -197,23 +92,10 @@ struct EchoServerProcess {
   uint16_t port = 0;
 
   EchoServerProcess() {
-    const std::string port_file = (dir.path / "port").string();
-    child = std::make_unique<Child>(
-        std::vector<std::string>{binary("ECHO_SERVER"), "--listen", "127.0.0.1:0", "--port-file", port_file},
-        dir.path, "echo_server");
-    // The server writes the port file whole (rename), once it listens.
-    const auto until = Clock::now() + 20s;
-    for (;;) {
-      const std::string text = read_file(port_file);
-      if (!text.empty()) {
-        port = static_cast<uint16_t>(std::stoul(text));
-        break;
-      }
-      REQUIRE_MESSAGE(child->running(), "echo_server exited early: " << child->stderr_text());
-      REQUIRE_MESSAGE(Clock::now() < until, "echo_server wrote no port file");
-      std::this_thread::sleep_for(2ms);
-    }
-    REQUIRE(port != 0);
+    auto up = test_process::start_echo_server(dir.path, SpawnOptions::to_files(dir.path, "echo_server"), 20s);
+    child = std::move(up.child);
+    REQUIRE_MESSAGE(up.port != 0, up.error);
+    port = up.port;
   }
   std::string address() const { return "127.0.0.1:" + std::to_string(port); }
   pid_t pid() const { return child->pid; }
@@ -221,8 +103,7 @@ struct EchoServerProcess {
   // SIGKILL and reap.
   void kill() {
     REQUIRE(child->pid > 0);
-    const pid_t pid = child->pid;
-    REQUIRE(::kill(pid, SIGKILL) == 0);
+    REQUIRE(child->signal(SIGKILL));
     int status = 0;
     REQUIRE_MESSAGE(child->wait(10000ms, &status), "echo_server was not reaped after SIGKILL");
     CHECK(WIFSIGNALED(status));
@@ -230,15 +111,13 @@ struct EchoServerProcess {
   // SIGSTOP, and returns once the kernel reports the process stopped.
   Clock::time_point freeze() {
     REQUIRE(child->pid > 0);
-    REQUIRE(::kill(child->pid, SIGSTOP) == 0);
-    REQUIRE_MESSAGE(wait_until([&] { return process_state(child->pid) == 'T'; }, 10000ms),
-                    "echo_server did not stop after SIGSTOP");
+    REQUIRE_MESSAGE(child->stop(10000ms), "echo_server did not stop after SIGSTOP");
     return Clock::now();
   }
   // SIGTERM: echo_server calls Server::stop and exits 0.
   void terminate() {
     REQUIRE(child->pid > 0);
-    REQUIRE(::kill(child->pid, SIGTERM) == 0);
+    REQUIRE(child->signal(SIGTERM));
     int status = 0;
     REQUIRE_MESSAGE(child->wait(15000ms, &status), "echo_server did not exit after SIGTERM");
     CHECK(WIFEXITED(status));

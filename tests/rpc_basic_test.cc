@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "process_util.h"
 #include "test_messages_generated.h"
 
 namespace {
@@ -188,15 +189,8 @@ T get_within(Future<T>& f, std::chrono::milliseconds limit = std::chrono::durati
   return f.get();
 }
 
-template <class Pred>
-bool wait_until(Pred pred, std::chrono::milliseconds limit = std::chrono::duration_cast<std::chrono::milliseconds>(kWait)) {
-  const auto until = Clock::now() + limit;
-  while (!pred()) {
-    if (Clock::now() >= until) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
+// Bounded polling (10 s unless told): process_util.h.
+using test_process::wait_until;
 
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();

@@ -12,14 +12,11 @@
 // Every wait is bounded; child processes are killed and reaped even when a
 // check fails.
 #include <doctest/doctest.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <slotrpc/slotrpc.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
@@ -30,7 +27,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
@@ -40,11 +36,11 @@
 
 #include "core/handshake.h"
 #include "core/wire_format.h"
+#include "process_util.h"
 #include "raw_tcp_client.h"
 #include "rpc/connector.h"
 #include "test_messages_generated.h"
 
-extern char** environ;
 
 namespace {
 
@@ -209,15 +205,8 @@ T get_within(Future<T>& f, std::chrono::milliseconds limit = std::chrono::durati
   return f.get();
 }
 
-template <class Pred>
-bool wait_until(Pred pred, std::chrono::milliseconds limit = std::chrono::duration_cast<std::chrono::milliseconds>(kWait)) {
-  const auto until = Clock::now() + limit;
-  while (!pred()) {
-    if (Clock::now() >= until) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
+// Bounded polling (10 s unless told): process_util.h.
+using test_process::wait_until;
 
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -281,43 +270,11 @@ void raw_round_trip(int fd, uint16_t slot, uint32_t generation, uint64_t request
 
 // --------------------------------------------------------- child processes
 
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "slotrpc-faults-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
-
-std::string read_file(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Waits up to `limit` for `pid` to exit; fills `status`.
-bool wait_exit(pid_t pid, std::chrono::milliseconds limit, int* status) {
-  const auto until = Clock::now() + limit;
-  for (;;) {
-    const pid_t r = ::waitpid(pid, status, WNOHANG);
-    if (r == pid) return true;
-    if (r < 0 && errno != EINTR) return false;
-    if (Clock::now() >= until) return false;
-    std::this_thread::sleep_for(2ms);
-  }
-}
-
 // An echo_server child process; killed and reaped on destruction.
 struct EchoServerProcess {
-  pid_t pid = -1;
+  test_process::TempDir dir{"slotrpc-faults"};
+  std::unique_ptr<test_process::Child> child;
   uint16_t port = 0;
-  TempDir dir;
 
   EchoServerProcess() {
     try {
@@ -328,65 +285,28 @@ struct EchoServerProcess {
     }
   }
   void start() {
-    const char* exe = std::getenv("ECHO_SERVER");
-    REQUIRE_MESSAGE(exe != nullptr, "ECHO_SERVER is not set (run through meson test)");
-    const std::string port_file = (dir.path / "port").string();
-    const std::string out = (dir.path / "stdout").string();
-    const std::string err = (dir.path / "stderr").string();
-    std::vector<std::string> args = {exe, "--listen", "127.0.0.1:0", "--port-file", port_file};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int rc = ::posix_spawn(&pid, exe, &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    REQUIRE_MESSAGE(rc == 0, "posix_spawn " << exe << ": " << std::strerror(rc));
-    // The server writes the port file whole (rename), once it listens.
-    const auto until = Clock::now() + 15s;
-    for (;;) {
-      const std::string text = read_file(port_file);
-      if (!text.empty()) {
-        port = static_cast<uint16_t>(std::stoul(text));
-        break;
-      }
-      int status = 0;
-      if (::waitpid(pid, &status, WNOHANG) == pid) {
-        pid = -1;
-        FAIL("echo_server exited early: " << read_file(err));
-      }
-      REQUIRE_MESSAGE(Clock::now() < until, "echo_server wrote no port file");
-      std::this_thread::sleep_for(5ms);
-    }
-    REQUIRE(port != 0);
+    test_process::SpawnOptions o;
+    o.stdout_path = dir.path / "stdout";
+    o.stderr_path = dir.path / "stderr";
+    auto up = test_process::start_echo_server(dir.path, o);
+    child = std::move(up.child);
+    REQUIRE_MESSAGE(up.port != 0, up.error);
+    port = up.port;
   }
   ~EchoServerProcess() { kill_and_reap(); }
 
   std::string address() const { return "127.0.0.1:" + std::to_string(port); }
 
   void stop_process() {
-    REQUIRE(::kill(pid, SIGSTOP) == 0);
     // Make sure it is stopped before going on.
-    const auto until = Clock::now() + 5s;
-    for (;;) {
-      int status = 0;
-      const pid_t r = ::waitpid(pid, &status, WNOHANG | WUNTRACED);
-      if (r == pid && WIFSTOPPED(status)) return;
-      REQUIRE_MESSAGE(r == 0, "echo_server did not stop");
-      REQUIRE(Clock::now() < until);
-      std::this_thread::sleep_for(1ms);
-    }
+    REQUIRE_MESSAGE(child->stop(5000ms), "echo_server did not stop");
   }
   void kill_and_reap() {
-    if (pid <= 0) return;
-    ::kill(pid, SIGKILL);
-    int status = 0;
-    const bool reaped = wait_exit(pid, 10000ms, &status);
-    pid = -1;
+    if (!child || child->pid <= 0) return;
+    const bool reaped = child->kill_and_reap(10000ms);
     CHECK(reaped);
     if (reaped) {
+      const int status = child->exit_status;
       CHECK(WIFSIGNALED(status));
       if (WIFSIGNALED(status)) CHECK(WTERMSIG(status) == SIGKILL);
     }

@@ -17,6 +17,8 @@
 #include <unistd.h>
 #include <vector>
 
+#include "process_util.h"
+
 using slotrpc::reactor::Clock;
 using slotrpc::reactor::TimerHeap;
 using namespace std::chrono_literals;
@@ -312,20 +314,6 @@ TEST_CASE("timer_heap: callback context and argument are passed through") {
   CHECK(b.fired == std::vector<uint64_t>{7});
 }
 
-namespace {
-
-// Resident set size in KiB, from /proc/self/statm (0 if unreadable).
-long rss_kib() {
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return 0;
-  long size = 0, resident = 0;
-  const int n = std::fscanf(f, "%ld %ld", &size, &resident);
-  std::fclose(f);
-  return n == 2 ? resident * (sysconf(_SC_PAGESIZE) / 1024) : 0;
-}
-
-}  // namespace
-
 TEST_CASE("timer_heap: cancelled timers leave the heap at once (memory follows live timers)") {
   // The call path: every call arms a deadline timer and nearly every call
   // completes first and cancels it, beside a session's long-lived keepalive.
@@ -334,7 +322,7 @@ TEST_CASE("timer_heap: cancelled timers leave the heap at once (memory follows l
   TimerHeap heap;
   Log log;
   heap.add(t0 + 1s, &Log::record, &log, 1);  // the keepalive
-  const long rss_before = rss_kib();
+  const long rss_before = test_process::rss_kib(::getpid());
   constexpr int kPairs = 5'000'000;
   size_t max_nodes = 0;
   for (int i = 0; i < kPairs; ++i) {
@@ -343,7 +331,7 @@ TEST_CASE("timer_heap: cancelled timers leave the heap at once (memory follows l
     heap.cancel(id);
     max_nodes = std::max(max_nodes, heap.heap_nodes());
   }
-  const long rss_after = rss_kib();
+  const long rss_after = test_process::rss_kib(::getpid());
   MESSAGE("5M add+cancel: max heap nodes " << max_nodes << ", slab entries " << heap.slab_size()
           << ", RSS " << rss_before << " KiB -> " << rss_after << " KiB");
   CHECK(max_nodes <= 2);

@@ -6,13 +6,10 @@
 // generated header (same layout as examples/echo/echo.fbs).  Every wait is
 // bounded, and children are killed and reaped even when a check fails.
 #include <doctest/doctest.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <slotrpc/slotrpc.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -20,14 +17,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-extern char** environ;
+#include "process_util.h"
 
 namespace {
 
@@ -89,92 +84,21 @@ bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-std::string read_file(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using test_process::read_file;
+using test_process::SpawnOptions;
 
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "slotrpc-2proc-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
+struct TempDir : test_process::TempDir {
+  TempDir() : test_process::TempDir("slotrpc-2proc") {}
 };
 
 const char* binary(const char* env) {
-  const char* exe = std::getenv(env);
-  REQUIRE_MESSAGE(exe != nullptr, env << " is not set (run through meson test)");
-  REQUIRE_MESSAGE(::access(exe, X_OK) == 0, exe << " is not executable");
+  std::string error;
+  const char* exe = test_process::binary_from_env(env, &error);
+  REQUIRE_MESSAGE(exe != nullptr, error);
   return exe;
 }
 
-// Waits up to `limit` for `pid` to exit; fills `status`.
-bool wait_exit(pid_t pid, std::chrono::milliseconds limit, int* status) {
-  const auto until = Clock::now() + limit;
-  for (;;) {
-    const pid_t r = ::waitpid(pid, status, WNOHANG);
-    if (r == pid) return true;
-    if (r < 0 && errno != EINTR) return false;
-    if (Clock::now() >= until) return false;
-    std::this_thread::sleep_for(2ms);
-  }
-}
-
-// A child process with stdout and stderr in files; SIGKILLed and reaped on
-// destruction unless it was waited for.
-struct Child {
-  pid_t pid = -1;
-  std::filesystem::path out, err;
-
-  Child(std::vector<std::string> args, const std::filesystem::path& dir, const std::string& name) {
-    out = dir / (name + ".stdout");
-    err = dir / (name + ".stderr");
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int rc = ::posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) pid = -1;
-    REQUIRE_MESSAGE(rc == 0, "posix_spawn " << args[0] << ": " << std::strerror(rc));
-  }
-  ~Child() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      int status = 0;
-      wait_exit(pid, 10000ms, &status);
-    }
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  // Bounded wait for exit; false (and the child is left to the destructor)
-  // on timeout.
-  bool wait(std::chrono::milliseconds limit, int* status) {
-    if (!wait_exit(pid, limit, status)) return false;
-    pid = -1;
-    return true;
-  }
-  bool running() {
-    int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) != pid) return true;
-    pid = -1;
-    return false;
-  }
-  std::string stdout_text() const { return read_file(out); }
-  std::string stderr_text() const { return read_file(err); }
-};
+using test_process::Child;
 
 // echo_server --listen 127.0.0.1:0 --port-file <dir>/port, up and listening.
 struct EchoServer {
@@ -183,29 +107,17 @@ struct EchoServer {
   uint16_t port = 0;
 
   EchoServer() {
-    const std::string port_file = (dir.path / "port").string();
-    child = std::make_unique<Child>(
-        std::vector<std::string>{binary("ECHO_SERVER"), "--listen", "127.0.0.1:0", "--port-file", port_file},
-        dir.path, "echo_server");
-    const auto until = Clock::now() + 15s;
-    for (;;) {
-      const std::string text = read_file(port_file);
-      if (!text.empty()) {
-        port = static_cast<uint16_t>(std::stoul(text));
-        break;
-      }
-      REQUIRE_MESSAGE(child->running(), "echo_server exited early: " << child->stderr_text());
-      REQUIRE_MESSAGE(Clock::now() < until, "echo_server wrote no port file");
-      std::this_thread::sleep_for(5ms);
-    }
-    REQUIRE(port != 0);
+    auto up = test_process::start_echo_server(dir.path, SpawnOptions::to_files(dir.path, "echo_server"));
+    child = std::move(up.child);
+    REQUIRE_MESSAGE(up.port != 0, up.error);
+    port = up.port;
   }
   std::string address() const { return "127.0.0.1:" + std::to_string(port); }
 
   // SIGTERM: the server stops cleanly and exits 0.
   void terminate_and_check() {
     REQUIRE(child->pid > 0);
-    REQUIRE(::kill(child->pid, SIGTERM) == 0);
+    REQUIRE(child->signal(SIGTERM));
     int status = 0;
     REQUIRE_MESSAGE(child->wait(10000ms, &status), "echo_server did not exit after SIGTERM");
     CHECK(WIFEXITED(status));
@@ -228,7 +140,7 @@ TEST_CASE("echo_client process: 100000 verified calls of 64 B with 32 outstandin
   EchoServer server;
   Child client({binary("ECHO_CLIENT"), "--connect", server.address(), "--count", "100000", "--size", "64",
                 "--outstanding", "32"},
-               server.dir.path, "echo_client");
+               SpawnOptions::to_files(server.dir.path, "echo_client"));
   int status = 0;
   REQUIRE_MESSAGE(client.wait(180000ms, &status), "echo_client did not finish");
   const std::string out = client.stdout_text();
@@ -258,7 +170,8 @@ TEST_CASE("echo_client's exit status means something: no server, exit 1") {
   bool exited = false;
   std::string err;
   {
-    Child client({binary("ECHO_CLIENT"), "--connect", address, "--count", "10"}, dir.path, "echo_client");
+    Child client({binary("ECHO_CLIENT"), "--connect", address, "--count", "10"},
+                 SpawnOptions::to_files(dir.path, "echo_client"));
     exited = client.wait(30000ms, &status);
     err = client.stderr_text();
   }

@@ -107,41 +107,14 @@ std::string call_once(Channel& ch, uint64_t seq) {
 }  // namespace
 
 TEST_CASE("verbs: a server out of locked memory refuses naming RLIMIT_MEMLOCK and keeps serving") {
-  char dir_tmpl[] = "/tmp/slotrpc-limits-XXXXXX";
-  REQUIRE(::mkdtemp(dir_tmpl) != nullptr);
-  const std::string port_file = std::string(dir_tmpl) + "/port";
-  const std::string err_file = std::string(dir_tmpl) + "/stderr";
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    std::freopen(err_file.c_str(), "w", stderr);
-    std::freopen(err_file.c_str(), "a", stdout);
-    char self[] = "/proc/self/exe";
-    std::string mode = "--child-memlock";
-    char* args[] = {self, mode.data(), const_cast<char*>(port_file.c_str()), nullptr};
-    ::execv(self, args);
-    ::_exit(127);
-  }
-  struct Reaper {
-    pid_t pid;
-    ~Reaper() {
-      ::kill(pid, SIGKILL);
-      int st = 0;
-      ::waitpid(pid, &st, 0);
-    }
-  } reaper{pid};
-  uint16_t port = 0;
-  const bool up = verbs_test::wait_until(
-      [&] {
-        std::ifstream in(port_file);
-        unsigned p = 0;
-        if (in >> p) port = static_cast<uint16_t>(p);
-        int st = 0;
-        return port != 0 || ::waitpid(pid, &st, WNOHANG) == pid;
-      },
-      20000ms);
-  REQUIRE_MESSAGE(up, "child server did not start");
-  REQUIRE_MESSAGE(port != 0, "child server exited early");
+  test_process::TempDir dir("slotrpc-limits");
+  const std::string port_file = (dir.path / "port").string();
+  test_process::Child child({test_process::self_exe(), "--child-memlock", port_file},
+                            test_process::SpawnOptions::to_file(dir.path / "stderr"));
+  const auto up = test_process::wait_for_port_file(port_file, child, 20000ms);
+  REQUIRE_MESSAGE((up.port != 0 || up.exited), "child server did not start");
+  REQUIRE_MESSAGE(up.port != 0, "child server exited early");
+  const uint16_t port = up.port;
   const std::string address = "127.0.0.1:" + std::to_string(port);
 
   std::vector<std::unique_ptr<Channel>> open;
@@ -162,10 +135,7 @@ TEST_CASE("verbs: a server out of locked memory refuses naming RLIMIT_MEMLOCK an
   CHECK_MESSAGE(refused.message().find("RLIMIT_MEMLOCK") != std::string::npos, refused.message());
   REQUIRE(open.size() >= 1);
   for (size_t i = 0; i < open.size(); ++i) CHECK(call_once(*open[i], i) == "");
-  int st = 0;
-  CHECK_MESSAGE(::waitpid(pid, &st, WNOHANG) == 0, "the server process died");
-  std::error_code ec;
-  std::filesystem::remove_all(dir_tmpl, ec);
+  CHECK_MESSAGE(child.running(), "the server process died");
 }
 
 int main(int argc, char** argv) {

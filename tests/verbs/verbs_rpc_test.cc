@@ -12,10 +12,8 @@
 // (`verbs_rpc_test --child-client ADDRESS PROGRESS_FILE`).
 #include "verbs_test_util.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <slotrpc/slotrpc.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,8 +34,6 @@
 #include "../env_var.h"
 #include "core/settings.h"
 #include "test_messages_generated.h"
-
-extern char** environ;
 
 namespace {
 
@@ -242,80 +238,36 @@ int run_child(int argc, char** argv) {
   return 2;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // This binary run with `args` (after argv[0]) in a fresh temp dir, stdout
 // and stderr to dir/out and dir/err; killed and reaped on destruction.
 struct ChildProcess {
-  pid_t pid = -1;
-  std::string dir;
+  test_process::TempDir tmp{"verbs_rpc_test"};
+  std::string dir = tmp.path.string();
+  std::unique_ptr<test_process::Child> child;
 
   explicit ChildProcess(std::vector<std::string> args) {
-    char tmpl[] = "/tmp/verbs_rpc_test.XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    dir = tmpl;
     for (auto& a : args) {
       const size_t at = a.find("{dir}");
       if (at != std::string::npos) a.replace(at, 5, dir);
     }
-    std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
-    args.insert(args.begin(), exe);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, (dir + "/out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, (dir + "/err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int rc = ::posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    REQUIRE_MESSAGE(rc == 0, "posix_spawn: " << std::strerror(rc));
+    args.insert(args.begin(), test_process::self_exe());
+    test_process::SpawnOptions o;
+    o.stdout_path = dir + "/out";
+    o.stderr_path = dir + "/err";
+    child = std::make_unique<test_process::Child>(std::move(args), o);
   }
-  ~ChildProcess() {
-    kill_and_reap();
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
-  ChildProcess(const ChildProcess&) = delete;
-  ChildProcess& operator=(const ChildProcess&) = delete;
   // True while the process runs (false once it has exited, reaped here).
-  bool running() {
-    if (pid <= 0) return false;
-    int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) != pid) return true;
-    exit_status = status;
-    pid = -1;
-    return false;
-  }
-  std::string stderr_text() const { return read_text(dir + "/err"); }
-  void signal(int sig) { REQUIRE(::kill(pid, sig) == 0); }
+  bool running() { return child->running(); }
+  std::string stderr_text() const { return child->stderr_text(); }
   // SIGSTOP, then wait until the process is stopped: until then it may
   // still answer (the signal is delivered asynchronously).
   void stop() {
-    signal(SIGSTOP);
-    const bool stopped = verbs_test::wait_until(
-        [&] {
-          int status = 0;
-          const pid_t r = ::waitpid(pid, &status, WNOHANG | WUNTRACED);
-          if (r == pid && WIFSTOPPED(status)) return true;
-          REQUIRE_MESSAGE(r == 0, "child exited instead of stopping: " << stderr_text());
-          return false;
-        },
-        5000ms);
+    const bool stopped = child->stop(5000ms);
+    REQUIRE_MESSAGE(child->pid > 0, "child exited instead of stopping: " << stderr_text());
     REQUIRE_MESSAGE(stopped, "child did not stop within 5 s");
   }
-  void kill_and_reap() {
-    if (pid <= 0) return;
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &exit_status, 0);
-    pid = -1;
-  }
-  int exit_status = 0;
+  void kill_and_reap() { child->kill_and_reap(); }
+  int exit_status() const { return child->exit_status; }
 };
 
 // A server process (`--child`).
@@ -323,15 +275,9 @@ struct ChildServer : ChildProcess {
   uint16_t port = 0;
 
   ChildServer() : ChildProcess({"--child", "{dir}/port"}) {
-    const bool up = verbs_test::wait_until(
-        [&] {
-          std::ifstream in(dir + "/port");
-          unsigned p = 0;
-          if (in >> p) port = static_cast<uint16_t>(p);
-          return port != 0 || !running();
-        },
-        20000ms);
-    if (!up || port == 0) {
+    const auto up = test_process::wait_for_port_file(dir + "/port", *child, 20000ms);
+    port = up.port;
+    if (port == 0) {
       const std::string err = stderr_text();
       kill_and_reap();
       FAIL("child server did not start: " << err);
@@ -993,8 +939,8 @@ TEST_CASE("verbs: killing either peer mid-run leaves the survivor serving its ot
     phase = 1;
     child.kill_and_reap();
     phase = 2;
-    CHECK(WIFSIGNALED(child.exit_status));
-    CHECK(WTERMSIG(child.exit_status) == SIGKILL);
+    CHECK(WIFSIGNALED(child.exit_status()));
+    CHECK(WTERMSIG(child.exit_status()) == SIGKILL);
     const bool dropped = verbs_test::wait_until([&] { return ts.server->session_count() == 2; }, 10000ms);
     const double drop_ms = ms_since(t0);
     CHECK_MESSAGE(dropped, "sessions still open 10 s after the kill: " << ts.server->session_count());

@@ -24,6 +24,7 @@
 #include <string>
 #include <thread>
 
+#include "../process_util.h"
 #include "slotrpc/config.h"
 #include "transport/verbs/device.h"
 
@@ -71,16 +72,8 @@ inline std::map<std::string, long> rdma_resources(const std::string& device) {
   return out;
 }
 
-// Polls `done` until it holds or `limit` passes.
-inline bool wait_until(const std::function<bool()>& done,
-                       std::chrono::milliseconds limit = std::chrono::milliseconds(10000)) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
+// Bounded polling (10 s unless told): process_util.h.
+using test_process::wait_until;
 
 // main() of a verbs test binary.  `child`, when set, serves argv "--child*"
 // invocations (--child, --child-client, ...: processes the test spawns from
