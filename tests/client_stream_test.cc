@@ -498,7 +498,8 @@ std::string self_exe() { return std::filesystem::read_symlink("/proc/self/exe").
 
 std::unique_ptr<failure_test::Child> spawn_helper(const failure_test::TempDir& dir, const std::string& name) {
   return std::make_unique<failure_test::Child>(
-      std::vector<std::string>{self_exe(), "--no-skip", "--test-case=" + name}, dir.path, "helper");
+      std::vector<std::string>{self_exe(), "--no-skip", "--test-case=" + name},
+      test_process::SpawnOptions::to_files(dir.path, "helper"));
 }
 
 }  // namespace
