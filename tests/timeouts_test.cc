@@ -7,8 +7,9 @@
 // at or after the peer was last heard, or at or before the deadline was
 // set); the upper one is the setting + 10 % + one tick (the reactor sleeps
 // in epoll with millisecond timeouts), measured from a time at or before
-// the peer was last heard.  Several trials per case, since one lucky trial
-// proves little about a timer's phase.
+// the peer was last heard, plus how late the OS woke a plain thread over
+// the same time (WakeLateness).  Several trials per case, since one lucky
+// trial proves little about a timer's phase.
 #include "failure_util.h"
 
 #include <netinet/in.h>
@@ -46,6 +47,40 @@ long silent_ms(const std::string& message) {
   return std::stol(message.substr(at + 11));
 }
 
+// How late the OS wakes a plain thread while this lives: a thread that
+// sleeps until the next 2 ms mark, over and over, keeps the worst lateness.
+// The upper bounds below add it: on a loaded machine (the suite shares two
+// cores with a VM and compilers) a timer can fire late only because its
+// thread was not scheduled, which is not the library's doing and would make
+// a "10 %" bound fail one run in a few.  A scheduling bug of the library
+// (a check on a keepalive period, a missed re-arm) still shows: it is late
+// by far more than a plain thread was over the same time.
+class WakeLateness {
+ public:
+  WakeLateness() : thread_([this] { run(); }) {}
+  ~WakeLateness() {
+    stop_ = true;
+    thread_.join();
+  }
+  double max_ms() const { return static_cast<double>(max_us_.load()) / 1000.0; }
+
+ private:
+  void run() {
+    Clock::time_point next = Clock::now();
+    while (!stop_) {
+      next += 2ms;
+      std::this_thread::sleep_until(next);
+      const auto now = Clock::now();
+      const auto late = std::chrono::duration_cast<std::chrono::microseconds>(now - next).count();
+      if (late > max_us_.load()) max_us_ = late;
+      if (late > 0) next = now;
+    }
+  }
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> max_us_{0};
+  std::thread thread_;
+};
+
 }  // namespace
 
 TEST_CASE("a frozen server (SIGSTOP) is declared dead peer_timeout_ms after it was last heard, within 10 % + a tick") {
@@ -54,6 +89,7 @@ TEST_CASE("a frozen server (SIGSTOP) is declared dead peer_timeout_ms after it w
   cfg.peer_timeout_ms = kPeerTimeoutMs;
   for (int trial = 0; trial < kTrials; ++trial) {
     CAPTURE(trial);
+    WakeLateness os;
     EchoServerProcess server;
     auto ch = connect(server.address(), cfg);
     // The session's liveness timer was armed when it was created, just
@@ -94,9 +130,11 @@ TEST_CASE("a frozen server (SIGSTOP) is declared dead peer_timeout_ms after it w
     MESSAGE("peer timeout " << kPeerTimeoutMs << " ms (keepalive " << kKeepaliveMs
                             << "): declared dead after " << silent << " ms of silence, "
                             << since_stopped << " ms after SIGSTOP was observed");
+    const double upper = kUpperMs + os.max_ms();
+    MESSAGE("a plain thread woke up to " << os.max_ms() << " ms late meanwhile");
     CHECK(silent >= static_cast<long>(kPeerTimeoutMs));
-    CHECK(silent <= static_cast<long>(kUpperMs));
-    CHECK(since_stopped <= kUpperMs);
+    CHECK(silent <= static_cast<long>(upper));
+    CHECK(since_stopped <= upper);
   }
 }
 
@@ -131,6 +169,7 @@ TEST_CASE("a silent client is closed by the server peer_timeout_ms after it was 
 
   for (int trial = 0; trial < kTrials; ++trial) {
     CAPTURE(trial);
+    WakeLateness os;
     // A client whose handshake is done by hand, which then says one PING
     // and nothing more (it reads what the server sends, and never answers).
     const auto deadline = Clock::now() + 10s;
@@ -190,8 +229,9 @@ TEST_CASE("a silent client is closed by the server peer_timeout_ms after it was 
     MESSAGE("server side, peer timeout " << kPeerTimeoutMs << " ms (keepalive " << kKeepaliveMs
                                           << "): closed " << ms << " ms after the client's last word, "
                                           << pings << " PINGs sent meanwhile");
+    MESSAGE("a plain thread woke up to " << os.max_ms() << " ms late meanwhile");
     CHECK(ms >= kPeerTimeoutMs);
-    CHECK(ms <= kUpperMs);
+    CHECK(ms <= kUpperMs + os.max_ms());
     // PINGs every keepalive_ms of silence: at 200, 400, 600, 800 ms.
     CHECK(pings >= 3);
     CHECK(pings <= 5);
@@ -217,6 +257,7 @@ TEST_CASE("call deadlines fire within 10 % or a tick of their setting, sent or q
   server.freeze();
   for (int trial = 0; trial < kTrials; ++trial) {
     CAPTURE(trial);
+    WakeLateness os;
     const std::vector<std::chrono::milliseconds> timeouts = {1000ms, 1500ms};
     struct Outcome {
       std::atomic<bool> done{false};
@@ -243,11 +284,12 @@ TEST_CASE("call deadlines fire within 10 % or a tick of their setting, sent or q
       const double ms = ms_between(set[i], outcomes[i].at);
       const double setting = static_cast<double>(timeouts[i].count());
       const double allowance = std::max(setting * 0.1, std::chrono::duration<double, std::milli>(kTick).count());
+      MESSAGE("a plain thread woke up to " << os.max_ms() << " ms late meanwhile");
       MESSAGE("deadline " << setting << " ms (" << std::string(trial == 0 && i == 0 ? "sent" : "queued")
                           << "): fired after " << ms << " ms");
       CHECK(outcomes[i].code == StatusCode::kDeadlineExceeded);
       CHECK(ms >= setting);
-      CHECK(ms <= setting + allowance);
+      CHECK(ms <= setting + allowance + os.max_ms());
     }
   }
   CHECK_FALSE(ch->stats().closed);
