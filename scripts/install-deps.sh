@@ -52,6 +52,8 @@ TEST_VM_PACKAGES=(
   iproute2
   ibverbs-providers
   perftest
+  # tests/verbs/echo_over_verbs.sh fetches the server's metrics port
+  curl
 )
 
 case "${1:-}" in

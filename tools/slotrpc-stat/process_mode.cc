@@ -82,7 +82,9 @@ void print_table(std::ostream& out, const MetricsSnapshot& m, const MetricsSnaps
 
 int run_process_mode(const ProcessOptions& opts, std::ostream& out, std::ostream& err) {
   Config config;
-  config.transport = TransportKind::kTcp;  // a few small calls: no need for verbs
+  // The default (auto) transport, not TCP: a server started with
+  // SLOTRPC_TRANSPORT=verbs refuses TCP sessions, and an operator must
+  // still be able to read it.  Two slots keep what verbs pins small.
   config.slot_count = 2;
   config.log_level = "warn";
   auto channel = Channel::connect(opts.address, config);
