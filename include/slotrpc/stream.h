@@ -238,27 +238,26 @@ class ServerReaderWriter {
   ServerWriter<W> writer_;
 };
 
-// The client's end of a client-streaming call.  Write() from one thread (or
-// fiber) at a time, not from the channel's own callbacks (it may wait for a
-// credit, which that loop must deliver).
-template <class W, class R>
-class ClientWriter {
- public:
-  ClientWriter() = default;
-  ClientWriter(std::shared_ptr<detail::OutStreamState> out, Future<Reply<R>> reply)
-      : out_(std::move(out)), reply_(std::move(reply)) {}
+namespace detail {
 
+// The writing half both client-side stream kinds share: Write, WritesDone,
+// Cancel.  Write() from one thread (or fiber) at a time, not from the
+// channel's own callbacks (it may wait for a credit, which that loop must
+// deliver).
+template <class W>
+class OutHalf {
+ public:
   // Builds one message in a send slot (on the channel's loop: capture by
   // value) and sends it.  Waits while the client is a window ahead of the
   // server's reads.  False once the stream is over: the server ended the
-  // call (Finish() has its status), it was cancelled, its deadline passed or
-  // the session died; status() says why.
+  // call, it was cancelled, its deadline passed or the session died; the
+  // status says why.
   bool Write(Build<W> build) {
     if (out_->writes_done) {
       status_ = Status(StatusCode::kInvalidArgument, "Write() after WritesDone()");
       return false;
     }
-    return detail::write_out(*out_, std::move(build), &status_);
+    return write_out(*out_, std::move(build), &status_);
   }
   // Half-closes: the server's reader sees the end after the last message.
   void WritesDone() {
@@ -266,61 +265,66 @@ class ClientWriter {
     out_->writes_done = true;
     out_->post_half_close();
   }
-  // Half-closes if not done yet and waits for the server's reply.
+  void Cancel() { out_->post_cancel(); }
+
+ protected:
+  OutHalf() = default;
+  explicit OutHalf(std::shared_ptr<OutStreamState> out) : out_(std::move(out)) {}
+
+  std::shared_ptr<OutStreamState> out_;
+  Status status_;  // why Write() returned false
+};
+
+}  // namespace detail
+
+// The client's end of a client-streaming call (Write, WritesDone and
+// Cancel: detail::OutHalf).
+template <class W, class R>
+class ClientWriter : public detail::OutHalf<W> {
+ public:
+  ClientWriter() = default;
+  ClientWriter(std::shared_ptr<detail::OutStreamState> out, Future<Reply<R>> reply)
+      : detail::OutHalf<W>(std::move(out)), reply_(std::move(reply)) {}
+
+  // Half-closes if not done yet and waits for the server's reply (whose
+  // status says why a Write() returned false).
   Reply<R> Finish() {
-    WritesDone();
+    this->WritesDone();
     return reply_.get();
   }
-  void Cancel() { out_->post_cancel(); }
-  const Status& status() const { return status_; }
+  // Why Write() returned false.
+  const Status& status() const { return this->status_; }
 
  private:
-  std::shared_ptr<detail::OutStreamState> out_;
   Future<Reply<R>> reply_;
-  Status status_;
 };
 
 // The client's end of a bidi call: Write/WritesDone as ClientWriter, Read as
 // ClientReader, each half on its own.
 template <class W, class R>
-class ClientReaderWriter {
+class ClientReaderWriter : public detail::OutHalf<W> {
  public:
   ClientReaderWriter() = default;
   ClientReaderWriter(std::shared_ptr<detail::OutStreamState> out,
                      std::shared_ptr<detail::StreamState> in)
-      : out_(std::move(out)), reader_(std::move(in)) {}
+      : detail::OutHalf<W>(std::move(out)), reader_(std::move(in)) {}
 
-  bool Write(Build<W> build) {
-    if (out_->writes_done) {
-      status_ = Status(StatusCode::kInvalidArgument, "Write() after WritesDone()");
-      return false;
-    }
-    return detail::write_out(*out_, std::move(build), &status_);
-  }
-  void WritesDone() {
-    if (out_->writes_done) return;
-    out_->writes_done = true;
-    out_->post_half_close();
-  }
   // The next message from the server (held in its slot until dropped), or
   // nullopt once the server ended the call.
   std::optional<Reply<R>> Read() { return reader_.Read(); }
   // Half-closes if not done, drops what the server still sends and returns
   // the final status.
   Status Finish() {
-    WritesDone();
+    this->WritesDone();
     while (reader_.Read()) {
     }
     return reader_.status();
   }
-  void Cancel() { out_->post_cancel(); }
   // Why Write() returned false.
-  const Status& write_status() const { return status_; }
+  const Status& write_status() const { return this->status_; }
 
  private:
-  std::shared_ptr<detail::OutStreamState> out_;
   ClientReader<R> reader_;
-  Status status_;
 };
 
 }  // namespace slotrpc
