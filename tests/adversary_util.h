@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/wire_format.h"
+#include "log_capture.h"
 #include "process_util.h"
 #include "test_messages_generated.h"
 
@@ -96,24 +97,7 @@ inline constexpr ReplyTypeCase kReplyTypeCases[] = {
 
 // ------------------------------------------------------------- the server's log
 
-// Keeps every log line, so a test can read which session the server closed
-// and why.
-class CaptureSink final : public spdlog::sinks::base_sink<std::mutex> {
- public:
-  std::vector<std::string> lines() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return lines_;
-  }
-
- protected:
-  void sink_it_(const spdlog::details::log_msg& msg) override {
-    lines_.emplace_back(msg.payload.data(), msg.payload.size());
-  }
-  void flush_() override {}
-
- private:
-  std::vector<std::string> lines_;
-};
+using slotrpc::test::CaptureSink;  // log_capture.h
 
 // The well-behaved client: a Channel calling Echo from its own thread, 4
 // calls in flight, every reply checked, for as long as the test runs.

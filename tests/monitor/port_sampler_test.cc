@@ -10,7 +10,7 @@
 #include <string>
 
 #include "fake_sysfs.h"
-#include "log_capture.h"
+#include "../log_capture.h"
 #include "monitor/monitor.h"
 
 using slotrpc::Config;

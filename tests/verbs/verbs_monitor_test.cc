@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "../monitor/log_capture.h"
+#include "../log_capture.h"
 #include "core/wire_format.h"
 #include "monitor/monitor.h"
 #include "reactor/reactor.h"

@@ -1,5 +1,6 @@
-// Captures what the library logs (slotrpc::core::log()) for a test's
-// lifetime: a sink added to the "slotrpc" logger and removed again.
+// Captures what the library logs (slotrpc::core::log()): CaptureSink keeps
+// the lines; LogCapture adds one to the "slotrpc" logger for a test's
+// lifetime and removes it again.
 #pragma once
 
 #include <spdlog/sinks/base_sink.h>
@@ -14,9 +15,29 @@
 
 namespace slotrpc::test {
 
+// Keeps every line logged to it, so a test can read which session the
+// server closed and why.
+class CaptureSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  std::vector<std::string> lines() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return lines_;
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    lines_.emplace_back(msg.payload.data(), msg.payload.size());
+  }
+  void flush_() override {}
+
+ private:
+  std::vector<std::string> lines_;
+};
+
+// A CaptureSink on the library's logger for the capture's lifetime.
 class LogCapture {
  public:
-  LogCapture() : sink_(std::make_shared<Sink>()) {
+  LogCapture() : sink_(std::make_shared<CaptureSink>()) {
     auto& l = core::log();
     level_ = l.level();
     if (l.level() > spdlog::level::warn) l.set_level(spdlog::level::warn);
@@ -42,24 +63,7 @@ class LogCapture {
   }
 
  private:
-  class Sink final : public spdlog::sinks::base_sink<std::mutex> {
-   public:
-    std::vector<std::string> lines() {
-      std::lock_guard<std::mutex> lock(mutex_);
-      return lines_;
-    }
-
-   protected:
-    void sink_it_(const spdlog::details::log_msg& msg) override {
-      lines_.emplace_back(msg.payload.data(), msg.payload.size());
-    }
-    void flush_() override {}
-
-   private:
-    std::vector<std::string> lines_;
-  };
-
-  std::shared_ptr<Sink> sink_;
+  std::shared_ptr<CaptureSink> sink_;
   spdlog::level::level_enum level_;
 };
 
