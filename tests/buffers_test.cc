@@ -34,9 +34,12 @@
 
 #include "core/handshake.h"
 #include "core/wire_format.h"
+#include "payloads.h"
 #include "process_util.h"
 
 namespace {
+
+using namespace slotrpc::test_payloads;  // ping, pong_error, echo_request, pattern
 
 using namespace std::chrono_literals;
 using slotrpc::Channel;
@@ -202,37 +205,7 @@ struct Flooder {
   }
 };
 
-uint8_t pattern(uint64_t seq, size_t i) { return static_cast<uint8_t>((seq * 31 + i * 13 + 1) & 0xff); }
-
-// examples/echo/echo.fbs without its generated header: seq = field 0,
-// payload = field 1.
-RequestWriter echo_request(uint64_t seq, size_t n) {
-  return [seq, n](flatbuffers::FlatBufferBuilder& fbb) {
-    uint8_t* bytes = nullptr;
-    auto payload = fbb.CreateUninitializedVector(n, &bytes);
-    for (size_t i = 0; i < n; ++i) bytes[i] = pattern(seq, i);
-    const auto start = fbb.StartTable();
-    fbb.AddElement<uint64_t>(4, seq, 0);
-    fbb.AddOffset(6, payload);
-    fbb.Finish(flatbuffers::Offset<void>(fbb.EndTable(start)));
-  };
-}
-struct EchoReplyView : private flatbuffers::Table {
-  uint64_t seq() const { return GetField<uint64_t>(4, 0); }
-  const flatbuffers::Vector<uint8_t>* payload() const {
-    return GetPointer<const flatbuffers::Vector<uint8_t>*>(6);
-  }
-  bool Verify(flatbuffers::Verifier& v) const {
-    return VerifyTableStart(v) && VerifyField<uint64_t>(v, 4, 8) && VerifyOffset(v, 6) &&
-           v.VerifyVector(payload()) && v.EndTable();
-  }
-};
-bool echo_ok(const Reply<EchoReplyView>& r, uint64_t seq, size_t n) {
-  if (!r.ok() || r->seq() != seq || r->payload() == nullptr || r->payload()->size() != n) return false;
-  for (size_t i = 0; i < n; ++i)
-    if (r->payload()->Get(static_cast<flatbuffers::uoffset_t>(i)) != pattern(seq, i)) return false;
-  return true;
-}
+bool echo_ok(const Reply<EchoReplyView>& r, uint64_t seq, size_t n) { return echo_error(r, seq, n).empty(); }
 
 // `count` echo calls, `window` at a time; returns how many came back right.
 uint64_t run_calls(Channel& ch, uint64_t first_seq, uint64_t count, size_t window) {

@@ -39,10 +39,13 @@
 #include "process_util.h"
 #include "raw_tcp_client.h"
 #include "rpc/connector.h"
+#include "ping_payloads.h"
 #include "test_messages_generated.h"
 
 
 namespace {
+
+using namespace slotrpc::test_payloads;  // ping, pong_error, echo_request, pattern
 
 using namespace std::chrono_literals;
 using slotrpc::CallOptions;
@@ -74,63 +77,6 @@ constexpr uint32_t kExampleEcho = slotrpc::method_id("slotrpc.examples.Echo.Echo
 constexpr auto kWait = 10s;
 
 // ------------------------------------------------------------------ helpers
-
-uint8_t pattern(uint64_t seq, size_t i) { return static_cast<uint8_t>((seq * 31 + i * 13 + 1) & 0xff); }
-
-RequestWriter ping(uint64_t seq, std::string text, size_t payload_bytes = 0, uint32_t sleep_ms = 0) {
-  return [seq, text = std::move(text), payload_bytes, sleep_ms](flatbuffers::FlatBufferBuilder& fbb) {
-    auto t = fbb.CreateString(text);
-    uint8_t* bytes = nullptr;
-    auto p = fbb.CreateUninitializedVector(payload_bytes, &bytes);
-    for (size_t i = 0; i < payload_bytes; ++i) bytes[i] = pattern(seq, i);
-    fbb.Finish(slotrpc::test::CreatePing(fbb, seq, t, p, sleep_ms));
-  };
-}
-
-std::string pong_error(const Reply<Pong>& reply, uint64_t seq, const std::string& text, size_t n) {
-  if (!reply.ok()) return "status " + reply.status().to_string();
-  if (reply->seq() != seq) return "wrong seq " + std::to_string(reply->seq());
-  if (reply->text() == nullptr || reply->text()->str() != text) return "wrong text";
-  const auto* p = reply->payload();
-  if (p == nullptr || p->size() != n) return "wrong payload size";
-  for (size_t i = 0; i < n; ++i)
-    if (p->Get(static_cast<flatbuffers::uoffset_t>(i)) != pattern(seq, i))
-      return "payload differs at byte " + std::to_string(i);
-  return "";
-}
-
-// The echo example's messages, written and read without its generated
-// header (same layout as examples/echo/echo.fbs: seq = field 0, payload =
-// field 1), so this test can talk to the echo_server binary.
-RequestWriter echo_request(uint64_t seq, size_t n) {
-  return [seq, n](flatbuffers::FlatBufferBuilder& fbb) {
-    uint8_t* bytes = nullptr;
-    auto payload = fbb.CreateUninitializedVector(n, &bytes);
-    for (size_t i = 0; i < n; ++i) bytes[i] = pattern(seq, i);
-    const auto start = fbb.StartTable();
-    fbb.AddElement<uint64_t>(4, seq, 0);
-    fbb.AddOffset(6, payload);
-    fbb.Finish(flatbuffers::Offset<void>(fbb.EndTable(start)));
-  };
-}
-struct EchoReplyView : private flatbuffers::Table {
-  uint64_t seq() const { return GetField<uint64_t>(4, 0); }
-  const flatbuffers::Vector<uint8_t>* payload() const {
-    return GetPointer<const flatbuffers::Vector<uint8_t>*>(6);
-  }
-  bool Verify(flatbuffers::Verifier& v) const {
-    return VerifyTableStart(v) && VerifyField<uint64_t>(v, 4, 8) && VerifyOffset(v, 6) &&
-           v.VerifyVector(payload()) && v.EndTable();
-  }
-};
-std::string echo_error(const Reply<EchoReplyView>& r, uint64_t seq, size_t n) {
-  if (!r.ok()) return "status " + r.status().to_string();
-  if (r->seq() != seq) return "wrong seq";
-  if (r->payload() == nullptr || r->payload()->size() != n) return "wrong payload size";
-  for (size_t i = 0; i < n; ++i)
-    if (r->payload()->Get(static_cast<flatbuffers::uoffset_t>(i)) != pattern(seq, i)) return "payload differs";
-  return "";
-}
 
 struct Probe {
   std::atomic<int> echo_calls{0};

@@ -23,9 +23,12 @@
 #include <thread>
 #include <vector>
 
+#include "ping_payloads.h"
 #include "test_messages_generated.h"
 
 namespace {
+
+using namespace slotrpc::test_payloads;  // ping, pong_error, echo_request, pattern
 
 using namespace std::chrono_literals;
 using slotrpc::Channel;
@@ -51,31 +54,6 @@ constexpr uint32_t kAFailViaB = slotrpc::method_id("slotrpc.test.NestedA.FailVia
 constexpr uint32_t kADirect = slotrpc::method_id("slotrpc.test.NestedA.Direct");
 
 constexpr auto kWait = 10s;
-
-uint8_t pattern(uint64_t seq, size_t i) { return static_cast<uint8_t>((seq * 17 + i * 5 + 9) & 0xff); }
-
-RequestWriter ping(uint64_t seq, std::string text, size_t payload_bytes = 0, uint32_t sleep_ms = 0) {
-  return [seq, text = std::move(text), payload_bytes, sleep_ms](flatbuffers::FlatBufferBuilder& fbb) {
-    auto t = fbb.CreateString(text);
-    uint8_t* bytes = nullptr;
-    auto p = fbb.CreateUninitializedVector(payload_bytes, &bytes);
-    for (size_t i = 0; i < payload_bytes; ++i) bytes[i] = pattern(seq, i);
-    fbb.Finish(slotrpc::test::CreatePing(fbb, seq, t, p, sleep_ms));
-  };
-}
-
-std::string pong_error(const Reply<Pong>& reply, uint64_t seq, const std::string& text, size_t n) {
-  if (!reply.ok()) return "status " + reply.status().to_string();
-  if (reply->seq() != seq) return "seq " + std::to_string(reply->seq()) + ", expected " + std::to_string(seq);
-  if (reply->text() == nullptr || reply->text()->str() != text)
-    return "text '" + (reply->text() ? reply->text()->str() : std::string("<null>")) + "', expected '" + text + "'";
-  const auto* p = reply->payload();
-  if (p == nullptr || p->size() != n) return "payload size " + std::to_string(p ? p->size() : 0);
-  for (size_t i = 0; i < n; ++i)
-    if (p->Get(static_cast<flatbuffers::uoffset_t>(i)) != pattern(seq, i))
-      return "payload differs at byte " + std::to_string(i);
-  return "";
-}
 
 void finish_pong(flatbuffers::FlatBufferBuilder& out, uint64_t seq, const std::string& text,
                  const uint8_t* data, size_t n) {

@@ -22,9 +22,12 @@
 #include <thread>
 #include <vector>
 
+#include "payloads.h"
 #include "process_util.h"
 
 namespace {
+
+using namespace slotrpc::test_payloads;  // ping, pong_error, echo_request, pattern
 
 using namespace std::chrono_literals;
 using slotrpc::Channel;
@@ -37,41 +40,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kEcho = slotrpc::method_id("slotrpc.examples.Echo.Echo");
 constexpr auto kWait = 10s;
-
-uint8_t pattern(uint64_t seq, size_t i) { return static_cast<uint8_t>((seq * 211 + i * 3 + 5) & 0xff); }
-
-// slotrpc.examples.EchoRequest { seq: ulong (field 0); payload: [ubyte] (field 1) }
-RequestWriter echo_request(uint64_t seq, size_t n) {
-  return [seq, n](flatbuffers::FlatBufferBuilder& fbb) {
-    uint8_t* bytes = nullptr;
-    auto payload = fbb.CreateUninitializedVector(n, &bytes);
-    for (size_t i = 0; i < n; ++i) bytes[i] = pattern(seq, i);
-    const auto start = fbb.StartTable();
-    fbb.AddElement<uint64_t>(4, seq, 0);
-    fbb.AddOffset(6, payload);
-    fbb.Finish(flatbuffers::Offset<void>(fbb.EndTable(start)));
-  };
-}
-// slotrpc.examples.EchoReply, read the way generated code would.
-struct EchoReplyView : private flatbuffers::Table {
-  uint64_t seq() const { return GetField<uint64_t>(4, 0); }
-  const flatbuffers::Vector<uint8_t>* payload() const {
-    return GetPointer<const flatbuffers::Vector<uint8_t>*>(6);
-  }
-  bool Verify(flatbuffers::Verifier& v) const {
-    return VerifyTableStart(v) && VerifyField<uint64_t>(v, 4, 8) && VerifyOffset(v, 6) &&
-           v.VerifyVector(payload()) && v.EndTable();
-  }
-};
-std::string echo_error(const Reply<EchoReplyView>& r, uint64_t seq, size_t n) {
-  if (!r.ok()) return "status " + r.status().to_string();
-  if (r->seq() != seq) return "seq " + std::to_string(r->seq()) + ", expected " + std::to_string(seq);
-  if (r->payload() == nullptr || r->payload()->size() != n) return "wrong payload size";
-  for (size_t i = 0; i < n; ++i)
-    if (r->payload()->Get(static_cast<flatbuffers::uoffset_t>(i)) != pattern(seq, i))
-      return "payload differs at byte " + std::to_string(i);
-  return "";
-}
 
 template <class T>
 T get_within(Future<T>& f, std::chrono::milliseconds limit = std::chrono::duration_cast<std::chrono::milliseconds>(kWait)) {

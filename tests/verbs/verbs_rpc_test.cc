@@ -33,9 +33,12 @@
 
 #include "../env_var.h"
 #include "core/settings.h"
+#include "../ping_payloads.h"
 #include "test_messages_generated.h"
 
 namespace {
+
+using namespace slotrpc::test_payloads;  // ping, pong_error, echo_request, pattern
 
 using namespace std::chrono_literals;
 using slotrpc::CallOptions;
@@ -61,30 +64,8 @@ constexpr uint32_t kSlow = slotrpc::method_id("slotrpc.test.Verbs.Slow");
 constexpr uint32_t kCount = slotrpc::method_id("slotrpc.test.Verbs.Count");
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-uint8_t pattern(uint64_t seq, size_t i) { return static_cast<uint8_t>((seq * 131 + i * 7 + 3) & 0xff); }
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-RequestWriter ping(uint64_t seq, size_t payload_bytes = 0, uint32_t sleep_ms = 0) {
-  return [seq, payload_bytes, sleep_ms](flatbuffers::FlatBufferBuilder& fbb) {
-    uint8_t* bytes = nullptr;
-    auto p = fbb.CreateUninitializedVector(payload_bytes, &bytes);
-    for (size_t i = 0; i < payload_bytes; ++i) bytes[i] = pattern(seq, i);
-    fbb.Finish(slotrpc::test::CreatePing(fbb, seq, 0, p, sleep_ms));
-  };
-}
-
-std::string pong_error(const Reply<Pong>& reply, uint64_t seq, size_t n) {
-  if (!reply.ok()) return "status " + reply.status().to_string();
-  if (reply->seq() != seq) return "seq " + std::to_string(reply->seq()) + ", expected " + std::to_string(seq);
-  const auto* p = reply->payload();
-  if (p == nullptr || p->size() != n)
-    return "payload size " + std::to_string(p ? p->size() : 0) + ", expected " + std::to_string(n);
-  for (size_t i = 0; i < n; ++i)
-    if (p->Get(static_cast<flatbuffers::uoffset_t>(i)) != pattern(seq, i))
-      return "payload differs at byte " + std::to_string(i);
-  return "";
 }
 
 template <class T>
@@ -153,7 +134,7 @@ std::unique_ptr<Channel> connect(const std::string& address, Config cfg = base_c
 }
 
 void check_echo(Channel& ch, uint64_t seq, size_t n = 64) {
-  auto f = ch.call_typed<Pong>(kEcho, ping(seq, n));
+  auto f = ch.call_typed<Pong>(kEcho, ping_bytes(seq, n));
   const std::string err = pong_error(get_within(f), seq, n);
   CHECK_MESSAGE(err.empty(), err);
 }
@@ -211,7 +192,7 @@ int run_child_client(int argc, char** argv) {
   std::function<void()> issue = [&] {
     const uint64_t seq = next.fetch_add(1);
     const size_t n = static_cast<size_t>((seq * 37) % 3000);
-    ch->call(kEcho, ping(seq, n), CallOptions{}, [&, seq, n](RawReply&& raw) {
+    ch->call(kEcho, ping_bytes(seq, n), CallOptions{}, [&, seq, n](RawReply&& raw) {
       const std::string err = pong_error(Reply<Pong>(std::move(raw)), seq, n);
       if (!err.empty()) {
         std::fprintf(stderr, "child client: call %llu: %s\n", static_cast<unsigned long long>(seq), err.c_str());
@@ -352,7 +333,7 @@ class EchoLoad {
         const uint64_t seq = base | i;
         const size_t n = static_cast<size_t>((i * 37) % 3000);
         const int issued_in = phase_.load();
-        batch.push_back({seq, n, issued_in, ch_.call_typed<Pong>(kEcho, ping(seq, n))});
+        batch.push_back({seq, n, issued_in, ch_.call_typed<Pong>(kEcho, ping_bytes(seq, n))});
       }
       bool failed = false;
       for (auto& c : batch) {
@@ -521,7 +502,7 @@ TEST_CASE("verbs: connection setup and teardown, 40 times, resources come back")
     check_echo(*ch, static_cast<uint64_t>(i), static_cast<size_t>(i) * 100);
     if (i % 2 == 0) {
       // Leave a call pending on a slow handler: destruction cancels it.
-      auto pending = ch->call_typed<Pong>(kSlow, ping(1000 + i, 0, 5000));
+      auto pending = ch->call_typed<Pong>(kSlow, ping_bytes(1000 + i, 0, 5000));
       ch.reset();
       auto r = get_within(pending, 2000ms);
       CHECK(r.status().code() == StatusCode::kCancelled);
@@ -576,7 +557,7 @@ TEST_CASE("verbs: echo calls (100,000; fewer under sanitizers) with 32 outstandi
     const uint64_t seq = next.fetch_add(1);
     if (seq >= kCalls) return;
     const auto t0 = Clock::now();
-    ch->call(kEcho, ping(seq, kPayload), CallOptions{}, [&, seq, t0](RawReply&& raw) {
+    ch->call(kEcho, ping_bytes(seq, kPayload), CallOptions{}, [&, seq, t0](RawReply&& raw) {
       latency_us.record(static_cast<uint64_t>(
           std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count()));
       const std::string err = pong_error(Reply<Pong>(std::move(raw)), seq, kPayload);
@@ -660,7 +641,7 @@ TEST_CASE("verbs: inline and non-inline sizes up to the slot size") {
   // The request's size on the wire, computed the way the writer builds it.
   auto request_bytes = [](uint64_t seq, size_t n) {
     flatbuffers::FlatBufferBuilder fbb;
-    ping(seq, n)(fbb);
+    ping_bytes(seq, n)(fbb);
     return 32 + fbb.GetSize();
   };
   std::vector<size_t> payloads = {0, 1, 50, 100};
@@ -671,7 +652,7 @@ TEST_CASE("verbs: inline and non-inline sizes up to the slot size") {
   // anything is sent.
   size_t largest = c.slot_size;
   for (;; --largest) {
-    auto f = ch->call_typed<Pong>(kEcho, ping(1, largest));
+    auto f = ch->call_typed<Pong>(kEcho, ping_bytes(1, largest));
     const auto r = get_within(f);
     if (r.ok()) break;
     REQUIRE(r.status().code() == StatusCode::kResourceExhausted);
@@ -700,7 +681,7 @@ TEST_CASE("verbs: inline and non-inline sizes up to the slot size") {
                         << c.slot_size << "-byte slot");
   // One byte more does not fit: RESOURCE_EXHAUSTED, nothing sent.
   const auto before = ch->stats();
-  auto f = ch->call_typed<Pong>(kEcho, ping(1, largest + 1));
+  auto f = ch->call_typed<Pong>(kEcho, ping_bytes(1, largest + 1));
   auto r = get_within(f);
   CHECK(r.status().code() == StatusCode::kResourceExhausted);
   CHECK(ch->stats().messages_sent == before.messages_sent);
@@ -726,7 +707,7 @@ TEST_CASE("verbs: several sessions on one server, concurrent callers") {
         for (int i = 0; i < kCalls; ++i) {
           const uint64_t seq = uint64_t(c) << 40 | uint64_t(t) << 32 | uint64_t(i);
           const size_t n = static_cast<size_t>((i * 37) % 3000);
-          auto f = channels[c]->call_typed<Pong>(kEcho, ping(seq, n));
+          auto f = channels[c]->call_typed<Pong>(kEcho, ping_bytes(seq, n));
           if (!f.wait_for(30s) || !pong_error(f.get(), seq, n).empty()) ++errors;
         }
       });
@@ -768,7 +749,7 @@ TEST_CASE("verbs: a server-streaming call") {
 TEST_CASE("verbs: deadlines leave zombies until the late reply; cancel reaches the handler") {
   TestServer ts;
   auto ch = connect(ts.address);
-  auto f = ch->call_typed<Pong>(kSlow, ping(1, 0, 300), CallOptions::with_timeout(50ms));
+  auto f = ch->call_typed<Pong>(kSlow, ping_bytes(1, 0, 300), CallOptions::with_timeout(50ms));
   auto r = get_within(f);
   CHECK(r.status().code() == StatusCode::kDeadlineExceeded);
   // The handler saw the CANCEL (a control-lane SEND) and replied early.
@@ -803,7 +784,7 @@ TEST_CASE("verbs: poll modes (the completion channel wakes sleeping loops)") {
     auto ch = connect(ts.address, c);
     std::vector<Future<Reply<Pong>>> pending;
     for (uint64_t i = 0; i < 2000; ++i) {
-      pending.push_back(ch->call_typed<Pong>(kEcho, ping(i, 16)));
+      pending.push_back(ch->call_typed<Pong>(kEcho, ping_bytes(i, 16)));
       if (pending.size() == 8) {
         for (auto& f : pending) CHECK(get_within(f).ok());
         pending.clear();
@@ -832,7 +813,7 @@ TEST_CASE("verbs: an idempotent call reconnects over verbs after a server restar
   CallOptions retry;
   retry.idempotent = true;
   retry.max_retries = 2;
-  auto f = ch->call_typed<Pong>(kEcho, ping(2, 500), retry);
+  auto f = ch->call_typed<Pong>(kEcho, ping_bytes(2, 500), retry);
   auto r = get_within(f);
   const std::string err = pong_error(r, 2, 500);
   CHECK_MESSAGE(err.empty(), err);
@@ -847,7 +828,7 @@ TEST_CASE("verbs: server stop fails pending calls with UNAVAILABLE") {
   TestServer ts;
   auto ch = connect(ts.address);
   std::vector<Future<Reply<Pong>>> pending;
-  for (int i = 0; i < 5; ++i) pending.push_back(ch->call_typed<Pong>(kSlow, ping(i, 0, 8000)));
+  for (int i = 0; i < 5; ++i) pending.push_back(ch->call_typed<Pong>(kSlow, ping_bytes(i, 0, 8000)));
   std::this_thread::sleep_for(50ms);
   const auto t0 = Clock::now();
   std::thread stopper([&] { ts.server->stop(); });
@@ -868,7 +849,7 @@ TEST_CASE("verbs: peer death -> UNAVAILABLE (process killed; process frozen)") {
     REQUIRE(ch->transport() == TransportKind::kVerbs);
     check_echo(*ch, 1);
     std::vector<Future<Reply<Pong>>> pending;
-    for (int i = 0; i < 8; ++i) pending.push_back(ch->call_typed<Pong>(kSlow, ping(10 + i, 0, 10000)));
+    for (int i = 0; i < 8; ++i) pending.push_back(ch->call_typed<Pong>(kSlow, ping_bytes(10 + i, 0, 10000)));
     std::this_thread::sleep_for(100ms);
     for (auto& f : pending) CHECK_FALSE(f.ready());
     const auto t0 = Clock::now();
@@ -882,7 +863,7 @@ TEST_CASE("verbs: peer death -> UNAVAILABLE (process killed; process frozen)") {
     MESSAGE("killed server detected after " << elapsed << " ms");
     CHECK(elapsed < 2500);  // not the 5 s peer timeout
     CHECK(ch->stats().closed);
-    auto late = ch->call_typed<Pong>(kEcho, ping(99));
+    auto late = ch->call_typed<Pong>(kEcho, ping_bytes(99));
     CHECK(get_within(late, 2000ms).status().code() == StatusCode::kUnavailable);
   }
   SUBCASE("frozen (SIGSTOP): the keepalive tells") {
@@ -894,7 +875,7 @@ TEST_CASE("verbs: peer death -> UNAVAILABLE (process killed; process frozen)") {
     check_echo(*ch, 1);
     child.stop();
     const auto t0 = Clock::now();
-    auto f = ch->call_typed<Pong>(kEcho, ping(2));
+    auto f = ch->call_typed<Pong>(kEcho, ping_bytes(2));
     auto r = get_within(f, 5000ms);
     CHECK(r.status().code() == StatusCode::kUnavailable);
     CHECK_MESSAGE(contains(r.status().message(), "silent"), r.status().to_string());
@@ -988,7 +969,7 @@ TEST_CASE("verbs: killing either peer mid-run leaves the survivor serving its ot
     REQUIRE(verbs_test::wait_until([&] { return load_doomed.ok() >= 200 && load_other.ok() >= 200; }, 60000ms));
     // Also calls certainly in flight on the child at the kill: slow ones.
     std::vector<Future<Reply<Pong>>> slow;
-    for (int i = 0; i < 4; ++i) slow.push_back(doomed->call_typed<Pong>(kSlow, ping(100 + i, 0, 30000)));
+    for (int i = 0; i < 4; ++i) slow.push_back(doomed->call_typed<Pong>(kSlow, ping_bytes(100 + i, 0, 30000)));
     std::this_thread::sleep_for(100ms);
     for (auto& f : slow) CHECK_FALSE(f.ready());
     const uint64_t doomed_before = load_doomed.ok();
@@ -1025,7 +1006,7 @@ TEST_CASE("verbs: killing either peer mid-run leaves the survivor serving its ot
     CHECK(load_doomed.unavailable() > 0);
     CHECK(load_doomed.ok_after() == 0);
     CHECK(load_other.ok_after() >= kAfterKill);
-    auto late = doomed->call_typed<Pong>(kEcho, ping(7));
+    auto late = doomed->call_typed<Pong>(kEcho, ping_bytes(7));
     CHECK(get_within(late, 5000ms).status().code() == StatusCode::kUnavailable);
     const auto s = other->stats();
     CHECK_FALSE(s.closed);
