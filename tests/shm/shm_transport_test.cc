@@ -143,12 +143,27 @@ TEST_CASE("shm: a sleeping receiver is woken through its eventfd") {
   std::atomic<uint64_t> received{0};
   std::atomic<int> timeouts{0};
   std::atomic<bool> stop{false};
+  // Ends the loop also when a check fails (REQUIRE throws): stop_fd wakes it.
+  Fd stop_fd(::eventfd(0, EFD_CLOEXEC));
+  struct Joiner {
+    std::thread t;
+    std::atomic<bool>& stop;
+    int fd;
+    ~Joiner() { finish(); }
+    void finish() {
+      stop.store(true);
+      const uint64_t one = 1;
+      [[maybe_unused]] ssize_t n = ::write(fd, &one, sizeof one);
+      if (t.joinable()) t.join();
+    }
+  } joiner{{}, stop, stop_fd.get()};
   // b's event loop: poll, and when idle sleep on wait_fd() like the reactor.
-  std::thread loop([&] {
+  joiner.t = std::thread([&] {
     const int ep = ::epoll_create1(EPOLL_CLOEXEC);
     epoll_event ev{};
     ev.events = EPOLLIN;
     ::epoll_ctl(ep, EPOLL_CTL_ADD, b.transport.wait_fd(), &ev);
+    ::epoll_ctl(ep, EPOLL_CTL_ADD, stop_fd.get(), &ev);
     while (!stop.load()) {
       std::array<Completion, 16> buf;
       const size_t n = b.transport.poll(buf);
@@ -179,14 +194,7 @@ TEST_CASE("shm: a sleeping receiver is woken through its eventfd") {
     a.poll_once();  // flushes a's backlog when b lags
   }
   REQUIRE(pump_until({&a}, [&] { return received.load() == kRounds + 20000; }));
-  stop.store(true);
-  {
-    // Wakes b if it is asleep, through the transport's own path.
-    const auto h = control_bytes(0);
-    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
-    a.link->post({&o, 1});
-  }
-  loop.join();
+  joiner.finish();
   CHECK(timeouts.load() == 0);
   CHECK(a.link->shm_stats().wakeups_sent >= kRounds);
 }

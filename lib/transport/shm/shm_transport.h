@@ -149,7 +149,7 @@ class ShmTransport final : public Transport {
 
   // Busy polling checks the sockets and eventfds (epoll_wait, a system call)
   // on one poll in this many; sleeping always checks them first.
-  static constexpr uint32_t kEpollEvery = 64;
+  static constexpr uint32_t kEpollEvery = 1024;
 
  private:
   friend class ShmLink;
