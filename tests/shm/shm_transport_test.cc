@@ -1,6 +1,7 @@
 // ShmTransport / ShmLink in one process: both ends (or a hand-written raw
 // peer) in this thread over a socketpair, pumped with bounded loops; the
 // sleep test runs the receiver's loop in a second thread.
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <fcntl.h>
@@ -381,4 +382,41 @@ TEST_CASE("shm: post refuses what would break the peer, and attach checks the ge
   REQUIRE(pump_until({&b}, [&] { return b.has_link_down(); }));
   CHECK_MESSAGE(b.link->down_reason().find("peer closed") != std::string::npos,
                 b.link->down_reason());
+}
+
+// The sleep/wake race, step by step in one thread: a message published
+// after the receiver's last poll but before it announces sleep must keep it
+// awake (the re-check after the announcement); one published after the
+// announcement must make its wait_fd readable (the eventfd).
+TEST_CASE("shm: announce, re-check, then sleep: no message is left behind a sleeping loop") {
+  End a, b;
+  connect(a, b, kSmall);
+  a.attach(kSmall);
+  b.attach(kSmall);
+  auto readable = [](int fd) {
+    pollfd p{fd, POLLIN, 0};
+    return ::poll(&p, 1, 0) == 1;
+  };
+  const auto h = control_bytes(1);
+  const Outgoing o{h.data(), 32, 0, Lane::kControl};
+
+  CHECK(b.poll_once() == 0);
+  a.link->post({&o, 1});  // b has not announced: no wake-up is sent
+  CHECK(a.link->shm_stats().wakeups_sent == 0);
+  CHECK_FALSE(b.transport.prepare_sleep());  // the re-check finds it
+  CHECK(b.poll_once() == 1);
+
+  REQUIRE(b.transport.prepare_sleep());  // nothing pending: may sleep
+  CHECK_FALSE(readable(b.transport.wait_fd()));
+  a.link->post({&o, 1});
+  CHECK(a.link->shm_stats().wakeups_sent == 1);
+  CHECK(readable(b.transport.wait_fd()));
+  CHECK(b.poll_once() == 1);
+  // Awake again: the next message costs no wake-up.
+  a.link->post({&o, 1});
+  CHECK(a.link->shm_stats().wakeups_sent == 1);
+  CHECK(b.poll_once() == 1);
+  // The eventfd was drained before the next announcement.
+  REQUIRE(b.transport.prepare_sleep());
+  CHECK_FALSE(readable(b.transport.wait_fd()));
 }
