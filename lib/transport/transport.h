@@ -131,6 +131,14 @@ class Link {
     if (slot < armed_.size()) armed_[slot] = true;
   }
 
+  // Memory the peer reads in place (slot i at data() + i * slot_size), or
+  // empty.  Only the shared-memory transport has it: a session that builds
+  // its send slots there (instead of in its own SlotRing) sends with no
+  // copy at all; one that does not is still correct, post() then copies
+  // each slot message once.  Valid after attach().  TCP and verbs keep the
+  // default: the NIC or the socket reads any registered memory.
+  virtual std::span<std::byte> send_slots() { return {}; }
+
   // Shuts the link down; a kLinkDown completion follows.  Idempotent.
   virtual void close(std::string reason) = 0;
 
@@ -159,7 +167,7 @@ class Transport {
  public:
   virtual ~Transport() = default;
 
-  virtual std::string_view name() const = 0;  // "tcp", "verbs"
+  virtual std::string_view name() const = 0;  // "tcp", "verbs", "shm"
 
   // Fills up to out.size() completions, returns how many.  Never blocks.
   virtual size_t poll(std::span<Completion> out) = 0;

@@ -1,0 +1,171 @@
+// Shared-memory transport, part 1: the segments and how two processes on
+// one host exchange them.
+//
+// Each side of a link creates its OWN segment (memfd_create) holding
+// everything it writes and the peer reads:
+//
+//   page 0   ControlBlock: three words, each on its own cache line
+//              head      descriptors this side has published (its sequence
+//                        word: the peer's busy poller reads it)
+//              tail      descriptors of the PEER's ring this side consumed
+//                        (the peer's flow control)
+//              sleeping  1 while this side's event loop sleeps: the peer
+//                        then writes this side's eventfd after publishing
+//   descs    desc_count x 64-byte Descriptor (power of two), a ring
+//   data     slot_count x slot_size: this side's outgoing slots.  The
+//            sender builds a message here and the receiver reads it here:
+//            no copy on the sending side.
+//
+// The owner maps its segment read-write, then seals it (F_SEAL_FUTURE_WRITE,
+// SHRINK, GROW, SEAL) and passes the memfd to the peer with SCM_RIGHTS over
+// a Unix domain socket, together with the eventfd that wakes the owner.
+// The seal means the kernel refuses the peer any writable mapping or
+// write(): a peer can scribble on its own segment only, never on ours.  So
+// what we read from the peer's segment is untrusted (see ShmLink), but what
+// we build in our own segment is ours (a FlatBufferBuilder reads its own
+// scratch back, which must not be peer-writable).  The receiver checks that
+// the peer's segment carries F_SEAL_SHRINK before mapping it: an unsealed
+// memfd could be truncated under our mapping and a read would SIGBUS.
+//
+// The layout is computed by each side from the geometry it agreed on in the
+// session handshake, never from numbers read out of the peer's offer or
+// segment (those are only compared with it).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/wire_format.h"
+#include "slotrpc/result.h"
+#include "slotrpc/status.h"
+
+namespace slotrpc::transport::shm {
+
+inline constexpr size_t kCacheLine = 64;
+inline constexpr size_t kPage = 4096;
+inline constexpr uint32_t kOfferMagic = 0x314d4853;  // "SHM1"
+inline constexpr uint32_t kOfferVersion = 1;
+
+struct Geometry {
+  uint32_t slot_count = 0;
+  uint32_t slot_size = 0;
+};
+
+// Written by the segment's owner only; accessed with std::atomic_ref.
+struct ControlBlock {
+  alignas(kCacheLine) uint64_t head;
+  alignas(kCacheLine) uint64_t tail;
+  alignas(kCacheLine) uint32_t sleeping;
+};
+
+enum class DescLane : uint32_t { kSlot = 1, kControl = 2 };
+
+// One published message.  Slot lane: `length` bytes at `offset` inside the
+// sender's data slot imm_slot(imm).  Control lane: the 32-byte header is in
+// `control` (it needs no slot).
+struct Descriptor {
+  uint32_t lane;
+  uint32_t length;
+  uint32_t imm;
+  uint32_t offset;
+  std::byte control[core::kHeaderSize];
+  std::byte reserved[16];
+};
+static_assert(sizeof(Descriptor) == 64);
+
+struct Layout {
+  Geometry geometry;
+  uint32_t desc_count = 0;  // power of two
+  size_t desc_offset = 0;
+  size_t data_offset = 0;
+  size_t total = 0;
+};
+
+// Refuses geometries the transport cannot carry (slot index in 16 bits,
+// a segment that would not fit in memory).
+Result<Layout> compute_layout(Geometry g);
+
+// What travels with the fds (the fds are the SCM_RIGHTS payload).
+struct Offer {
+  uint32_t magic = kOfferMagic;
+  uint32_t version = kOfferVersion;
+  uint32_t slot_count = 0;
+  uint32_t slot_size = 0;
+  uint32_t desc_count = 0;
+  uint32_t reserved = 0;
+  uint64_t segment_bytes = 0;
+};
+
+// A mapping plus the fd behind it; unmaps and closes on destruction.
+class Mapping {
+ public:
+  Mapping() = default;
+  Mapping(std::byte* base, size_t length) : base_(base), length_(length) {}
+  ~Mapping();
+  Mapping(Mapping&& o) noexcept;
+  Mapping& operator=(Mapping&& o) noexcept;
+  std::byte* base() const { return base_; }
+  size_t length() const { return length_; }
+
+ private:
+  std::byte* base_ = nullptr;
+  size_t length_ = 0;
+};
+
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { reset(); }
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = o.release();
+    }
+    return *this;
+  }
+  int get() const { return fd_; }
+  int release() {
+    const int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+  void reset();
+
+ private:
+  int fd_ = -1;
+};
+
+// This side's segment and wake eventfd, created and sealed.
+struct OwnSegment {
+  Layout layout;
+  Fd memfd;
+  Fd wake;  // eventfd the peer writes to wake us; we epoll it
+  Mapping map;  // read-write
+};
+Result<OwnSegment> create_own_segment(Geometry g);
+
+// The peer's segment, mapped read-only, and the eventfd that wakes it.
+struct PeerSegment {
+  Layout layout;
+  Fd wake;
+  Mapping map;  // read-only: PROT_READ, and sealed by its owner
+};
+
+// Sends our offer: the Offer struct plus [memfd, wake eventfd].  The socket
+// may be non-blocking; a short or refused send is an error (the offer is
+// tiny, the socket is fresh).
+Status send_offer(int sock, const OwnSegment& own);
+
+// Receives the peer's offer (waiting at most `timeout`), checks it against
+// the geometry WE agreed on, checks the memfd (regular file, exactly the
+// size of our layout, sealed against shrinking) and the eventfd, and maps
+// the segment read-only.  Any extra or missing fd is an error; fds received
+// are closed on every error path.
+Result<PeerSegment> receive_offer(int sock, Geometry g, std::chrono::milliseconds timeout);
+
+}  // namespace slotrpc::transport::shm

@@ -1,0 +1,474 @@
+#include "transport/shm/shm_transport.h"
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cassert>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "core/logging.h"
+
+namespace slotrpc::transport::shm {
+namespace {
+
+std::string errno_text(const char* what, int err) {
+  return std::string(what) + ": " + std::strerror(err);
+}
+
+// Words of a segment, read or written as atomics.  The peer's segment is
+// mapped read-only: loads only (an 8-byte load is a plain mov on x86-64 and
+// a plain ldr on aarch64, it never writes).
+template <typename T>
+T load_peer(const T& word, std::memory_order order) {
+  return std::atomic_ref<T>(const_cast<T&>(word)).load(order);
+}
+template <typename T>
+void store_own(T& word, T value, std::memory_order order) {
+  std::atomic_ref<T>(word).store(value, order);
+}
+
+// After copying bytes out of memory a hostile peer writes: the compiler must
+// not serve a later read of the private copy by re-reading shared memory (a
+// copy it may otherwise elide).  A compiler barrier, no instruction.
+inline void copied_out() { asm volatile("" ::: "memory"); }
+
+constexpr uint64_t kSocketTag = 1;
+
+}  // namespace
+
+// ---------------------------------------------------------------- ShmLink
+
+ShmLink::ShmLink(ShmTransport& owner, Fd sock, OwnSegment own, PeerSegment peer,
+                 std::string description)
+    : owner_(owner),
+      sock_(std::move(sock)),
+      own_(std::move(own)),
+      peer_(std::move(peer)),
+      description_(std::move(description)),
+      slot_count_(own_.layout.geometry.slot_count),
+      slot_size_(own_.layout.geometry.slot_size),
+      desc_mask_(own_.layout.desc_count - 1) {
+  backlog_.reserve(own_.layout.desc_count);
+}
+
+ShmLink::~ShmLink() {
+  if (in_epoll_) {
+    ::epoll_ctl(owner_.epoll_fd_.get(), EPOLL_CTL_DEL, own_.wake.get(), nullptr);
+    ::epoll_ctl(owner_.epoll_fd_.get(), EPOLL_CTL_DEL, sock_.get(), nullptr);
+    in_epoll_ = false;
+  }
+  owner_.forget(this);
+}
+
+Result<MemoryRegion> ShmLink::register_memory(std::span<std::byte> memory, Access) {
+  MemoryRegion r;
+  r.base = memory.data();
+  r.length = memory.size();
+  return r;
+}
+
+void ShmLink::deregister(MemoryRegion& region) { region = MemoryRegion{}; }
+
+Status ShmLink::attach(const MemoryRegion& receive_ring, const MemoryRegion& /*send_ring*/,
+                       uint32_t slot_count, uint32_t slot_size, void* context) {
+  if (attached_) return Status(StatusCode::kInvalidArgument, "shm link already attached");
+  // The segments were laid out for the geometry of the handshake; a session
+  // with another one would read and write outside them.
+  if (slot_count != slot_count_ || slot_size != slot_size_)
+    return Status(StatusCode::kInvalidArgument,
+                  "shm link carries " + std::to_string(slot_count_) + " slots of " +
+                      std::to_string(slot_size_) + ", session wants " + std::to_string(slot_count) +
+                      " of " + std::to_string(slot_size));
+  const uint64_t need = uint64_t{slot_count} * slot_size;
+  if (receive_ring.base == nullptr || need > receive_ring.length)
+    return Status(StatusCode::kInvalidArgument,
+                  "receive ring of " + std::to_string(receive_ring.length) + " bytes cannot hold " +
+                      std::to_string(slot_count) + " slots of " + std::to_string(slot_size));
+  ring_ = receive_ring;
+  context_ = context;
+  size_arming(slot_count);
+  attached_ = true;
+  return Status::ok_status();
+}
+
+std::span<std::byte> ShmLink::send_slots() {
+  return {own_.map.base() + own_.layout.data_offset, size_t{slot_count_} * slot_size_};
+}
+
+void ShmLink::post(std::span<const Outgoing> batch) {
+  if (down_) return;
+  for (const Outgoing& o : batch) {
+    // A bad Outgoing is a bug in the caller; refusing it keeps a descriptor
+    // off the ring that would make the peer close the link.
+    if (o.length == 0 || o.data == nullptr) {
+      fail("post: invalid message of " + std::to_string(o.length) + " bytes");
+      return;
+    }
+    if (o.lane == Lane::kControl) {
+      if (o.length != core::kHeaderSize) {
+        fail("post: control message of " + std::to_string(o.length) + " bytes, expected " +
+             std::to_string(core::kHeaderSize));
+        return;
+      }
+    } else if (core::imm_slot(o.imm) >= slot_count_ || o.length > slot_size_) {
+      fail("post: message of " + std::to_string(o.length) + " bytes for slot " +
+           std::to_string(core::imm_slot(o.imm)) + " does not fit the ring");
+      return;
+    }
+    // Order is kept: once anything waits, everything after it waits too.
+    if (backlog_.empty() && write_descriptor(o, o.data)) {
+      ++(o.lane == Lane::kControl ? stats_.control_sends : stats_.slot_sends);
+      continue;
+    }
+    if (down_) return;
+    Pending& p = backlog_.emplace_back();
+    p.o = o;
+    if (o.lane == Lane::kControl) std::memcpy(p.control.data(), o.data, core::kHeaderSize);
+    ++shm_stats_.backlogged;
+  }
+  publish();
+}
+
+bool ShmLink::write_descriptor(const Outgoing& o, const std::byte* source) {
+  const uint64_t desc_count = desc_mask_ + uint64_t{1};
+  if (published_ - peer_tail_ >= desc_count) {
+    // Full as far as we knew: read how far the peer got.  Its word is
+    // checked against what we published: it can only have moved forward,
+    // and not past our head.
+    const uint64_t t = load_peer(peer_ctl()->tail, std::memory_order_acquire);
+    if (t - peer_tail_ > published_ - peer_tail_) {
+      fail("peer's consumed count " + std::to_string(t) + " is outside " +
+           std::to_string(peer_tail_) + ".." + std::to_string(published_) +
+           " (corrupt or hostile peer)");
+      return false;
+    }
+    peer_tail_ = t;
+    if (published_ - peer_tail_ >= desc_count) return false;
+  }
+  Descriptor d{};
+  d.length = o.length;
+  d.imm = o.imm;
+  if (o.lane == Lane::kControl) {
+    d.lane = static_cast<uint32_t>(DescLane::kControl);
+    std::memcpy(d.control, source, core::kHeaderSize);
+  } else {
+    d.lane = static_cast<uint32_t>(DescLane::kSlot);
+    const uint16_t slot = core::imm_slot(o.imm);
+    std::byte* const area = own_.map.base() + own_.layout.data_offset;
+    std::byte* const base = area + size_t{slot} * slot_size_;
+    if (source >= base && source < base + slot_size_) {
+      // Built in place: the peer reads it where it is.
+      if (size_t(source - base) + o.length > slot_size_) {
+        fail("post: message in slot " + std::to_string(slot) + " runs past its end");
+        return false;
+      }
+      d.offset = static_cast<uint32_t>(source - base);
+      ++shm_stats_.in_place_sends;
+    } else if (source >= area && source < area + size_t{slot_count_} * slot_size_) {
+      fail("post: message built in another slot than " + std::to_string(slot));
+      return false;
+    } else {
+      // The session's own memory: one copy into our slot.  The credit
+      // protocol guarantees the peer has taken the slot's previous message.
+      std::memcpy(base, source, o.length);
+      d.offset = 0;
+      ++shm_stats_.copied_sends;
+    }
+  }
+  std::byte* const descs = own_.map.base() + own_.layout.desc_offset;
+  std::memcpy(descs + (published_ & desc_mask_) * sizeof(Descriptor), &d, sizeof d);
+  ++published_;
+  return true;
+}
+
+void ShmLink::flush_backlog() {
+  size_t i = 0;
+  for (; i < backlog_.size(); ++i) {
+    Pending& p = backlog_[i];
+    const std::byte* src = p.o.lane == Lane::kControl ? p.control.data() : p.o.data;
+    if (!write_descriptor(p.o, src)) break;
+    ++(p.o.lane == Lane::kControl ? stats_.control_sends : stats_.slot_sends);
+  }
+  if (down_) return;
+  if (i == 0) return;
+  backlog_.erase(backlog_.begin(), backlog_.begin() + static_cast<ptrdiff_t>(i));
+  publish();
+}
+
+void ShmLink::publish() {
+  if (down_) return;
+  // Dekker with announce_sleep() on the other side: we store head then load
+  // its sleeping word; it stores sleeping then loads our head.  With both
+  // sequentially consistent, at least one sees the other's store, so either
+  // it stays awake or we wake it: no lost wake-up.
+  store_own(own_ctl()->head, published_, std::memory_order_seq_cst);
+  if (load_peer(peer_ctl()->sleeping, std::memory_order_seq_cst) != 0) {
+    const uint64_t one = 1;
+    // EAGAIN means the counter is saturated: it is readable anyway.
+    [[maybe_unused]] const ssize_t n = ::write(peer_.wake.get(), &one, sizeof one);
+    ++shm_stats_.wakeups_sent;
+  }
+}
+
+bool ShmLink::peer_has_more() const {
+  return load_peer(peer_ctl()->head, std::memory_order_seq_cst) != consumed_;
+}
+
+size_t ShmLink::receive(std::span<Completion> out) {
+  if (down_ || !attached_ || out.empty()) return 0;
+  const uint64_t head = load_peer(peer_ctl()->head, std::memory_order_acquire);
+  const uint64_t avail = head - consumed_;
+  if (avail == 0) {
+    // Everything the peer published before it died has been delivered.
+    if (peer_gone_) fail("peer closed the shm socket (process exited or session closed)");
+    return 0;
+  }
+  if (avail > desc_mask_ + uint64_t{1}) {
+    fail("peer's sequence word " + std::to_string(head) + " is " + std::to_string(avail) +
+         " past our " + std::to_string(consumed_) + ", more than the ring's " +
+         std::to_string(desc_mask_ + 1) + " descriptors (corrupt or hostile peer)");
+    return 0;
+  }
+  const size_t n = static_cast<size_t>(std::min<uint64_t>(avail, out.size()));
+  const std::byte* const descs = peer_.map.base() + peer_.layout.desc_offset;
+  const std::byte* const data = peer_.map.base() + peer_.layout.data_offset;
+  size_t k = 0;
+  for (; k < n && !down_; ++k) {
+    // Copy first, then look: the peer may rewrite the descriptor at any
+    // moment, so every check and every use is on this private copy.
+    Descriptor d;
+    std::memcpy(&d, descs + ((consumed_ + k) & desc_mask_) * sizeof(Descriptor), sizeof d);
+    copied_out();
+    Completion& c = out[k];
+    c.context = context_;
+    c.link = this;
+    c.imm = d.imm;
+    if (d.lane == static_cast<uint32_t>(DescLane::kControl)) {
+      if (d.length != core::kHeaderSize) {
+        fail("control descriptor of " + std::to_string(d.length) + " bytes, expected " +
+             std::to_string(core::kHeaderSize));
+        break;
+      }
+      c.kind = Completion::Kind::kControl;
+      c.slot = 0;
+      c.length = d.length;
+      std::memcpy(c.control.data(), d.control, core::kHeaderSize);
+    } else if (d.lane == static_cast<uint32_t>(DescLane::kSlot)) {
+      const uint16_t slot = core::imm_slot(d.imm);
+      // Every index and length against our own record, before a byte moves.
+      if (slot >= slot_count_) {
+        fail("slot " + std::to_string(slot) + " outside ring of " + std::to_string(slot_count_));
+        break;
+      }
+      if (d.length == 0 || d.length > slot_size_ || d.offset > slot_size_ - d.length) {
+        fail("message of " + std::to_string(d.length) + " bytes at offset " +
+             std::to_string(d.offset) + " does not fit a slot of " + std::to_string(slot_size_));
+        break;
+      }
+      if (!take_armed(slot)) {
+        fail("peer sent into slot " + std::to_string(slot) + " which was not armed");
+        break;
+      }
+      // Into the session's private slot: the core validates the header and
+      // verifies the payload there, and handlers read it there, where the
+      // peer cannot change it afterwards (docs/design.md, "Trust").
+      std::memcpy(ring_.base + size_t{slot} * slot_size_,
+                  data + size_t{slot} * slot_size_ + d.offset, d.length);
+      c.kind = Completion::Kind::kMessage;
+      c.slot = slot;
+      c.length = d.length;
+    } else {
+      fail("descriptor with unknown lane " + std::to_string(d.lane));
+      break;
+    }
+  }
+  consumed_ += k;
+  // One store per batch tells the peer the descriptors may be reused.
+  store_own(own_ctl()->tail, consumed_, std::memory_order_release);
+  return k;
+}
+
+bool ShmLink::announce_sleep() {
+  if (down_ || !attached_) return true;
+  if (peer_gone_ || !backlog_.empty()) return false;  // work for the next poll
+  store_own(own_ctl()->sleeping, uint32_t{1}, std::memory_order_seq_cst);
+  sleep_announced_ = true;
+  return !peer_has_more();
+}
+
+void ShmLink::withdraw_sleep() {
+  if (!sleep_announced_) return;
+  sleep_announced_ = false;
+  store_own(own_ctl()->sleeping, uint32_t{0}, std::memory_order_relaxed);
+}
+
+void ShmLink::on_socket_event(uint32_t events) {
+  if (down_) return;
+  if ((events & EPOLLIN) != 0) {
+    char b;
+    const ssize_t n = ::recv(sock_.get(), &b, 1, MSG_DONTWAIT | MSG_PEEK);
+    if (n > 0) {
+      fail("peer sent bytes on the shm socket after the handshake");
+      return;
+    }
+    if (n == 0) peer_gone_ = true;
+  }
+  if ((events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) != 0) peer_gone_ = true;
+  if (!peer_gone_) return;
+  // Level-triggered hang-up would wake every epoll_wait until the link is
+  // failed; the flag carries it from here.
+  ::epoll_ctl(owner_.epoll_fd_.get(), EPOLL_CTL_DEL, sock_.get(), nullptr);
+  if (!attached_) fail("peer closed the shm socket (process exited or session closed)");
+}
+
+void ShmLink::close(std::string reason) { fail(std::move(reason)); }
+
+void ShmLink::fail(std::string reason) {
+  if (down_) return;
+  down_ = true;
+  down_reason_ = std::move(reason);
+  core::log().debug("shm link {} down: {}", description_, down_reason_);
+  withdraw_sleep();
+  if (in_epoll_) {
+    ::epoll_ctl(owner_.epoll_fd_.get(), EPOLL_CTL_DEL, own_.wake.get(), nullptr);
+    ::epoll_ctl(owner_.epoll_fd_.get(), EPOLL_CTL_DEL, sock_.get(), nullptr);
+    in_epoll_ = false;
+  }
+  // Closing our end is how the peer learns at once that this link is gone.
+  sock_.reset();
+  backlog_.clear();
+  // The segments stay mapped until destruction: a session may still hold
+  // pointers into send_slots().
+  Completion c;
+  c.kind = Completion::Kind::kLinkDown;
+  c.context = context_;
+  c.link = this;
+  owner_.push(c);
+}
+
+// ----------------------------------------------------------- ShmTransport
+
+ShmTransport::ShmTransport() : epoll_fd_(::epoll_create1(EPOLL_CLOEXEC)) {
+  ready_.reserve(64);
+}
+
+ShmTransport::~ShmTransport() {
+  assert(links_.empty() && "destroy every ShmLink before its ShmTransport");
+}
+
+Result<ShmTransport::Offered> ShmTransport::offer(int sock, Geometry g) {
+  Fd owned(sock);  // ownership is taken even on failure
+  if (sock < 0) return Status(StatusCode::kInvalidArgument, "shm: invalid socket");
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (::getsockname(sock, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || addr.ss_family != AF_UNIX)
+    return Status(StatusCode::kInvalidArgument, "shm: not a Unix domain socket");
+  auto own = create_own_segment(g);
+  if (!own.ok()) return own.status();
+  Status st = send_offer(sock, own.value());
+  if (!st.ok()) return st;
+  Offered o;
+  o.sock = std::move(owned);
+  o.geometry = g;
+  o.own = std::move(own).value();
+  return o;
+}
+
+Result<std::unique_ptr<ShmLink>> ShmTransport::complete(Offered offered,
+                                                        std::chrono::milliseconds timeout,
+                                                        std::string description) {
+  if (epoll_fd_.get() < 0) return Status(StatusCode::kInternal, errno_text("epoll_create1", errno));
+  auto peer = receive_offer(offered.sock.get(), offered.geometry, timeout);
+  if (!peer.ok()) return peer.status();
+  const int sock = offered.sock.get();
+  std::unique_ptr<ShmLink> link(new ShmLink(*this, std::move(offered.sock), std::move(offered.own),
+                                            std::move(peer).value(), std::move(description)));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = reinterpret_cast<uintptr_t>(link.get());
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, link->own_.wake.get(), &ev) != 0)
+    return Status(StatusCode::kInternal, errno_text("epoll_ctl", errno));
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.u64 = reinterpret_cast<uintptr_t>(link.get()) | kSocketTag;
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, sock, &ev) != 0) {
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, link->own_.wake.get(), nullptr);
+    return Status(StatusCode::kInternal, errno_text("epoll_ctl", errno));
+  }
+  link->in_epoll_ = true;
+  links_.push_back(link.get());
+  return link;
+}
+
+Result<std::unique_ptr<ShmLink>> ShmTransport::adopt(int sock, Geometry g,
+                                                     std::chrono::milliseconds timeout,
+                                                     std::string description) {
+  auto o = offer(sock, g);
+  if (!o.ok()) return o.status();
+  return complete(std::move(o).value(), timeout, std::move(description));
+}
+
+void ShmTransport::forget(ShmLink* link) {
+  links_.erase(std::remove(links_.begin(), links_.end(), link), links_.end());
+  ready_.erase(std::remove_if(ready_.begin(), ready_.end(),
+                              [link](const Completion& c) { return c.link == link; }),
+               ready_.end());
+  if (next_link_ >= links_.size()) next_link_ = 0;
+}
+
+void ShmTransport::handle_events() {
+  if (epoll_fd_.get() < 0) return;
+  const int n = ::epoll_wait(epoll_fd_.get(), events_, kMaxEvents, 0);
+  for (int i = 0; i < n; ++i) {
+    const uint64_t tag = events_[i].data.u64;
+    auto* link = reinterpret_cast<ShmLink*>(static_cast<uintptr_t>(tag & ~kSocketTag));
+    if ((tag & kSocketTag) != 0) {
+      link->on_socket_event(events_[i].events);
+    } else {
+      // Drain the wake-up; the ring itself says what arrived.
+      uint64_t v;
+      [[maybe_unused]] const ssize_t r = ::read(link->own_.wake.get(), &v, sizeof v);
+    }
+  }
+}
+
+size_t ShmTransport::poll(std::span<Completion> out) {
+  auto drain = [this](std::span<Completion> dst) {
+    const size_t n = std::min(dst.size(), ready_.size());
+    std::copy_n(ready_.begin(), n, dst.begin());
+    ready_.erase(ready_.begin(), ready_.begin() + static_cast<ptrdiff_t>(n));
+    return n;
+  };
+  size_t got = ready_.empty() ? 0 : drain(out);
+  if (got == out.size()) return got;
+  if (++tick_ >= kEpollEvery) {
+    tick_ = 0;
+    handle_events();
+  }
+  const size_t count = links_.size();
+  for (size_t i = 0; i < count && got < out.size(); ++i) {
+    ShmLink* link = links_[(next_link_ + i) % count];
+    link->withdraw_sleep();
+    if (!link->backlog_.empty()) link->flush_backlog();
+    got += link->receive(out.subspan(got));
+  }
+  if (count != 0) next_link_ = (next_link_ + 1) % count;
+  if (!ready_.empty()) got += drain(out.subspan(got));
+  return got;
+}
+
+bool ShmTransport::prepare_sleep() {
+  // Drains the eventfds before announcing: a wake-up written after the
+  // announcement stays readable and ends the sleep.
+  handle_events();
+  if (!ready_.empty()) return false;
+  for (ShmLink* link : links_)
+    if (!link->announce_sleep()) return false;
+  return true;
+}
+
+}  // namespace slotrpc::transport::shm

@@ -1,0 +1,169 @@
+// Shared-memory transport: slot-ring sessions between two processes on one
+// host, through the segments of shm_segment.h.  Standalone this session:
+// Channel/Server do not create it yet (docs/design.md, "Shared-memory
+// transport", says what the wiring needs).
+//
+// Sending (post): each message becomes one 64-byte Descriptor in our own
+// segment's ring; a batch is published with one store of our sequence word
+// (`head`).  A slot message built in place in our segment's data area
+// (Link::send_slots(): a session that places its send ring there) is sent
+// with no copy at all; one built elsewhere is copied into the slot once.
+// If the peer announced it is going to sleep, its eventfd is written.
+//
+// Receiving (poll): the busy poller reads the peer's sequence word; each new
+// descriptor is copied out of shared memory before a field is looked at,
+// checked against this side's private record of the ring (our consumed
+// count, the agreed geometry, the slots we armed), and the message is copied
+// into the session's own receive slot (its private memory), where the core
+// validates the wire header and the FlatBuffers verifier runs as always.
+// Why the payload is copied, not read in place: docs/design.md, "Trust".
+// A descriptor that makes no sense closes this link only, with the reason.
+//
+// Peer death: the Unix socket the segments came over stays open for the
+// link's life; its hang-up (the peer exited or was killed) closes the link
+// after what the peer had published is delivered.
+//
+// Hot path: post() and poll() are one virtual call per batch; per message
+// no allocation, no lock, no system call (an eventfd write only for a
+// sleeping peer, once per batch).
+#pragma once
+
+#include <sys/epoll.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/shm/shm_segment.h"
+#include "transport/transport.h"
+
+namespace slotrpc::transport::shm {
+
+class ShmTransport;
+
+// Counters beyond LinkStats, for tests and the benchmark.
+struct ShmLinkStats {
+  uint64_t in_place_sends = 0;  // slot messages built in our segment: no copy
+  uint64_t copied_sends = 0;    // slot messages copied into our segment by post()
+  uint64_t wakeups_sent = 0;    // eventfd writes for a sleeping peer
+  uint64_t backlogged = 0;      // messages that waited for descriptor room
+};
+
+class ShmLink final : public Link {
+ public:
+  ~ShmLink() override;
+
+  // No registration is needed (no NIC); keys are 0.
+  Result<MemoryRegion> register_memory(std::span<std::byte> memory, Access access) override;
+  void deregister(MemoryRegion& region) override;
+  Status attach(const MemoryRegion& receive_ring, const MemoryRegion& send_ring,
+                uint32_t slot_count, uint32_t slot_size, void* context) override;
+  void post(std::span<const Outgoing> batch) override;
+  void close(std::string reason) override;
+  std::string describe() const override { return description_; }
+  LinkStats stats() const override { return stats_; }
+  std::span<std::byte> send_slots() override;
+
+  const ShmLinkStats& shm_stats() const { return shm_stats_; }
+  bool down() const { return down_; }
+
+ private:
+  friend class ShmTransport;
+  ShmLink(ShmTransport& owner, Fd sock, OwnSegment own, PeerSegment peer, std::string description);
+
+  // Takes up to out.size() messages from the peer's ring; returns how many.
+  size_t receive(std::span<Completion> out);
+  bool peer_has_more() const;
+  bool write_descriptor(const Outgoing& o, const std::byte* control_copy);
+  void flush_backlog();
+  void publish();
+  void fail(std::string reason);
+  void on_socket_event(uint32_t events);
+  // Sleep announcement (Transport::prepare_sleep) and its withdrawal.
+  bool announce_sleep();
+  void withdraw_sleep();
+
+  ControlBlock* own_ctl() const { return reinterpret_cast<ControlBlock*>(own_.map.base()); }
+  const ControlBlock* peer_ctl() const {
+    return reinterpret_cast<const ControlBlock*>(peer_.map.base());
+  }
+
+  ShmTransport& owner_;
+  Fd sock_;
+  OwnSegment own_;
+  PeerSegment peer_;
+  std::string description_;
+  void* context_ = nullptr;
+  MemoryRegion ring_{};  // the session's receive ring (private memory)
+  bool attached_ = false;
+  bool down_ = false;
+  bool peer_gone_ = false;  // the socket hung up; fail once the ring is drained
+  bool sleep_announced_ = false;
+  bool in_epoll_ = false;
+  LinkStats stats_;
+  ShmLinkStats shm_stats_;
+
+  // Private record of both rings: nothing here is ever read back from
+  // shared memory after it was checked.
+  uint32_t slot_count_ = 0;
+  uint32_t slot_size_ = 0;
+  uint32_t desc_mask_ = 0;
+  uint64_t published_ = 0;   // our descriptors published (our head)
+  uint64_t peer_tail_ = 0;   // last checked value of the peer's consumed count
+  uint64_t consumed_ = 0;    // peer descriptors we consumed (our tail)
+
+  struct Pending {
+    Outgoing o;
+    std::array<std::byte, core::kHeaderSize> control{};
+  };
+  std::vector<Pending> backlog_;  // waiting for descriptor room, in order
+};
+
+class ShmTransport final : public Transport {
+ public:
+  ShmTransport();
+  ~ShmTransport() override;
+
+  // Connection setup in two halves, so that both ends can run in one thread
+  // over a socketpair: offer() creates our segment and sends it; complete()
+  // receives the peer's and makes the link.  `sock` is a connected Unix
+  // domain stream socket after the session handshake (which agreed on the
+  // geometry); it stays open for the link's life as the death signal.
+  struct Offered {
+    Fd sock;
+    Geometry geometry;
+    OwnSegment own;
+  };
+  Result<Offered> offer(int sock, Geometry g);
+  Result<std::unique_ptr<ShmLink>> complete(Offered offered, std::chrono::milliseconds timeout,
+                                            std::string description);
+  // Both halves, for a peer in another thread or process.
+  Result<std::unique_ptr<ShmLink>> adopt(int sock, Geometry g, std::chrono::milliseconds timeout,
+                                         std::string description);
+
+  std::string_view name() const override { return "shm"; }
+  size_t poll(std::span<Completion> out) override;
+  int wait_fd() const override { return epoll_fd_.get(); }
+  bool prepare_sleep() override;
+
+  // Busy polling checks the sockets and eventfds (epoll_wait, a system call)
+  // on one poll in this many; sleeping always checks them first.
+  static constexpr uint32_t kEpollEvery = 1024;
+
+ private:
+  friend class ShmLink;
+  void push(const Completion& c) { ready_.push_back(c); }
+  void forget(ShmLink* link);
+  void handle_events();
+
+  Fd epoll_fd_;
+  std::vector<ShmLink*> links_;
+  std::vector<Completion> ready_;  // link-down completions, in order
+  size_t next_link_ = 0;           // round robin start, so no link starves
+  uint32_t tick_ = 0;
+  static constexpr int kMaxEvents = 64;
+  epoll_event events_[kMaxEvents];
+};
+
+}  // namespace slotrpc::transport::shm

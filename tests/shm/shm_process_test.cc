@@ -1,0 +1,241 @@
+// The shared-memory transport across processes: a peer that scribbles
+// random bytes over its segment while messages flow, and a peer killed with
+// SIGKILL.  The peers are forked children of this test (no exec): after the
+// fork the child uses only its own objects and leaves with _exit.
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <random>
+
+#include "../process_util.h"
+#include "shm_test_util.h"
+
+using namespace shm_test;
+
+namespace {
+
+constexpr Geometry kGeo{8, 512};
+constexpr uint64_t kValid = 100;
+
+// Child side of connect_raw (the parent offered first on the other end).
+bool raw_handshake(int sock, RawPeer& p) {
+  p.sock = Fd(sock);
+  auto own = create_own_segment(kGeo);
+  if (!own.ok()) return false;
+  p.own = std::move(own).value();
+  if (!send_offer(sock, p.own).ok()) return false;
+  auto peer = receive_offer(sock, kGeo, 5s);
+  if (!peer.ok()) return false;
+  p.peer = std::move(peer).value();
+  return true;
+}
+
+// Blocks until the child writes a byte to the pipe; false after the deadline.
+bool wait_ready(int fd, int ms = 10000) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, ms) != 1) return false;
+  char b;
+  return ::read(fd, &b, 1) == 1;
+}
+
+uint64_t control_seq(const Completion& c) {
+  uint64_t v;
+  std::memcpy(&v, c.control.data(), sizeof v);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("shm: a peer scribbling over its segment while messages flow closes only its link") {
+  End hub, good;
+  auto [s0, s1] = unix_pair();
+  auto offered = hub.transport.offer(s0, kGeo);
+  REQUIRE(offered.ok());
+  int ready[2], go[2];
+  REQUIRE(::pipe2(ready, O_CLOEXEC) == 0);
+  REQUIRE(::pipe2(go, O_CLOEXEC) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(ready[0]);
+    ::close(go[1]);
+    RawPeer p;
+    if (!raw_handshake(s1, p)) ::_exit(2);
+    std::mt19937_64 rng(12345);
+    // Phase 1: valid control messages the parent can count (fewer than the
+    // ring's 128 descriptors: this peer does not wait for room).
+    for (uint64_t i = 0; i < kValid; ++i) p.put_control(i);
+    const char r = 'r';
+    if (::write(ready[1], &r, 1) != 1) ::_exit(3);
+    // Until the parent has taken them all: they must not be overrun.
+    if (!wait_ready(go[0])) ::_exit(4);
+    // Phase 2: keep publishing while writing random bytes anywhere in the
+    // segment: control words, descriptors, slot data.
+    const size_t total = p.own.layout.total;
+    for (uint64_t i = kValid;; ++i) {
+      p.put_control(i);
+      for (int k = 0; k < 8; ++k) {
+        const uint64_t v = rng();
+        const size_t off = (rng() % (total / 8)) * 8;
+        std::memcpy(p.own.map.base() + off, &v, sizeof v);
+      }
+    }
+  }
+  test_process::Child child = test_process::Child::adopt(pid);
+  ::close(ready[1]);
+  ::close(go[0]);
+  ::close(s1);
+  auto l = hub.transport.complete(std::move(offered).value(), 5s, "scribbler");
+  REQUIRE_MESSAGE(l.ok(), l.status().message());
+  hub.link = std::move(l).value();
+  hub.attach(kGeo);
+
+  // A good link on the same transport, fed from this process throughout.
+  auto [g0, g1] = unix_pair();
+  auto oh = hub.transport.offer(g0, kGeo);
+  auto og = good.transport.offer(g1, kGeo);
+  REQUIRE((oh.ok() && og.ok()));
+  auto lh = hub.transport.complete(std::move(oh).value(), 5s, "hub-good");
+  auto lg = good.transport.complete(std::move(og).value(), 5s, "good");
+  REQUIRE((lh.ok() && lg.ok()));
+  good.link = std::move(lg).value();
+  good.attach(kGeo);
+  std::unique_ptr<ShmLink> hub_good = std::move(lh).value();
+  std::vector<std::byte> r2(size_t{kGeo.slot_count} * kGeo.slot_size);
+  int ctx2 = 0;
+  REQUIRE(hub_good->attach({r2.data(), r2.size()}, {r2.data(), r2.size()}, kGeo.slot_count,
+                           kGeo.slot_size, &ctx2).ok());
+
+  uint64_t good_sent = 0;
+  auto feed_good = [&] {
+    const auto h = control_bytes(good_sent++);
+    const Outgoing o{h.data(), 32, 0, Lane::kControl};
+    good.link->post({&o, 1});
+    good.poll_once();
+  };
+  REQUIRE(wait_ready(ready[0]));
+  ::close(ready[0]);
+  REQUIRE(pump_until({&hub}, [&] { return hub.got.size() >= kValid; }));
+  const char g = 'g';
+  REQUIRE(::write(go[1], &g, 1) == 1);
+  ::close(go[1]);
+  // The hostile link must die on its own nonsense, soon, without a crash or
+  // a hang, while the good link keeps delivering in order.
+  const auto until = Clock::now() + kTimeout;
+  while (!hub.has_link_down() && Clock::now() < until) {
+    feed_good();
+    hub.poll_once();
+  }
+  REQUIRE(hub.has_link_down());
+  CHECK(child.running());  // it died of our verdict, not of its own
+  const std::string& why = hub.link->down_reason();
+  INFO("reason: " << why);
+  CHECK(why.find("peer closed") == std::string::npos);
+  bool validation_reason = false;
+  for (const char* r : {"hostile", "does not fit", "not armed", "unknown lane",
+                        "control descriptor", "outside ring"})
+    validation_reason = validation_reason || why.find(r) != std::string::npos;
+  CHECK(validation_reason);
+  // The scribbler's valid messages arrived intact and in order.
+  uint64_t next = 0;
+  for (const Completion& c : hub.got) {
+    if (c.link != hub.link.get() || c.kind != CKind::kControl) continue;
+    if (next < kValid) {
+      REQUIRE(control_seq(c) == next);
+    }
+    ++next;
+  }
+  CHECK(next >= kValid);
+  // After: the good link still works, every message in order.
+  for (int i = 0; i < 2000; ++i) feed_good();
+  REQUIRE(pump_until({&hub, &good}, [&] {
+    uint64_t n = 0;
+    for (const Completion& c : hub.got) n += c.link == hub_good.get();
+    return n == good_sent;
+  }));
+  uint64_t expect = 0;
+  for (const Completion& c : hub.got) {
+    if (c.link != hub_good.get()) continue;
+    REQUIRE(c.kind == CKind::kControl);
+    REQUIRE(control_seq(c) == expect++);
+  }
+  CHECK_FALSE(hub_good->down());
+  CHECK(child.kill_and_reap());
+}
+
+TEST_CASE("shm: kill -9 of the peer process reports the link down at once, after what it sent") {
+  // with_stream: the child keeps sending until killed; otherwise it sends a
+  // fixed count, says so, and waits to be killed.
+  for (const bool with_stream : {false, true}) {
+    CAPTURE(with_stream);
+    End hub;
+    auto [s0, s1] = unix_pair();
+    auto offered = hub.transport.offer(s0, kGeo);
+    REQUIRE(offered.ok());
+    int ready[2];
+    REQUIRE(::pipe2(ready, O_CLOEXEC) == 0);
+    constexpr uint64_t kFixed = 100;
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::close(ready[0]);
+      ShmTransport t;
+      auto link = t.adopt(s1, kGeo, 5s, "child");
+      if (!link.ok()) ::_exit(2);
+      std::vector<std::byte> ring(size_t{kGeo.slot_count} * kGeo.slot_size);
+      if (!link.value()->attach({ring.data(), ring.size()}, {ring.data(), ring.size()},
+                                kGeo.slot_count, kGeo.slot_size, nullptr).ok())
+        ::_exit(3);
+      std::array<Completion, 16> buf;
+      uint64_t i = 0;
+      for (; i < kFixed; ++i) {
+        const auto h = control_bytes(i);
+        const Outgoing o{h.data(), 32, 0, Lane::kControl};
+        link.value()->post({&o, 1});
+        t.poll(buf);
+      }
+      const char r = 'r';
+      if (::write(ready[1], &r, 1) != 1) ::_exit(4);
+      for (;; ++i) {
+        if (with_stream) {
+          const auto h = control_bytes(i);
+          const Outgoing o{h.data(), 32, 0, Lane::kControl};
+          link.value()->post({&o, 1});
+        }
+        t.poll(buf);
+      }
+    }
+    test_process::Child child = test_process::Child::adopt(pid);
+    ::close(ready[1]);
+    ::close(s1);
+    auto l = hub.transport.complete(std::move(offered).value(), 5s, "victim");
+    REQUIRE_MESSAGE(l.ok(), l.status().message());
+    hub.link = std::move(l).value();
+    hub.attach(kGeo);
+    REQUIRE(wait_ready(ready[0]));
+    ::close(ready[0]);
+    if (with_stream)  // receive while it runs, then kill it mid-stream
+      REQUIRE(pump_until({&hub}, [&] { return hub.got.size() > 2 * kFixed; }));
+    REQUIRE(child.signal(SIGKILL));
+    REQUIRE(child.wait(10000ms));
+    REQUIRE(WIFSIGNALED(child.exit_status));
+    // As a loop about to sleep would: it sees the hang-up first (before it
+    // has read the ring), and must not sleep on the undelivered messages.
+    CHECK_FALSE(hub.transport.prepare_sleep());
+    REQUIRE(pump_until({&hub}, [&] { return hub.has_link_down(); }));
+    CHECK_MESSAGE(hub.link->down_reason().find("peer closed") != std::string::npos,
+                  hub.link->down_reason());
+    // Everything before the link-down is in order; at least what the child
+    // had sent before it said so; nothing after it.
+    REQUIRE(hub.got.back().kind == CKind::kLinkDown);
+    uint64_t expect = 0;
+    for (size_t i = 0; i + 1 < hub.got.size(); ++i) {
+      REQUIRE(hub.got[i].kind == CKind::kControl);
+      REQUIRE(control_seq(hub.got[i]) == expect++);
+    }
+    CHECK(expect >= kFixed);
+    if (!with_stream) CHECK(expect == kFixed);
+  }
+}
