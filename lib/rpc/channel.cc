@@ -49,6 +49,9 @@ struct Channel::Impl : std::enable_shared_from_this<Channel::Impl> {
   // Calls handed to the loop from another thread: the cross-loop
   // hand-offs Stats::cross_loop_handoffs reports.
   std::atomic<uint64_t> handoffs{0};
+  // What this channel's sessions count (loop thread), so a channel on a
+  // shared loop reports only its own calls.
+  std::shared_ptr<metrics::LoopCounters> counters = std::make_shared<metrics::LoopCounters>();
   // on_monitor_sample()'s callback, shared with the loop's monitor.
   std::shared_ptr<monitor::SampleHook> monitor_hook = std::make_shared<monitor::SampleHook>();
   std::atomic<uint64_t> last_request_id{0};
@@ -202,6 +205,7 @@ Result<Established> establish(Channel::Impl& impl) {
       auto s = core::ClientSession::create(loop, std::move(link.value()), geometry, e.peer);
       if (!s.ok()) return s.status();
       vsession = std::move(s.value());
+      vsession->set_counters(impl.counters);
       vsession->set_loop_handle(impl.loop);
       transport::verbs::encode_qp_info(vlink->local_info(), ext.data());
       return {};
@@ -279,6 +283,7 @@ Result<Established> establish(Channel::Impl& impl) {
     auto s = core::ClientSession::create(loop, std::move(link.value()), geometry, e.peer);
     if (!s.ok()) return s.status();
     s.value()->set_loop_handle(impl.loop);
+    s.value()->set_counters(impl.counters);
     s.value()->set_peer_features(hs->reply.features);
     return s;
   });
@@ -616,7 +621,7 @@ MetricsSnapshot Channel::metrics() const {
       links.push_back(impl->session->link());
       queued = impl->session->counters().queued;
     }
-    return metrics::read_loop(*impl->loop, links, queued);
+    return metrics::read_loop(*impl->loop, *impl->counters, links, queued);
   };
   metrics::Collector collector;
   collector.add(on_loop(*impl_->loop, read));

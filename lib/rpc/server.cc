@@ -45,6 +45,9 @@ struct Server::Impl {
   std::shared_ptr<detail::RuntimeCore> runtime;
   bool runtime_given = false;
   std::vector<std::shared_ptr<reactor::Reactor>> loops;
+  // counters[i]: what this server's sessions on loops[i] count (that loop's
+  // thread only), so a server sharing loops reports only its own calls.
+  std::vector<std::shared_ptr<metrics::LoopCounters>> counters;
   // on_monitor_sample()'s callback, shared with every loop's monitor.
   std::shared_ptr<monitor::SampleHook> monitor_hook = std::make_shared<monitor::SampleHook>();
   // sessions[i] is touched only on loops[i]'s thread (or after it stopped).
@@ -240,17 +243,15 @@ Status Server::start(const std::string& listen_address) {
   const uint32_t n = static_cast<uint32_t>(impl_->runtime->loops.size());
   impl_->sessions.resize(n);
   impl_->loops = impl_->runtime->loops;
+  impl_->counters.clear();
   for (auto& loop : impl_->loops) {
     // Every method's counters exist before the first session: a request
-    // never allocates to count itself.  (Counters are per loop: servers
-    // sharing a loop share them.)
-    detail::on_loop(*loop, [&] {
-      auto& counted = loop->counters().server.methods;
-      for (const auto& service : impl_->services) {
-        for (const MethodDescriptor& m : service->methods()) counted[m.id];
-      }
-      return 0;
-    });
+    // never allocates to count itself.
+    auto counters = std::make_shared<metrics::LoopCounters>();
+    for (const auto& service : impl_->services) {
+      for (const MethodDescriptor& m : service->methods()) counters->server.methods[m.id];
+    }
+    impl_->counters.push_back(std::move(counters));
     loop->add_monitor_hook(impl_->monitor_hook);
   }
   impl_->started = true;
@@ -420,8 +421,10 @@ Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_tcp(
   }
   auto link = loop.tcp().adopt(link_fd, fmt::format("tcp {} -> {}", rpc::local_name(fd), peer));
   if (!link.ok()) return link.status();  // adopt() has closed link_fd
-  return core::ServerSession::create(loop, std::move(link.value()), g, methods, peer,
-                                     on_closed(index, ring_bytes));
+  auto session = core::ServerSession::create(loop, std::move(link.value()), g, methods, peer,
+                                             on_closed(index, ring_bytes));
+  if (session.ok()) session.value()->set_counters(counters[index]);
+  return session;
 }
 
 Result<std::vector<std::byte>> Server::Impl::open_verbs(size_t index, int fd,
@@ -445,6 +448,7 @@ Result<std::vector<std::byte>> Server::Impl::open_verbs(size_t index, int fd,
   auto session = core::ServerSession::create(loop, std::move(link.value()), g, methods, peer,
                                              on_closed(index, ring_bytes));
   if (!session.ok()) return session.status();
+  session.value()->set_counters(counters[index]);
   // Never registered, never closed: a failure below just destroys it.
   Status st = raw_link->connect(remote, closer.fd, peer);
   if (!st.ok()) return st;
@@ -527,7 +531,7 @@ MetricsSnapshot Server::metrics() const {
       for (const auto& [raw, owned] : d.sessions[i]) {
         if (!raw->closed()) links.push_back(&raw->link());
       }
-      return metrics::read_loop(*d.loops[i], links, 0);
+      return metrics::read_loop(*d.loops[i], *d.counters[i], links, 0);
     };
     if (d.loops[i]->on_this_thread()) {
       collector.add(read());
