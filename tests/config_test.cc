@@ -111,6 +111,8 @@ TEST_CASE("config: the settings table covers every whole-number field") {
       {"slot_count", "SLOTRPC_SLOT_COUNT", &Config::slot_count, 1, 4096},
       {"slot_size", "SLOTRPC_SLOT_SIZE", &Config::slot_size, 256, 64u << 20},
       {"spin_us", "SLOTRPC_SPIN_US", &Config::spin_us, 0, 10'000'000},
+      {"busy_yield_us", "SLOTRPC_BUSY_YIELD_US", &Config::busy_yield_us, 0, 10'000'000},
+      {"busy_sleep_us", "SLOTRPC_BUSY_SLEEP_US", &Config::busy_sleep_us, 0, 600'000'000},
       {"poll_batch", "SLOTRPC_POLL_BATCH", &Config::poll_batch, 1, 1024},
       {"connect_timeout_ms", "SLOTRPC_CONNECT_TIMEOUT_MS", &Config::connect_timeout_ms, 1, 600'000},
       {"keepalive_ms", "SLOTRPC_KEEPALIVE_MS", &Config::keepalive_ms, 10, 600'000},

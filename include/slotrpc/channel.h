@@ -6,8 +6,12 @@
 //   }).get();
 //   if (reply.ok()) use(reply->text());
 //
-// A Channel owns one event-loop thread and one slot-ring session.  Calls
-// may be made from any thread, from handlers, and from reply callbacks.
+// A Channel is one slot-ring session on one event loop of a Runtime
+// (slotrpc/runtime.h): the default runtime unless one is given.  Calls may
+// be made from any thread, from handlers, and from reply callbacks; a call
+// made on the channel's own loop (a handler of a server on the same
+// runtime, which a channel opened from that handler shares) is not handed
+// to another thread.
 //
 // A callback never runs inside the call that issued it: a call that fails
 // before it reaches the wire (the session is dead, the deadline has passed,
@@ -29,6 +33,7 @@
 #include "slotrpc/metrics.h"
 #include "slotrpc/reply.h"
 #include "slotrpc/result.h"
+#include "slotrpc/runtime.h"
 #include "slotrpc/stream.h"
 #include "slotrpc/typed.h"
 
@@ -55,8 +60,16 @@ class Channel {
  public:
   // Connects, agrees on the ring geometry with the server and starts the
   // channel's event loop.  `config` (after SLOTRPC_* overrides) is validated.
+  // On the default runtime, or on a loop of its own when `config`'s loop
+  // settings differ from the default runtime's (slotrpc/runtime.h).
   static Result<std::unique_ptr<Channel>> connect(const std::string& address, Config config = {});
+  // On `runtime`, whose loop settings replace `config`'s.  From a handler
+  // on one of its loops: on that loop (the handler's fiber waits for the
+  // connect); on one of its loops outside a handler: INVALID_ARGUMENT.
+  static Result<std::unique_ptr<Channel>> connect(const std::string& address, const Runtime& runtime,
+                                                  Config config = {});
   // Fails every outstanding call with CANCELLED and closes the session.
+  // Any thread, the channel's loop included; the loop's other sessions run on.
   ~Channel();
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
@@ -181,6 +194,11 @@ class Channel {
     // over the channel's life.
     uint64_t reconnect_attempts = 0;
     uint64_t reconnects = 0;
+    // Calls handed from another thread to the channel's loop (a post and a
+    // wakeup each), over the channel's life; 0 while every call is made on
+    // the loop itself, e.g. by handlers sharing it.
+    uint64_t cross_loop_handoffs = 0;
+    uint32_t loop_index = 0;  // which of its runtime's loops
   };
   Stats stats() const;
 
@@ -203,6 +221,9 @@ class Channel {
     return [build = std::move(build)](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(build(fbb)); };
   }
   explicit Channel(std::shared_ptr<Impl> impl);
+  static Result<std::unique_ptr<Channel>> connect_on(const std::string& address,
+                                                     std::shared_ptr<detail::RuntimeCore> runtime,
+                                                     Config validated);
   CallHandle submit(core::PendingCall* call);
   // Shared with CallHandles and retries, which may outlive the Channel.
   std::shared_ptr<Impl> impl_;

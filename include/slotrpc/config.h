@@ -53,6 +53,11 @@ struct Config {
 
   PollMode poll_mode = PollMode::kAdaptive;  // SLOTRPC_POLL_MODE busy|blocking|adaptive
   uint32_t spin_us = 200;            // SLOTRPC_SPIN_US: adaptive spin before sleeping
+  // Busy mode under oversubscription (docs/tuning.md, "Busy polling"): an
+  // idle busy loop yields the CPU after busy_yield_us, sleeps after
+  // busy_sleep_us; 0 = never.
+  uint32_t busy_yield_us = 20;       // SLOTRPC_BUSY_YIELD_US
+  uint32_t busy_sleep_us = 10'000;   // SLOTRPC_BUSY_SLEEP_US
   uint32_t poll_batch = 32;          // SLOTRPC_POLL_BATCH: completions per poll
 
   uint32_t connect_timeout_ms = 5000;  // SLOTRPC_CONNECT_TIMEOUT_MS
@@ -60,7 +65,7 @@ struct Config {
   uint32_t peer_timeout_ms = 5000;     // SLOTRPC_PEER_TIMEOUT_MS: silent peer is dead after
 
   uint32_t fiber_stack_kb = 256;     // SLOTRPC_FIBER_STACK_KB: handler fiber stack
-  uint32_t reactor_threads = 1;      // SLOTRPC_REACTOR_THREADS: server event loops
+  uint32_t reactor_threads = 1;      // SLOTRPC_REACTOR_THREADS: loops of a Runtime (the default one too)
   uint32_t max_queued_calls = 65536; // SLOTRPC_MAX_QUEUED_CALLS: calls waiting for a credit
   uint32_t stream_window = 8;        // SLOTRPC_STREAM_WINDOW: slots lent to a server stream
 

@@ -1,5 +1,7 @@
 // Server: listens on a TCP address, accepts sessions, and dispatches their
-// requests to registered services on `Config::reactor_threads` event loops.
+// requests to registered services on the event loops of a Runtime
+// (slotrpc/runtime.h): the default runtime, or loops of its own when its
+// config's loop settings or reactor_threads differ from the default's.
 //
 //   slotrpc::Server server;
 //   server.add_service(std::move(echo_service));
@@ -15,6 +17,7 @@
 
 #include "slotrpc/config.h"
 #include "slotrpc/metrics.h"
+#include "slotrpc/runtime.h"
 #include "slotrpc/service.h"
 #include "slotrpc/status.h"
 
@@ -25,6 +28,9 @@ class Server {
   // `config` (after SLOTRPC_* overrides) is validated by start().  Its
   // slot_count and slot_size are the largest ring a client may ask for.
   explicit Server(Config config = {});
+  // On `runtime`'s loops: its loop settings and loop count replace
+  // `config`'s (config() reports them).
+  Server(const Runtime& runtime, Config config = {});
   ~Server();  // stop()
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -58,7 +64,9 @@ class Server {
   struct Impl;
 
  private:
-  std::unique_ptr<Impl> impl_;
+  Server(std::shared_ptr<detail::RuntimeCore> runtime, Config config);
+  // Shared: stop() leaves it to the runtime while a handler still runs.
+  std::shared_ptr<Impl> impl_;
 };
 
 }  // namespace slotrpc

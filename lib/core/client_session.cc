@@ -134,7 +134,7 @@ void ClientSession::submit(PendingCall* call) {
   // Metrics: plain integers of this loop.  The first call of a method id on
   // this loop inserts its entry (one allocation per method and loop, ever);
   // every later call finds it.
-  metrics::SideCounters& counters = loop_.counters().client;
+  metrics::SideCounters& counters = owner_counters().client;
   ++counters.calls.started;
   call->counters = &counters;
   call->method_counters = &counters.methods[call->method_id];
@@ -431,7 +431,7 @@ void ClientSession::on_message(const transport::Completion& c) {
   if (e != HeaderError::kOk) {
     return protocol_error(fmt::format("malformed reply header in slot {}: {}", c.slot, to_string(e)));
   }
-  loop_.counters().client.calls.bytes_in += c.length;
+  owner_counters().client.calls.bytes_in += c.length;
   if (h.kind() == Kind::kStreamMessage) return on_stream_message(h, bytes);
   if (h.kind() != Kind::kReply && h.kind() != Kind::kError) {
     return protocol_error(fmt::format("unexpected message kind 0x{:02x} in slot {}", h.flags, c.slot));
@@ -708,7 +708,7 @@ void ClientSession::shutdown(Status status) {
   // held replies keep the memory itself mapped.
   send_ring_.deregister();
   recv_ring_.deregister();
-  loop_.counters().retire_link(*link_);
+  owner_counters().retire_link(*link_);
   link_.reset();
   for (PendingCall* call : dying) complete(call, status);
 }

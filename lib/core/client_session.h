@@ -80,6 +80,11 @@ class ClientSession final : public SessionBase,
                             public ::slotrpc::detail::ReplyOwner,
                             public std::enable_shared_from_this<ClientSession> {
  public:
+  // Loop thread, right after create(): count into `counters` (the owning
+  // Server's or Channel's, on this loop) instead of the loop's own, so
+  // servers and channels sharing a loop each report only their own calls.
+  // Shared: the session may outlive its owner (a RawReply still held).
+  void set_counters(std::shared_ptr<metrics::LoopCounters> counters) { owner_counters_ = std::move(counters); }
   struct Geometry {
     uint32_t slot_count;
     uint32_t slot_size;
@@ -208,6 +213,9 @@ class ClientSession final : public SessionBase,
   void arm_keepalive();
 
   reactor::Reactor& loop_;
+  // Its owner's counters on this loop (set_counters), or null: the loop's.
+  std::shared_ptr<metrics::LoopCounters> owner_counters_;
+  metrics::LoopCounters& owner_counters() { return owner_counters_ ? *owner_counters_ : loop_.counters(); }
   std::weak_ptr<reactor::Reactor> loop_handle_;
   std::unique_ptr<transport::Link> link_;
   Geometry geometry_;

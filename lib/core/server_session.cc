@@ -63,7 +63,7 @@ Result<std::unique_ptr<ServerSession>> ServerSession::create(
 ServerSession::~ServerSession() {
   loop_.timers().cancel(keepalive_timer_);
   loop_.forget(this);
-  if (link_) loop_.counters().retire_link(*link_);
+  if (link_) owner_counters().retire_link(*link_);
   // The rings were registered through the link: deregister them first.
   send_ring_.deregister();
   recv_ring_.deregister();
@@ -116,7 +116,7 @@ void ServerSession::on_message(const transport::Completion& c) {
   }
   // Metrics (plain integers of this loop, no allocation: every method's
   // entry exists since the server started).
-  metrics::SideCounters& counters = loop_.counters().server;
+  metrics::SideCounters& counters = owner_counters().server;
   ++counters.calls.started;
   counters.calls.bytes_in += c.length;
   s.state = SlotState::kRunning;
@@ -271,7 +271,7 @@ void ServerSession::send_reply(uint16_t slot, Status status) {
   }
   encode_header(h, msg);
   count_finished(s, status.code());
-  loop_.counters().server.calls.bytes_out += kHeaderSize + h.payload_len;
+  owner_counters().server.calls.bytes_out += kHeaderSize + h.payload_len;
   s.state = SlotState::kIdle;
   s.method = nullptr;
   s.streaming = false;
@@ -284,7 +284,7 @@ void ServerSession::send_reply(uint16_t slot, Status status) {
 
 // Hot path: a clock read and a few increments of this loop's counters.
 void ServerSession::count_finished(Slot& s, StatusCode code) {
-  ++loop_.counters().server.calls.finished[metrics::code_index(code)];
+  ++owner_counters().server.calls.finished[metrics::code_index(code)];
   if (s.counters != nullptr) {
     const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - s.received);
     s.counters->finish(code, static_cast<uint64_t>(std::max<int64_t>(0, us.count())));
@@ -499,7 +499,7 @@ bool ServerSession::StreamWriter::write(
   h.payload_len = b.GetSize();
   std::byte* msg = b.message_begin();
   encode_header(h, msg);
-  ss.loop_.counters().server.calls.bytes_out += kHeaderSize + h.payload_len;
+  ss.owner_counters().server.calls.bytes_out += kHeaderSize + h.payload_len;
   ss.outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), lent,
                               h.generation);
   ss.loop_.request_flush(&ss);

@@ -30,6 +30,11 @@ namespace slotrpc::core {
 
 class ServerSession final : public SessionBase {
  public:
+  // Loop thread, right after create(): count into `counters` (the owning
+  // Server's or Channel's, on this loop) instead of the loop's own, so
+  // servers and channels sharing a loop each report only their own calls.
+  // Shared: the session may outlive its owner (a RawReply still held).
+  void set_counters(std::shared_ptr<metrics::LoopCounters> counters) { owner_counters_ = std::move(counters); }
   struct Geometry {
     uint32_t slot_count;
     uint32_t slot_size;
@@ -133,6 +138,9 @@ class ServerSession final : public SessionBase {
   void arm_keepalive();
 
   reactor::Reactor& loop_;
+  // Its owner's counters on this loop (set_counters), or null: the loop's.
+  std::shared_ptr<metrics::LoopCounters> owner_counters_;
+  metrics::LoopCounters& owner_counters() { return owner_counters_ ? *owner_counters_ : loop_.counters(); }
   std::unique_ptr<transport::Link> link_;
   Geometry geometry_;
   const MethodTable& methods_;

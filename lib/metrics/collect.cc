@@ -26,6 +26,17 @@ LoopReading read_loop(reactor::Reactor& loop, const std::vector<const transport:
   return r;
 }
 
+LoopReading read_loop(reactor::Reactor& loop, const LoopCounters& owner,
+                      const std::vector<const transport::Link*>& links, uint64_t client_queued) {
+  LoopReading r = read_loop(loop, links, client_queued);
+  const LoopCounters& shared = r.counters;
+  LoopCounters mine = owner;
+  mine.tcp.completions_per_poll = shared.tcp.completions_per_poll;
+  mine.verbs.completions_per_poll = shared.verbs.completions_per_poll;
+  r.counters = std::move(mine);
+  return r;
+}
+
 std::string method_display_name(const std::string& full_name) {
   const size_t dot = full_name.rfind('.');
   if (dot == std::string::npos) return full_name;

@@ -33,6 +33,12 @@ struct LoopReading {
 // its client sessions hold in their queues.
 LoopReading read_loop(reactor::Reactor& loop, const std::vector<const transport::Link*>& links,
                       uint64_t client_queued);
+// Loop thread.  The same with the call and link counters of one owner on
+// that loop (a Server's or Channel's sessions on a shared loop count into
+// their owner's LoopCounters); the per-poll histograms and the monitor
+// stay the loop's.
+LoopReading read_loop(reactor::Reactor& loop, const LoopCounters& owner,
+                      const std::vector<const transport::Link*>& links, uint64_t client_queued);
 
 // "slotrpc.examples.Echo.Echo" -> "slotrpc.examples.Echo/Echo".
 std::string method_display_name(const std::string& full_name);

@@ -1,5 +1,6 @@
 #include "reactor/reactor.h"
 
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -14,6 +15,13 @@
 #include "transport/verbs/verbs_transport.h"
 
 namespace slotrpc::reactor {
+
+// add_monitor_hook()'s holders.  Cold: a mutex, taken once per sample.
+struct HookList {
+  std::mutex mu;
+  std::vector<std::weak_ptr<monitor::SampleHook>> hooks;
+};
+
 namespace {
 thread_local Reactor* tls_reactor = nullptr;
 
@@ -38,7 +46,23 @@ void run_guarded(const std::string& loop, const char* what, Fn&& fn) {
 Reactor::Reactor(const Config& config, std::string name)
     : config_(config),
       name_(std::move(name)),
-      fibers_(size_t{config.fiber_stack_kb} * 1024), tcp_(config) {
+      fibers_(size_t{config.fiber_stack_kb} * 1024), tcp_(config),
+      hook_list_(std::make_shared<HookList>()) {
+  // The monitor's one hook calls every holder added later (a shared loop
+  // serves many channels and servers); holders that died are dropped.
+  monitor_hook_ = std::make_shared<monitor::SampleHook>();
+  monitor_hook_->set([list = hook_list_](const MetricsSnapshot& snapshot) {
+    std::vector<std::shared_ptr<monitor::SampleHook>> live;
+    {
+      std::lock_guard<std::mutex> lock(list->mu);
+      std::erase_if(list->hooks, [&](const std::weak_ptr<monitor::SampleHook>& w) {
+        auto h = w.lock();
+        if (h) live.push_back(std::move(h));
+        return !h;
+      });
+    }
+    for (const auto& h : live) h->call(snapshot);
+  });
   event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (event_fd_ < 0 || epoll_fd_ < 0) {
@@ -83,6 +107,11 @@ Result<transport::verbs::VerbsTransport*> Reactor::verbs() {
     monitor_ = std::make_unique<monitor::Monitor>(*this, *verbs_, monitor_hook_);
   }
   return verbs_.get();
+}
+
+void Reactor::add_monitor_hook(const std::shared_ptr<monitor::SampleHook>& hook) {
+  std::lock_guard<std::mutex> lock(hook_list_->mu);
+  hook_list_->hooks.push_back(hook);
 }
 
 Reactor* Reactor::current() { return tls_reactor; }
@@ -149,8 +178,22 @@ void Reactor::loop() {
       continue;
     }
     switch (config_.poll_mode) {
-      case PollMode::kBusy:
+      case PollMode::kBusy: {
+        // Busy polling that survives oversubscription (docs/tuning.md):
+        // after busy_yield_us without work every idle turn yields the CPU,
+        // so a loop that shares its core lets the other runnable thread
+        // (another loop, the peer process) run; after busy_sleep_us it
+        // sleeps in epoll like adaptive.  Work resets both.
+        const auto idle = Clock::now() - idle_since;
+        if (config_.busy_sleep_us != 0 && idle >= std::chrono::microseconds(config_.busy_sleep_us)) {
+          sleep_until_work();
+          idle_since = Clock::now();
+        } else if (config_.busy_yield_us != 0 && idle >= std::chrono::microseconds(config_.busy_yield_us)) {
+          ++stats_.yields;
+          ::sched_yield();
+        }
         break;
+      }
       case PollMode::kBlocking:
         sleep_until_work();
         break;

@@ -7,14 +7,21 @@
 // (one writev / one doorbell).  Handlers run on pooled fibers, so a handler
 // that waits (for a nested RPC, a sleep) suspends its fiber, not the loop.
 //
-// Idle policy (Config::poll_mode): busy spins forever; blocking sleeps in
+// Idle policy (Config::poll_mode): busy spins, yields the CPU after
+// busy_yield_us idle and sleeps after busy_sleep_us idle (so K busy loops on
+// fewer cores still take turns; 0 turns either off); blocking sleeps in
 // epoll as soon as a turn finds nothing; adaptive spins for spin_us first.
+//
+// A loop is shared: one Runtime (lib/rpc/runtime_core.h) runs sessions of
+// many channels and servers on it, so its config is the runtime's, and its
+// monitor calls every hook added with add_monitor_hook().
 // Other threads wake a sleeping reactor through an eventfd, written only
 // when the reactor has announced that it sleeps.
 #pragma once
 
 #include <atomic>
 #include <functional>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <thread>
@@ -37,6 +44,8 @@ class SampleHook;
 }
 
 namespace slotrpc::reactor {
+
+struct HookList;
 
 class Reactor {
  public:
@@ -84,6 +93,11 @@ class Reactor {
   // Before start().  The callback holder the monitor calls after each
   // sample (Server/Channel::on_monitor_sample).
   void set_monitor_hook(std::shared_ptr<monitor::SampleHook> hook) { monitor_hook_ = std::move(hook); }
+  // Any thread, any time.  Adds a callback holder that the loop's monitor
+  // calls after each sample, besides set_monitor_hook()'s, for as long as
+  // `hook` lives (the loop keeps a weak reference): every channel and server
+  // sharing the loop adds its own.
+  void add_monitor_hook(const std::shared_ptr<monitor::SampleHook>& hook);
 
   // Loop thread.  The session's flush() runs at the end of this turn.
   void request_flush(core::SessionBase* s) {
@@ -103,6 +117,7 @@ class Reactor {
     uint64_t turns = 0;
     uint64_t sleeps = 0;
     uint64_t completions = 0;
+    uint64_t yields = 0;  // busy mode: sched_yield() after busy_yield_us idle
   };
   const Stats& stats() const { return stats_; }
 
@@ -133,6 +148,8 @@ class Reactor {
   std::unique_ptr<transport::verbs::VerbsTransport> verbs_;  // lazily, see verbs()
   std::unique_ptr<monitor::Monitor> monitor_;  // with verbs_ (lib/monitor/)
   std::shared_ptr<monitor::SampleHook> monitor_hook_;
+  // add_monitor_hook()'s holders; monitor_hook_ fans out to them.
+  std::shared_ptr<HookList> hook_list_;
   Stats stats_;
   metrics::LoopCounters counters_;
 };

@@ -20,6 +20,8 @@
 #include "monitor/monitor.h"
 #include "reactor/reactor.h"
 #include "rpc/connector.h"
+#include "rpc/runtime_core.h"
+#include "slotrpc/fiber.h"
 #include "transport/verbs/device.h"
 #include "transport/verbs/device_probe.h"
 #include "transport/verbs/verbs_transport.h"
@@ -30,7 +32,7 @@ namespace {
 struct Established;
 }
 
-struct Channel::Impl {
+struct Channel::Impl : std::enable_shared_from_this<Channel::Impl> {
   std::string address;
   Config config;
   std::string peer;
@@ -39,7 +41,17 @@ struct Channel::Impl {
   // connect()), and the device's description or why not.
   bool verbs_possible = false;
   std::string verbs_note;
+  // The runtime whose loop this channel's session lives on (keeps the
+  // loops running), the loop and its index there.
+  std::shared_ptr<detail::RuntimeCore> runtime;
   std::shared_ptr<reactor::Reactor> loop;
+  size_t loop_index = 0;
+  // Calls handed to the loop from another thread: the cross-loop
+  // hand-offs Stats::cross_loop_handoffs reports.
+  std::atomic<uint64_t> handoffs{0};
+  // What this channel's sessions count (loop thread), so a channel on a
+  // shared loop reports only its own calls.
+  std::shared_ptr<metrics::LoopCounters> counters = std::make_shared<metrics::LoopCounters>();
   // on_monitor_sample()'s callback, shared with the loop's monitor.
   std::shared_ptr<monitor::SampleHook> monitor_hook = std::make_shared<monitor::SampleHook>();
   std::atomic<uint64_t> last_request_id{0};
@@ -83,15 +95,19 @@ struct Established {
   std::string note;  // why this transport, for the log
 };
 
-// Runs `fn` on `loop` and waits for its result.  Never called on the loop
-// itself (connect() runs on the caller's thread, reconnects on a helper).
+using detail::on_loop;
+
+// Runs blocking `fn` (a connect: TCP, handshake, tasks on the channel's
+// loop) so that no event loop blocks on it: in a handler's fiber on a
+// helper thread while the fiber waits suspended, elsewhere right here.
 template <class Fn>
-auto on_loop(reactor::Reactor& loop, Fn fn) -> decltype(fn()) {
-  assert(!loop.on_this_thread());
-  std::promise<decltype(fn())> result;
-  auto future = result.get_future();
-  loop.post([&] { result.set_value(fn()); });
-  return future.get();
+auto off_loop(Fn fn) -> decltype(fn()) {
+  if (!this_fiber::in_fiber()) return fn();
+  auto state = std::make_shared<detail::SharedState<decltype(fn())>>();
+  std::thread helper([&fn, state] { state->set(fn()); });
+  state->wait();
+  helper.join();  // it has set the value: only its return is left
+  return std::move(*state->value);
 }
 
 // Closes the fd on scope exit unless released.
@@ -189,6 +205,7 @@ Result<Established> establish(Channel::Impl& impl) {
       auto s = core::ClientSession::create(loop, std::move(link.value()), geometry, e.peer);
       if (!s.ok()) return s.status();
       vsession = std::move(s.value());
+      vsession->set_counters(impl.counters);
       vsession->set_loop_handle(impl.loop);
       transport::verbs::encode_qp_info(vlink->local_info(), ext.data());
       return {};
@@ -266,6 +283,7 @@ Result<Established> establish(Channel::Impl& impl) {
     auto s = core::ClientSession::create(loop, std::move(link.value()), geometry, e.peer);
     if (!s.ok()) return s.status();
     s.value()->set_loop_handle(impl.loop);
+    s.value()->set_counters(impl.counters);
     s.value()->set_peer_features(hs->reply.features);
     return s;
   });
@@ -302,16 +320,30 @@ void Channel::Impl::with_session(std::function<void(const Status&)> then) {
   if (reconnector.joinable()) reconnector.join();  // the previous one has finished
   core::log().info("slotrpc: reconnecting to {}", address);
   // Connecting blocks (and waits for the loop), so it runs beside the loop.
-  reconnector = std::thread([this] {
-    Result<Established> est = establish(*this);
-    loop->post([this, est = std::move(est)]() mutable { reconnected(std::move(est)); });
+  // The thread holds the Impl: a channel destroyed on its loop detaches it
+  // rather than joining it there.
+  reconnector = std::thread([self = shared_from_this()] {
+    Result<Established> est = establish(*self);
+    self->loop->post([self, est = std::move(est)]() mutable { self->reconnected(std::move(est)); });
   });
 }
 
 void Channel::Impl::reconnected(Result<Established> est) {
   reconnecting = false;
+  if (closing.load()) {
+    // The channel was destroyed while this reconnect ran.
+    if (est.ok()) {
+      est.value().session->shutdown(Status(StatusCode::kCancelled, "channel closed"));
+      runtime->retire(loop_index, std::move(est.value().session));
+    }
+    auto waiting = std::move(waiting_for_session);
+    waiting_for_session.clear();
+    for (auto& fn : waiting) fn(Status(StatusCode::kCancelled, "channel closed"));
+    return;
+  }
   Status st = est.status();
   if (st.ok()) {
+    if (session) runtime->retire(loop_index, std::move(session));
     session = std::move(est.value().session);
     peer = est.value().peer;
     kind = est.value().kind;
@@ -338,7 +370,41 @@ void Channel::Impl::reconnected(Result<Established> est) {
 Result<std::unique_ptr<Channel>> Channel::connect(const std::string& address, Config config) {
   auto cfg = config.with_environment();
   if (!cfg.ok()) return cfg.status();
+  // No runtime given: the default one, unless this config asks for other
+  // loop settings; then a loop of its own, as before runtimes existed
+  // (include/slotrpc/runtime.h).
+  const auto& shared = detail::default_core();
+  const std::string differs = detail::loop_setting_difference(*cfg, shared->config);
+  if (differs.empty()) return connect_on(address, shared, std::move(cfg.value()));
+  Config own = cfg.value();
+  own.reactor_threads = 1;
+  auto core = detail::RuntimeCore::make(own, "slotrpc-chan", /*numbered=*/false);
+  if (!core.ok()) return core.status();
+  core::log().debug("slotrpc: channel to {} runs a loop of its own: its {} differs from the default runtime's",
+                    address, differs);
+  return connect_on(address, std::move(core.value()), std::move(cfg.value()));
+}
+
+Result<std::unique_ptr<Channel>> Channel::connect(const std::string& address, const Runtime& runtime,
+                                                  Config config) {
+  auto cfg = config.with_environment();
+  if (!cfg.ok()) return cfg.status();
+  // The runtime's loop settings win (include/slotrpc/runtime.h).
+  detail::take_loop_settings(cfg.value(), runtime.core()->config);
+  return connect_on(address, runtime.core(), std::move(cfg.value()));
+}
+
+Result<std::unique_ptr<Channel>> Channel::connect_on(const std::string& address,
+                                                     std::shared_ptr<detail::RuntimeCore> runtime,
+                                                     Config cfg_value) {
+  const Config* cfg = &cfg_value;
   core::apply_log_level(cfg->log_level);
+  if (runtime->current_index() >= 0 && !this_fiber::in_fiber()) {
+    // A connect waits for the server, which may sit on this very loop.
+    return Status(StatusCode::kInvalidArgument,
+                  "Channel::connect() on one of the runtime's event loops outside a handler would "
+                  "block that loop; connect from a handler (its fiber waits) or another thread");
+  }
 
   auto impl = std::make_shared<Impl>();
   impl->address = address;
@@ -357,21 +423,22 @@ Result<std::unique_ptr<Channel>> Channel::connect(const std::string& address, Co
       impl->verbs_note = probe.status().message();
     }
   }
-  impl->loop = std::make_shared<reactor::Reactor>(*cfg, "slotrpc-chan");
-  impl->loop->set_monitor_hook(impl->monitor_hook);
-  impl->loop->start();
-  auto est = establish(*impl);
-  if (!est.ok()) return est.status();  // ~Impl stops the loop
-  std::promise<void> installed;
-  impl->loop->post([p = impl.get(), &est, &installed] {
+  // A handler's channel stays on the handler's loop; others go round-robin.
+  impl->loop_index = runtime->pick_loop();
+  impl->loop = runtime->loops[impl->loop_index];
+  impl->runtime = std::move(runtime);
+  impl->loop->add_monitor_hook(impl->monitor_hook);
+  auto est = off_loop([&] { return establish(*impl); });
+  if (!est.ok()) return est.status();
+  on_loop(*impl->loop, [p = impl.get(), &est] {
     p->session = std::move(est.value().session);
     p->peer = est.value().peer;
     p->kind = est.value().kind;
-    installed.set_value();
+    return 0;
   });
-  installed.get_future().wait();
-  core::log().info("slotrpc: channel to {} uses {} ({}; transport={})", impl->peer,
-               to_string(impl->kind.load()), est.value().note, to_string(cfg->transport));
+  core::log().info("slotrpc: channel to {} uses {} ({}; transport={}; loop {} of {})", impl->peer,
+                   to_string(impl->kind.load()), est.value().note, to_string(cfg->transport),
+                   impl->loop_index, impl->runtime->loops.size());
   return std::unique_ptr<Channel>(new Channel(std::move(impl)));
 }
 
@@ -382,24 +449,31 @@ void Channel::on_monitor_sample(std::function<void(const MetricsSnapshot&)> call
 }
 
 Channel::~Channel() {
-  assert(!impl_->loop->on_this_thread() && "a Channel cannot be destroyed on its own event loop");
+  // The loop is shared: it runs on.  The session is shut down on it (its
+  // callbacks run there), and the channel's reference to it dropped there.
   impl_->closing.store(true);
-  // A reconnect in progress finishes (bounded by connect_timeout_ms) and
-  // posts its result, which the shutdown below then overrides.
-  std::thread reconnector;
-  std::promise<void> taken;
-  impl_->loop->post([impl = impl_.get(), &reconnector, &taken] {
-    reconnector = std::move(impl->reconnector);
-    taken.set_value();
-  });
-  taken.get_future().wait();
-  if (reconnector.joinable()) reconnector.join();
-  impl_->loop->post([impl = impl_.get()] {
-    if (impl->session) impl->session->shutdown(Status(StatusCode::kCancelled, "channel closed"));
+  reactor::Reactor& loop = *impl_->loop;
+  std::thread reconnector = on_loop(loop, [impl = impl_.get()] {
+    std::thread r = std::move(impl->reconnector);
+    if (impl->session) {
+      impl->session->shutdown(Status(StatusCode::kCancelled, "channel closed"));
+      impl->runtime->retire(impl->loop_index, std::move(impl->session));
+    }
     auto waiting = std::move(impl->waiting_for_session);
+    impl->waiting_for_session.clear();
     for (auto& fn : waiting) fn(Status(StatusCode::kCancelled, "channel closed"));
+    return r;
   });
-  impl_->loop->stop();
+  // A reconnect in progress finishes (bounded by connect_timeout_ms); its
+  // result finds the channel closing (reconnected()).  On the loop itself
+  // it is not waited for: the thread holds the Impl it needs.
+  if (reconnector.joinable()) {
+    if (loop.on_this_thread() || this_fiber::in_fiber()) {
+      reconnector.detach();
+    } else {
+      reconnector.join();
+    }
+  }
 }
 
 CallHandle Channel::submit(core::PendingCall* pc) {
@@ -409,6 +483,7 @@ CallHandle Channel::submit(core::PendingCall* pc) {
   // A closed session fails the call fast with its own status, from a task
   // posted to the loop (never on this stack: the caller may be a completion
   // callback issuing its next call).
+  if (!impl_->loop->on_this_thread()) impl_->handoffs.fetch_add(1, std::memory_order_relaxed);
   impl_->loop->run_or_post([impl = impl_.get(), pc] {
     if (impl->session) {
       impl->session->submit(pc);
@@ -483,9 +558,13 @@ CallHandle Channel::call(uint32_t method_id, RequestWriter writer, CallOptions o
           (*again)();
         });
       };
+      if (!impl->session) {
+        return core::ClientSession::fail_later(*impl->loop, pc, Status(StatusCode::kCancelled, "channel closed"));
+      }
       impl->session->submit(pc);
     };
     // The attempt chain keeps itself alive through the pending call's sink.
+    if (!impl_->loop->on_this_thread()) impl_->handoffs.fetch_add(1, std::memory_order_relaxed);
     impl_->loop->run_or_post([attempt, keep = attempt] { (*attempt)(); });
     std::weak_ptr<Impl> weak = impl_;
     return CallHandle([weak, r] {
@@ -542,24 +621,23 @@ MetricsSnapshot Channel::metrics() const {
       links.push_back(impl->session->link());
       queued = impl->session->counters().queued;
     }
-    return metrics::read_loop(*impl->loop, links, queued);
+    return metrics::read_loop(*impl->loop, *impl->counters, links, queued);
   };
   metrics::Collector collector;
-  if (impl_->loop->on_this_thread()) {
-    collector.add(read());
-  } else {
-    auto state = std::make_shared<detail::SharedState<metrics::LoopReading>>();
-    impl_->loop->post([state, read] { state->set(read()); });
-    state->wait();
-    collector.add(*state->value);
-  }
+  collector.add(on_loop(*impl_->loop, read));
   return collector.finish([](uint32_t id, bool) { return metrics::known_method_name(id); });
 }
 
 Channel::Stats Channel::stats() const {
   auto snapshot = [impl = impl_.get()] {
-    const auto c = impl->session->counters();
     Stats out;
+    out.cross_loop_handoffs = impl->handoffs.load(std::memory_order_relaxed);
+    out.loop_index = static_cast<uint32_t>(impl->loop_index);
+    if (!impl->session) {
+      out.closed = true;
+      return out;
+    }
+    const auto c = impl->session->counters();
     out.free_slots = c.free_slots;
     out.in_flight = c.in_flight;
     out.zombies = c.zombies;
@@ -579,10 +657,7 @@ Channel::Stats Channel::stats() const {
     out.reconnects = impl->reconnects;
     return out;
   };
-  if (impl_->loop->on_this_thread()) return snapshot();
-  std::promise<Stats> result;
-  impl_->loop->post([&] { result.set_value(snapshot()); });
-  return result.get_future().get();
+  return on_loop(*impl_->loop, snapshot);
 }
 
 }  // namespace slotrpc

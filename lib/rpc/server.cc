@@ -29,6 +29,7 @@
 #include "rpc/acceptor.h"
 #include "rpc/admission.h"
 #include "rpc/connector.h"
+#include "rpc/runtime_core.h"
 #include "transport/verbs/device.h"
 #include "transport/verbs/verbs_transport.h"
 
@@ -39,13 +40,19 @@ struct Server::Impl {
   std::vector<std::unique_ptr<ServiceDefinition>> services;  // stable addresses
   core::MethodTable methods;
 
-  std::vector<std::unique_ptr<reactor::Reactor>> loops;
+  // The runtime the server's sessions live on: given, or chosen by start()
+  // (include/slotrpc/runtime.h); released by stop().  loops are its loops.
+  std::shared_ptr<detail::RuntimeCore> runtime;
+  bool runtime_given = false;
+  std::vector<std::shared_ptr<reactor::Reactor>> loops;
+  // counters[i]: what this server's sessions on loops[i] count (that loop's
+  // thread only), so a server sharing loops reports only its own calls.
+  std::vector<std::shared_ptr<metrics::LoopCounters>> counters;
   // on_monitor_sample()'s callback, shared with every loop's monitor.
   std::shared_ptr<monitor::SampleHook> monitor_hook = std::make_shared<monitor::SampleHook>();
   // sessions[i] is touched only on loops[i]'s thread (or after it stopped).
   std::vector<std::unordered_map<core::ServerSession*, std::unique_ptr<core::ServerSession>>> sessions;
   std::atomic<size_t> session_count{0};
-  size_t next_loop = 0;  // accept thread
 
   // Whether this server accepts verbs sessions, and the device or why not.
   bool verbs_ok = false;
@@ -120,8 +127,15 @@ std::string explain_setup_failure(const Status& st) {
 
 }  // namespace
 
-Server::Server(Config config) : impl_(std::make_unique<Impl>()) {
+Server::Server(Config config) : Server(nullptr, std::move(config)) {}
+
+Server::Server(const Runtime& runtime, Config config) : Server(runtime.core(), std::move(config)) {}
+
+Server::Server(std::shared_ptr<detail::RuntimeCore> runtime, Config config)
+    : impl_(std::make_shared<Impl>()) {
   impl_->config = std::move(config);
+  impl_->runtime_given = runtime != nullptr;
+  impl_->runtime = std::move(runtime);
   // The built-in slotrpc.Admin service (lib/rpc/admin/admin.fbs), over the
   // ordinary RPC port: slotrpc-stat --address reads Admin/Metrics.  Added
   // first, so a user method whose id collides is the one refused.
@@ -155,6 +169,31 @@ Status Server::start(const std::string& listen_address) {
   auto cfg = impl_->config.with_environment();
   if (!cfg.ok()) return cfg.status();
   impl_->config = cfg.value();
+  // The runtime (include/slotrpc/runtime.h): a given one's loop settings
+  // and loop count win; without one, the default runtime when this config
+  // agrees with it, else loops of the server's own (the model before
+  // runtimes, and what reactor_threads other than the default's asks for).
+  if (impl_->runtime_given) {
+    if (!impl_->runtime) {
+      return Status(StatusCode::kInvalidArgument,
+                    "server restarted after a stop() that left handlers running on its runtime");
+    }
+    detail::take_loop_settings(impl_->config, impl_->runtime->config);
+    impl_->config.reactor_threads = static_cast<uint32_t>(impl_->runtime->loops.size());
+  } else {
+    const auto& shared = detail::default_core();
+    std::string differs = detail::loop_setting_difference(impl_->config, shared->config);
+    if (differs.empty() && impl_->config.reactor_threads != shared->loops.size()) differs = "reactor_threads";
+    if (differs.empty()) {
+      impl_->runtime = shared;
+    } else {
+      auto own = detail::RuntimeCore::make(impl_->config, "slotrpc-srv");
+      if (!own.ok()) return own.status();
+      impl_->runtime = std::move(own.value());
+      core::log().debug("slotrpc: server runs loops of its own: its {} differs from the default runtime's",
+                        differs);
+    }
+  }
   core::apply_log_level(impl_->config.log_level);
   if (impl_->config.transport != TransportKind::kTcp) {
     auto probe = transport::verbs::probe(impl_->config);
@@ -201,18 +240,19 @@ Status Server::start(const std::string& listen_address) {
     return Status(StatusCode::kUnavailable, fmt::format("cannot listen on {}: {}", listen_address, e.what()));
   }
 
-  const uint32_t n = impl_->config.reactor_threads;
+  const uint32_t n = static_cast<uint32_t>(impl_->runtime->loops.size());
   impl_->sessions.resize(n);
-  for (uint32_t i = 0; i < n; ++i) {
-    impl_->loops.push_back(std::make_unique<reactor::Reactor>(impl_->config, fmt::format("slotrpc-srv{}", i)));
-    // Every method's counters exist before the loop runs: a request never
-    // allocates to count itself.
-    auto& counted = impl_->loops.back()->counters().server.methods;
+  impl_->loops = impl_->runtime->loops;
+  impl_->counters.clear();
+  for (auto& loop : impl_->loops) {
+    // Every method's counters exist before the first session: a request
+    // never allocates to count itself.
+    auto counters = std::make_shared<metrics::LoopCounters>();
     for (const auto& service : impl_->services) {
-      for (const MethodDescriptor& m : service->methods()) counted[m.id];
+      for (const MethodDescriptor& m : service->methods()) counters->server.methods[m.id];
     }
-    impl_->loops.back()->set_monitor_hook(impl_->monitor_hook);
-    impl_->loops.back()->start();
+    impl_->counters.push_back(std::move(counters));
+    loop->add_monitor_hook(impl_->monitor_hook);
   }
   impl_->started = true;
   if (!impl_->config.metrics_address.empty()) {
@@ -284,7 +324,7 @@ void Server::Impl::on_hello(rpc::PendingSession p) {
   if (Status st = admission->reserve(ring_bytes); !st.ok()) {
     return refuse(p, st.code(), st.message());
   }
-  const size_t index = next_loop++ % loops.size();
+  const size_t index = runtime->pick_loop();  // round-robin over the runtime's loops
   loops[index]->post([this, index, p = std::move(p), remote, tcp_note = std::move(tcp_note),
                       ring_bytes]() mutable {
     open_session(index, std::move(p), remote, std::move(tcp_note), ring_bytes);
@@ -381,8 +421,10 @@ Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_tcp(
   }
   auto link = loop.tcp().adopt(link_fd, fmt::format("tcp {} -> {}", rpc::local_name(fd), peer));
   if (!link.ok()) return link.status();  // adopt() has closed link_fd
-  return core::ServerSession::create(loop, std::move(link.value()), g, methods, peer,
-                                     on_closed(index, ring_bytes));
+  auto session = core::ServerSession::create(loop, std::move(link.value()), g, methods, peer,
+                                             on_closed(index, ring_bytes));
+  if (session.ok()) session.value()->set_counters(counters[index]);
+  return session;
 }
 
 Result<std::vector<std::byte>> Server::Impl::open_verbs(size_t index, int fd,
@@ -406,6 +448,7 @@ Result<std::vector<std::byte>> Server::Impl::open_verbs(size_t index, int fd,
   auto session = core::ServerSession::create(loop, std::move(link.value()), g, methods, peer,
                                              on_closed(index, ring_bytes));
   if (!session.ok()) return session.status();
+  session.value()->set_counters(counters[index]);
   // Never registered, never closed: a failure below just destroys it.
   Status st = raw_link->connect(remote, closer.fd, peer);
   if (!st.ok()) return st;
@@ -426,11 +469,15 @@ void Server::stop() {
   d.acceptor->stop();
   if (d.accept_thread.joinable()) d.accept_thread.join();
   d.acceptor.reset();
+  // The loops are shared and run on.  Each closes this server's sessions;
+  // waiting for that task also lets every session the accept thread posted
+  // before it stopped open (and be closed) first.
   for (size_t i = 0; i < d.loops.size(); ++i) {
-    d.loops[i]->post([&d, i] {
+    detail::on_loop(*d.loops[i], [&d, i] {
       std::vector<core::ServerSession*> open;
       for (auto& [raw, owned] : d.sessions[i]) open.push_back(raw);
       for (auto* s : open) s->close("server stopping");
+      return 0;
     });
   }
   // Give running handlers a moment to return; sessions leave as they do.
@@ -438,14 +485,29 @@ void Server::stop() {
   while (d.session_count.load() != 0 && std::chrono::steady_clock::now() < give_up) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  for (auto& loop : d.loops) loop->stop();
-  // Loops are stopped: their state is ours now.  Sessions go before their
-  // loops (they unregister from them); handlers still suspended in a fiber
-  // are unwound when the loops are destroyed.
-  for (auto& m : d.sessions) m.clear();
+  // A handler still suspended in a fiber holds its session, whose services
+  // and tables are ours: they stay alive, with the sessions, until the
+  // handler returns (the session then leaves its table) or the runtime's
+  // loops stop.  Checked on each loop, where the tables live.
+  bool left = false;
+  for (size_t i = 0; i < d.loops.size(); ++i) {
+    left |= detail::on_loop(*d.loops[i], [this, &d, i] {
+      if (d.sessions[i].empty()) return false;
+      d.runtime->keep_until_stop[i].push_back(impl_);
+      return true;
+    });
+  }
+  if (left) {
+    // The runtime now holds us; we must not hold it (a cycle).
+    d.runtime.reset();
+    core::log().warn("slotrpc: server stopped with handlers still running; their sessions are "
+                     "freed when they return or the runtime's loops stop");
+  } else {
+    d.sessions.clear();
+  }
   d.session_count.store(0);
   d.loops.clear();
-  d.sessions.clear();
+  if (!d.runtime_given) d.runtime.reset();  // a private runtime's loops stop here
 }
 
 MetricsSnapshot Server::metrics() const {
@@ -469,7 +531,7 @@ MetricsSnapshot Server::metrics() const {
       for (const auto& [raw, owned] : d.sessions[i]) {
         if (!raw->closed()) links.push_back(&raw->link());
       }
-      return metrics::read_loop(*d.loops[i], links, 0);
+      return metrics::read_loop(*d.loops[i], *d.counters[i], links, 0);
     };
     if (d.loops[i]->on_this_thread()) {
       collector.add(read());
