@@ -48,6 +48,8 @@ inline std::pair<int, int> unix_pair() {
 
 // One end: a transport, its link, and the session's private rings.
 struct End {
+  End() = default;
+  explicit End(const Config& config) : transport(config) {}
   ShmTransport transport;
   std::unique_ptr<ShmLink> link;
   std::vector<std::byte> recv;

@@ -116,8 +116,9 @@ TEST_CASE("shm: a full descriptor ring backlogs in order and flushes as the peer
   connect(a, b, kSmall);
   a.attach(kSmall);
   b.attach(kSmall);
-  // More control messages than the ring holds, b not polling meanwhile.
-  constexpr uint64_t kCount = 1000;
+  // Twice what the ring holds (the ring, then the backlog's budget of one
+  // more ring), b not polling meanwhile.
+  const uint64_t kCount = 2 * uint64_t{compute_layout(kSmall).value().desc_count};
   for (uint64_t i = 0; i < kCount; ++i) {
     const auto h = control_bytes(i);
     const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
@@ -132,6 +133,27 @@ TEST_CASE("shm: a full descriptor ring backlogs in order and flushes as the peer
     std::memcpy(&v, b.got[i].control.data(), sizeof v);
     REQUIRE(v == i);
   }
+}
+
+TEST_CASE("shm: a backlog over its budget (one more ring) fails the link and names the budget") {
+  End a, b;
+  connect(a, b, kSmall);
+  a.attach(kSmall);
+  b.attach(kSmall);
+  const uint64_t ring = compute_layout(kSmall).value().desc_count;
+  for (uint64_t i = 0; i < 2 * ring; ++i) {
+    const auto h = control_bytes(i);
+    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
+    a.link->post({&o, 1});
+  }
+  REQUIRE_FALSE(a.link->down());  // exactly at the budget: still fine
+  const auto h = control_bytes(2 * ring);
+  const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
+  a.link->post({&o, 1});
+  REQUIRE(a.link->down());
+  CHECK_MESSAGE(a.link->down_reason().find("send backlog over budget") != std::string::npos,
+                a.link->down_reason());
+  REQUIRE(pump_until({&a}, [&] { return a.has_link_down(); }));
 }
 
 TEST_CASE("shm: a sleeping receiver is woken through its eventfd") {
@@ -188,7 +210,11 @@ TEST_CASE("shm: a sleeping receiver is woken through its eventfd") {
     REQUIRE(test_wait([&] { return received.load() == i + 1; }));
   }
   // Free-running: posts race with b going to sleep (announce, re-check).
+  // Within the backlog budget (one more ring): a waits when b lags far.
+  const size_t ring = compute_layout(kSmall).value().desc_count;
   for (uint64_t i = 0; i < 20000; ++i) {
+    if (a.link->backlog() >= ring / 2)
+      REQUIRE(pump_until({&a}, [&] { return a.link->backlog() < ring / 2; }));
     const auto h = control_bytes(i);
     const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
     a.link->post({&o, 1});

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cassert>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -53,7 +54,8 @@ ShmLink::ShmLink(ShmTransport& owner, Fd sock, OwnSegment own, PeerSegment peer,
       slot_count_(own_.layout.geometry.slot_count),
       slot_size_(own_.layout.geometry.slot_size),
       desc_mask_(own_.layout.desc_count - 1) {
-  backlog_.reserve(own_.layout.desc_count);
+  backlog_limit_ = own_.layout.desc_count;
+  backlog_.reserve(backlog_limit_);
 }
 
 ShmLink::~ShmLink() {
@@ -126,6 +128,14 @@ void ShmLink::post(std::span<const Outgoing> batch) {
       continue;
     }
     if (down_) return;
+    if (backlog_.size() >= backlog_limit_) {
+      fail("send backlog over budget: " + std::to_string(backlog_.size()) +
+           " messages wait behind a full ring of " + std::to_string(desc_mask_ + 1) +
+           " descriptors (budget " + std::to_string(backlog_limit_) +
+           "; the peer is not consuming)");
+      return;
+    }
+    if (backlog_.empty()) last_drain_ = std::chrono::steady_clock::now();
     Pending& p = backlog_.emplace_back();
     p.o = o;
     if (o.lane == Lane::kControl) std::memcpy(p.control.data(), o.data, core::kHeaderSize);
@@ -195,9 +205,28 @@ void ShmLink::flush_backlog() {
     ++(p.o.lane == Lane::kControl ? stats_.control_sends : stats_.slot_sends);
   }
   if (down_) return;
-  if (i == 0) return;
+  check_drain(i != 0);
+  if (down_ || i == 0) return;
   backlog_.erase(backlog_.begin(), backlog_.begin() + static_cast<ptrdiff_t>(i));
   publish();
+}
+
+void ShmLink::check_drain(bool progressed) {
+  const auto now = std::chrono::steady_clock::now();
+  if (progressed) {
+    // Any progress restarts the clock: a slow peer is never closed.
+    last_drain_ = now;
+    return;
+  }
+  const auto idle = now - last_drain_;
+  if (idle < std::chrono::milliseconds(owner_.peer_timeout_ms_)) return;
+  std::string reason =
+      "peer has consumed nothing for " +
+      std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(idle).count()) +
+      " ms with " + std::to_string(backlog_.size()) + " messages waiting (peer_timeout_ms = " +
+      std::to_string(owner_.peer_timeout_ms_) + ")";
+  core::log().warn("slotrpc: closing {}: {}", description_, reason);
+  fail(std::move(reason));
 }
 
 void ShmLink::publish() {
@@ -353,7 +382,8 @@ void ShmLink::fail(std::string reason) {
 
 // ----------------------------------------------------------- ShmTransport
 
-ShmTransport::ShmTransport() : epoll_fd_(::epoll_create1(EPOLL_CLOEXEC)) {
+ShmTransport::ShmTransport(const Config& config)
+    : epoll_fd_(::epoll_create1(EPOLL_CLOEXEC)), peer_timeout_ms_(config.peer_timeout_ms) {
   ready_.reserve(64);
 }
 

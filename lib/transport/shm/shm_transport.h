@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "slotrpc/config.h"
 #include "transport/shm/shm_segment.h"
 #include "transport/transport.h"
 
@@ -49,6 +50,13 @@ struct ShmLinkStats {
   uint64_t wakeups_sent = 0;    // eventfd writes for a sleeping peer
   uint64_t backlogged = 0;      // messages that waited for descriptor room
 };
+
+// A peer that consumes nothing while we hold a backlog is closed after the
+// transport's peer timeout, the rule TCP applies to a peer that reads
+// nothing (docs/design.md, "Buffer budgets").  The backlog itself is bounded
+// by one more ring's worth of messages: the credit protocol keeps a healthy
+// peer within the ring (4 x slots + 64 descriptors), so a backlog beyond
+// another ring's worth means the peer is not consuming.
 
 class ShmLink final : public Link {
  public:
@@ -67,6 +75,7 @@ class ShmLink final : public Link {
 
   const ShmLinkStats& shm_stats() const { return shm_stats_; }
   bool down() const { return down_; }
+  size_t backlog() const { return backlog_.size(); }
 
  private:
   friend class ShmTransport;
@@ -77,6 +86,9 @@ class ShmLink final : public Link {
   bool peer_has_more() const;
   bool write_descriptor(const Outgoing& o, const std::byte* control_copy);
   void flush_backlog();
+  // The drain rule: fails the link when the peer consumed nothing for the
+  // peer timeout while the backlog waits.  Only runs with a backlog.
+  void check_drain(bool progressed);
   void publish();
   void fail(std::string reason);
   void on_socket_event(uint32_t events);
@@ -118,12 +130,20 @@ class ShmLink final : public Link {
     std::array<std::byte, core::kHeaderSize> control{};
   };
   std::vector<Pending> backlog_;  // waiting for descriptor room, in order
+  size_t backlog_limit_ = 0;      // messages; over it the link fails
+  // When the peer last consumed something while the backlog waited (set
+  // when the backlog starts).  Read and written only with a backlog: the
+  // clock is not read on the hot path.
+  std::chrono::steady_clock::time_point last_drain_{};
 };
 
 class ShmTransport final : public Transport {
  public:
-  ShmTransport();
+  // Uses config.peer_timeout_ms as the drain timeout (see ShmLink).
+  explicit ShmTransport(const Config& config);
+  ShmTransport() : ShmTransport(Config{}) {}
   ~ShmTransport() override;
+  uint32_t peer_timeout_ms() const { return peer_timeout_ms_; }
 
   // Connection setup in two halves, so that both ends can run in one thread
   // over a socketpair: offer() creates our segment and sends it; complete()
@@ -158,6 +178,7 @@ class ShmTransport final : public Transport {
   void handle_events();
 
   Fd epoll_fd_;
+  uint32_t peer_timeout_ms_;
   std::vector<ShmLink*> links_;
   std::vector<Completion> ready_;  // link-down completions, in order
   size_t next_link_ = 0;           // round robin start, so no link starves
