@@ -47,6 +47,7 @@ class ShmTransport;
 struct ShmLinkStats {
   uint64_t in_place_sends = 0;  // slot messages built in our segment: no copy
   uint64_t copied_sends = 0;    // slot messages copied into our segment by post()
+  uint64_t inline_sends = 0;    // slot messages of <= kInlineMax bytes sent in the descriptor
   uint64_t wakeups_sent = 0;    // eventfd writes for a sleeping peer
   uint64_t backlogged = 0;      // messages that waited for descriptor room
 };
@@ -83,7 +84,7 @@ class ShmLink final : public Link {
 
   // Takes up to out.size() messages from the peer's ring; returns how many.
   size_t receive(std::span<Completion> out);
-  bool peer_has_more() const;
+  bool peer_has_more();
   bool write_descriptor(const Outgoing& o, const std::byte* control_copy);
   void flush_backlog();
   // The drain rule: fails the link when the peer consumed nothing for the
