@@ -5,13 +5,15 @@
 // everything it writes and the peer reads:
 //
 //   page 0   ControlBlock: three words, each on its own cache line
-//              head      descriptors this side has published (its sequence
-//                        word: the peer's busy poller reads it)
+//              head      descriptors this side has published (read by the
+//                        peer only before it sleeps; its busy poller reads
+//                        each descriptor's own sequence word instead)
 //              tail      descriptors of the PEER's ring this side consumed
 //                        (the peer's flow control)
 //              sleeping  1 while this side's event loop sleeps: the peer
 //                        then writes this side's eventfd after publishing
-//   descs    desc_count x 64-byte Descriptor (power of two), a ring
+//   descs    desc_count x 64-byte Descriptor (power of two), a ring; each
+//            carries its sequence word and up to kInlineMax payload bytes
 //   data     slot_count x slot_size: this side's outgoing slots.  The
 //            sender builds a message here and the receiver reads it here:
 //            no copy on the sending side.

@@ -4,13 +4,16 @@
 // transport", says what the wiring needs).
 //
 // Sending (post): each message becomes one 64-byte Descriptor in our own
-// segment's ring; a batch is published with one store of our sequence word
-// (`head`).  A slot message built in place in our segment's data area
+// segment's ring, its sequence word stored last; a batch then stores
+// `head` once (for a peer about to sleep).  A slot message of up to
+// kInlineMax bytes goes inside the descriptor: one cache line per hop.  A
+// larger one built in place in our segment's data area
 // (Link::send_slots(): a session that places its send ring there) is sent
 // with no copy at all; one built elsewhere is copied into the slot once.
 // If the peer announced it is going to sleep, its eventfd is written.
 //
-// Receiving (poll): the busy poller reads the peer's sequence word; each new
+// Receiving (poll): the busy poller reads the sequence word of the peer's
+// next descriptor (no separate head word on the hot path); each new
 // descriptor is copied out of shared memory before a field is looked at,
 // checked against this side's private record of the ring (our consumed
 // count, the agreed geometry, the slots we armed), and the message is copied
