@@ -225,7 +225,11 @@ TEST_CASE("shm: a sleeping receiver is woken through its eventfd") {
     a.link->post({&o, 1});
     a.poll_once();  // flushes a's backlog when b lags
   }
-  REQUIRE(pump_until({&a}, [&] { return received.load() == kRounds + 20000; }));
+  const bool all = pump_until({&a}, [&] { return received.load() == kRounds + 20000; });
+  INFO("received " << received.load() << ", a down: " << a.link->down_reason()
+                   << ", b down: " << b.link->down_reason() << ", timeouts " << timeouts.load()
+                   << ", a backlog " << a.link->backlog());
+  REQUIRE(all);
   joiner.finish();
   CHECK(timeouts.load() == 0);
   CHECK(a.link->shm_stats().wakeups_sent >= kRounds);

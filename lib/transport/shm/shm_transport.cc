@@ -259,15 +259,20 @@ bool ShmLink::peer_has_more() {
   // own words are release/acquire, ordered before the head store.  So an
   // honest peer whose head we see has its next descriptor visible too.
   const uint64_t head = load_peer(peer_ctl()->head, std::memory_order_seq_cst);
-  if (head == consumed_) return false;
+  // Behind what we consumed is legitimate: the poller took descriptors by
+  // their own words before the sender stored `head` for that batch (and
+  // then the sender sees our `sleeping` and wakes us).  At most a ring
+  // behind, though.
+  if (consumed_ - head <= desc_mask_ + uint64_t{1}) return false;
   const auto* const descs = reinterpret_cast<const Descriptor*>(peer_.map.base() +
                                                                 peer_.layout.desc_offset);
   const uint64_t seq = load_peer(descs[consumed_ & desc_mask_].seq, std::memory_order_acquire);
   // A head that claims more than the ring shows would keep us awake for
   // nothing, forever.
-  if (seq != consumed_ + 1)
-    fail("peer's sequence word " + std::to_string(head) + " claims descriptors past " +
-         std::to_string(consumed_) + " that are not there (corrupt or hostile peer)");
+  if (head - consumed_ > desc_mask_ + uint64_t{1} || seq != consumed_ + 1)
+    fail("peer's sequence word " + std::to_string(head) + " disagrees with its ring at " +
+         std::to_string(consumed_) + " (claims descriptors that are not there; corrupt or "
+         "hostile peer)");
   return true;  // a message, or the link-down just queued, for the next poll
 }
 
