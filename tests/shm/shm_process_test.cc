@@ -110,6 +110,9 @@ TEST_CASE("shm: a peer scribbling over its segment while messages flow closes on
 
   uint64_t good_sent = 0;
   auto feed_good = [&] {
+    // Within the backlog budget (one more ring): wait for the hub when it lags.
+    if (good.link->backlog() >= 64)
+      REQUIRE(pump_until({&hub, &good}, [&] { return good.link->backlog() < 64; }));
     const auto h = control_bytes(good_sent++);
     const Outgoing o{h.data(), 32, 0, Lane::kControl};
     good.link->post({&o, 1});
@@ -198,9 +201,9 @@ TEST_CASE("shm: kill -9 of the peer process reports the link down at once, after
       }
       const char r = 'r';
       if (::write(ready[1], &r, 1) != 1) ::_exit(4);
-      for (;; ++i) {
-        if (with_stream) {
-          const auto h = control_bytes(i);
+      for (;;) {
+        if (with_stream && link.value()->backlog() < 64) {
+          const auto h = control_bytes(i++);
           const Outgoing o{h.data(), 32, 0, Lane::kControl};
           link.value()->post({&o, 1});
         }
@@ -238,4 +241,134 @@ TEST_CASE("shm: kill -9 of the peer process reports the link down at once, after
     CHECK(expect >= kFixed);
     if (!with_stream) CHECK(expect == kFixed);
   }
+}
+
+TEST_CASE("shm: a peer that stops consuming while we have a backlog is closed after peer_timeout_ms") {
+  // The drain rule of TCP (docs/design.md, "Buffer budgets"), made short
+  // through the ordinary Config.
+  Config config;
+  config.keepalive_ms = 50;
+  config.peer_timeout_ms = 1000;
+  REQUIRE(config.validate().ok());
+  End hub(config), good;
+  auto [s0, s1] = unix_pair();
+  auto offered = hub.transport.offer(s0, kGeo);
+  REQUIRE(offered.ok());
+  int ready[2];
+  REQUIRE(::pipe2(ready, O_CLOEXEC) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    // A healthy consumer until it is stopped.
+    ::close(ready[0]);
+    ShmTransport t;
+    auto link = t.adopt(s1, kGeo, 5s, "child");
+    if (!link.ok()) ::_exit(2);
+    std::vector<std::byte> ring(size_t{kGeo.slot_count} * kGeo.slot_size);
+    if (!link.value()->attach({ring.data(), ring.size()}, {ring.data(), ring.size()},
+                              kGeo.slot_count, kGeo.slot_size, nullptr).ok())
+      ::_exit(3);
+    const char r = 'r';
+    if (::write(ready[1], &r, 1) != 1) ::_exit(4);
+    std::array<Completion, 16> buf;
+    for (;;) t.poll(buf);
+  }
+  test_process::Child child = test_process::Child::adopt(pid);
+  ::close(ready[1]);
+  ::close(s1);
+  auto l = hub.transport.complete(std::move(offered).value(), 5s, "stopped");
+  REQUIRE_MESSAGE(l.ok(), l.status().message());
+  hub.link = std::move(l).value();
+  hub.attach(kGeo);
+  REQUIRE(wait_ready(ready[0]));
+  ::close(ready[0]);
+
+  // Another link on the same transport, fed from this process throughout.
+  auto [g0, g1] = unix_pair();
+  auto oh = hub.transport.offer(g0, kGeo);
+  auto og = good.transport.offer(g1, kGeo);
+  REQUIRE((oh.ok() && og.ok()));
+  auto lh = hub.transport.complete(std::move(oh).value(), 5s, "hub-good");
+  auto lg = good.transport.complete(std::move(og).value(), 5s, "good");
+  REQUIRE((lh.ok() && lg.ok()));
+  good.link = std::move(lg).value();
+  good.attach(kGeo);
+  std::unique_ptr<ShmLink> hub_good = std::move(lh).value();
+  std::vector<std::byte> r2(size_t{kGeo.slot_count} * kGeo.slot_size);
+  int ctx2 = 0;
+  REQUIRE(hub_good->attach({r2.data(), r2.size()}, {r2.data(), r2.size()}, kGeo.slot_count,
+                           kGeo.slot_size, &ctx2).ok());
+  uint64_t good_sent = 0;
+  auto feed_good = [&] {
+    // Within the backlog budget (one more ring): wait for the hub when it lags.
+    if (good.link->backlog() >= 64)
+      REQUIRE(pump_until({&hub, &good}, [&] { return good.link->backlog() < 64; }));
+    const auto h = control_bytes(good_sent++);
+    const Outgoing o{h.data(), 32, 0, Lane::kControl};
+    good.link->post({&o, 1});
+    good.poll_once();
+  };
+
+  // A consumer that drains keeps the link up (1 s: a busy machine may
+  // deschedule the child for a while, never for that long): a full ring and a backlog,
+  // taken as it goes, for longer than the timeout.
+  const uint64_t ring = compute_layout(kGeo).value().desc_count;
+  uint64_t sent = 0;
+  auto send_hub = [&](uint64_t n) {
+    for (uint64_t i = 0; i < n; ++i) {
+      const auto h = control_bytes(sent++);
+      const Outgoing o{h.data(), 32, 0, Lane::kControl};
+      hub.link->post({&o, 1});
+    }
+  };
+  const auto busy_until = Clock::now() + 2 * std::chrono::milliseconds(config.peer_timeout_ms);
+  while (Clock::now() < busy_until) {
+    // Never more than half a ring waiting: under the budget however slowly
+    // the child is scheduled.
+    if (hub.link->backlog() < ring / 2) send_hub(ring / 2);
+    hub.poll_once();
+  }
+  REQUIRE_FALSE(hub.link->down());
+  CHECK(hub.link->shm_stats().backlogged > 0);  // it did wait behind a full ring
+
+  // Start from no backlog, so the clock we read below starts no later than
+  // the link's.
+  REQUIRE(pump_until({&hub}, [&] { return hub.link->backlog() == 0; }));
+  // Stopped (waited for in /proc: state 'T'), it consumes nothing more.
+  REQUIRE(child.stop());
+  REQUIRE(test_process::process_state(pid) == 'T');
+  // Fill whatever room the ring has left, then one message waits.
+  const auto backlog_from = Clock::now();
+  for (uint64_t i = 0; i <= 2 * ring && hub.link->backlog() == 0; ++i) send_hub(1);
+  REQUIRE(hub.link->backlog() > 0);
+  const auto until = backlog_from + kTimeout;
+  while (!hub.has_link_down() && Clock::now() < until) {
+    feed_good();
+    hub.poll_once();
+  }
+  const auto took = Clock::now() - backlog_from;
+  REQUIRE(hub.has_link_down());
+  const std::string& why = hub.link->down_reason();
+  INFO("reason: " << why);
+  CHECK(why.find("peer has consumed nothing for") != std::string::npos);
+  CHECK(why.find("peer_timeout_ms = 1000") != std::string::npos);
+  // Never before the timeout (our clock started before the backlog did).
+  CHECK(took >= std::chrono::milliseconds(config.peer_timeout_ms));
+  CHECK(child.running());  // closed by our rule, not by its death
+
+  // The other link was never affected and still delivers, in order.
+  for (int i = 0; i < 2000; ++i) feed_good();
+  REQUIRE(pump_until({&hub, &good}, [&] {
+    uint64_t n = 0;
+    for (const Completion& c : hub.got) n += c.link == hub_good.get();
+    return n == good_sent;
+  }));
+  uint64_t expect = 0;
+  for (const Completion& c : hub.got) {
+    if (c.link != hub_good.get()) continue;
+    REQUIRE(c.kind == CKind::kControl);
+    REQUIRE(control_seq(c) == expect++);
+  }
+  CHECK_FALSE(hub_good->down());
+  CHECK(child.kill_and_reap());
 }

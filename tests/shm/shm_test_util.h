@@ -48,6 +48,8 @@ inline std::pair<int, int> unix_pair() {
 
 // One end: a transport, its link, and the session's private rings.
 struct End {
+  End() = default;
+  explicit End(const Config& config) : transport(config) {}
   ShmTransport transport;
   std::unique_ptr<ShmLink> link;
   std::vector<std::byte> recv;
@@ -123,8 +125,12 @@ struct RawPeer {
   std::byte* descs() { return own.map.base() + own.layout.desc_offset; }
   std::byte* slot(uint16_t i) { return data() + size_t{i} * own.layout.geometry.slot_size; }
   void put(const Descriptor& d) {
-    std::memcpy(descs() + (published % own.layout.desc_count) * sizeof(Descriptor), &d, sizeof d);
+    // What an honest sender writes: the fields, then the sequence word.
+    auto* slot = reinterpret_cast<Descriptor*>(descs()) + published % own.layout.desc_count;
+    std::memcpy(reinterpret_cast<std::byte*>(slot) + sizeof d.seq,
+                reinterpret_cast<const std::byte*>(&d) + sizeof d.seq, sizeof d - sizeof d.seq);
     ++published;
+    std::atomic_ref<uint64_t>(slot->seq).store(published, std::memory_order_release);
     std::atomic_ref<uint64_t>(ctl()->head).store(published, std::memory_order_seq_cst);
   }
   void put_slot(uint16_t slot, uint32_t length, uint32_t offset = 0) {
@@ -140,7 +146,7 @@ struct RawPeer {
     d.lane = static_cast<uint32_t>(DescLane::kControl);
     d.length = core::kHeaderSize;
     const auto h = control_bytes(seq);
-    std::memcpy(d.control, h.data(), h.size());
+    std::memcpy(d.payload, h.data(), h.size());
     put(d);
   }
 };

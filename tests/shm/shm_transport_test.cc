@@ -102,11 +102,16 @@ TEST_CASE("shm: messages flow both ways in order, around the rings many times") 
   CHECK_FALSE(a.has_link_down());
   CHECK_FALSE(b.has_link_down());
   const uint64_t slot_msgs = uint64_t{kRounds} * kSmall.slot_count;
-  // a built in its private ring (one copy in post), b in the shared slots (none).
-  CHECK(a.link->shm_stats().copied_sends == slot_msgs);
-  CHECK(a.link->shm_stats().in_place_sends == 0);
-  CHECK(b.link->shm_stats().in_place_sends == slot_msgs);
-  CHECK(b.link->shm_stats().copied_sends == 0);
+  // a built in its private ring (one copy in post), b in the shared slots
+  // (none); messages of up to kInlineMax bytes went in the descriptor.
+  const auto& as = a.link->shm_stats();
+  const auto& bs = b.link->shm_stats();
+  CHECK(as.inline_sends > 0);
+  CHECK(bs.inline_sends > 0);
+  CHECK(as.copied_sends + as.inline_sends == slot_msgs);
+  CHECK(as.in_place_sends == 0);
+  CHECK(bs.in_place_sends + bs.inline_sends == slot_msgs);
+  CHECK(bs.copied_sends == 0);
   CHECK(a.link->stats().slot_sends == slot_msgs);
   CHECK(a.link->stats().control_sends == kRounds);
 }
@@ -116,8 +121,9 @@ TEST_CASE("shm: a full descriptor ring backlogs in order and flushes as the peer
   connect(a, b, kSmall);
   a.attach(kSmall);
   b.attach(kSmall);
-  // More control messages than the ring holds, b not polling meanwhile.
-  constexpr uint64_t kCount = 1000;
+  // Twice what the ring holds (the ring, then the backlog's budget of one
+  // more ring), b not polling meanwhile.
+  const uint64_t kCount = 2 * uint64_t{compute_layout(kSmall).value().desc_count};
   for (uint64_t i = 0; i < kCount; ++i) {
     const auto h = control_bytes(i);
     const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
@@ -132,6 +138,27 @@ TEST_CASE("shm: a full descriptor ring backlogs in order and flushes as the peer
     std::memcpy(&v, b.got[i].control.data(), sizeof v);
     REQUIRE(v == i);
   }
+}
+
+TEST_CASE("shm: a backlog over its budget (one more ring) fails the link and names the budget") {
+  End a, b;
+  connect(a, b, kSmall);
+  a.attach(kSmall);
+  b.attach(kSmall);
+  const uint64_t ring = compute_layout(kSmall).value().desc_count;
+  for (uint64_t i = 0; i < 2 * ring; ++i) {
+    const auto h = control_bytes(i);
+    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
+    a.link->post({&o, 1});
+  }
+  REQUIRE_FALSE(a.link->down());  // exactly at the budget: still fine
+  const auto h = control_bytes(2 * ring);
+  const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
+  a.link->post({&o, 1});
+  REQUIRE(a.link->down());
+  CHECK_MESSAGE(a.link->down_reason().find("send backlog over budget") != std::string::npos,
+                a.link->down_reason());
+  REQUIRE(pump_until({&a}, [&] { return a.has_link_down(); }));
 }
 
 TEST_CASE("shm: a sleeping receiver is woken through its eventfd") {
@@ -188,13 +215,21 @@ TEST_CASE("shm: a sleeping receiver is woken through its eventfd") {
     REQUIRE(test_wait([&] { return received.load() == i + 1; }));
   }
   // Free-running: posts race with b going to sleep (announce, re-check).
+  // Within the backlog budget (one more ring): a waits when b lags far.
+  const size_t ring = compute_layout(kSmall).value().desc_count;
   for (uint64_t i = 0; i < 20000; ++i) {
+    if (a.link->backlog() >= ring / 2)
+      REQUIRE(pump_until({&a}, [&] { return a.link->backlog() < ring / 2; }));
     const auto h = control_bytes(i);
     const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
     a.link->post({&o, 1});
     a.poll_once();  // flushes a's backlog when b lags
   }
-  REQUIRE(pump_until({&a}, [&] { return received.load() == kRounds + 20000; }));
+  const bool all = pump_until({&a}, [&] { return received.load() == kRounds + 20000; });
+  INFO("received " << received.load() << ", a down: " << a.link->down_reason()
+                   << ", b down: " << b.link->down_reason() << ", timeouts " << timeouts.load()
+                   << ", a backlog " << a.link->backlog());
+  REQUIRE(all);
   joiner.finish();
   CHECK(timeouts.load() == 0);
   CHECK(a.link->shm_stats().wakeups_sent >= kRounds);
@@ -265,11 +300,64 @@ TEST_CASE("shm: hostile descriptors close only their link") {
     const char* reason;
   };
   const std::vector<Case> cases = {
-      {"sequence word far ahead",
+      {"descriptor sequence word neither the next nor the previous lap",
        [](RawPeer& p) {
-         std::atomic_ref<uint64_t>(p.ctl()->head).store(1'000'000, std::memory_order_seq_cst);
+         auto* d = reinterpret_cast<Descriptor*>(p.descs());
+         std::atomic_ref<uint64_t>(d->seq).store(1'000'000, std::memory_order_release);
+       },
+       "sequence word 1000000"},
+      {"descriptor sequence word of a later lap",
+       [](RawPeer& p) {
+         auto* d = reinterpret_cast<Descriptor*>(p.descs());
+         std::atomic_ref<uint64_t>(d->seq).store(p.own.layout.desc_count + 1,
+                                                 std::memory_order_release);
        },
        "sequence word"},
+      {"inline message longer than the descriptor holds",
+       [](RawPeer& p) {
+         Descriptor d{};
+         d.lane = static_cast<uint32_t>(DescLane::kInline);
+         d.length = kInlineMax + 1;
+         d.imm = core::make_imm(1, 1);
+         p.put(d);
+       },
+       "inline message of 41 bytes"},
+      {"huge inline length",
+       [](RawPeer& p) {
+         Descriptor d{};
+         d.lane = static_cast<uint32_t>(DescLane::kInline);
+         d.length = 0xffffffffu;
+         d.imm = core::make_imm(1, 1);
+         p.put(d);
+       },
+       "inline message"},
+      {"empty inline message",
+       [](RawPeer& p) {
+         Descriptor d{};
+         d.lane = static_cast<uint32_t>(DescLane::kInline);
+         d.length = 0;
+         d.imm = core::make_imm(1, 1);
+         p.put(d);
+       },
+       "inline message of 0 bytes"},
+      {"inline message into a slot outside the ring",
+       [](RawPeer& p) {
+         Descriptor d{};
+         d.lane = static_cast<uint32_t>(DescLane::kInline);
+         d.length = 8;
+         d.imm = core::make_imm(8, 1);
+         p.put(d);
+       },
+       "outside ring"},
+      {"inline message into an unarmed slot",
+       [](RawPeer& p) {
+         Descriptor d{};
+         d.lane = static_cast<uint32_t>(DescLane::kInline);
+         d.length = 8;
+         d.imm = core::make_imm(2, 1);
+         p.put(d);
+       },
+       "not armed"},
       {"slot outside the ring", [](RawPeer& p) { p.put_slot(8, 64); }, "outside ring"},
       {"length beyond the slot", [](RawPeer& p) { p.put_slot(1, 257); }, "does not fit"},
       {"offset pushing past the slot", [](RawPeer& p) { p.put_slot(1, 64, 200); }, "does not fit"},
@@ -419,4 +507,46 @@ TEST_CASE("shm: announce, re-check, then sleep: no message is left behind a slee
   // The eventfd was drained before the next announcement.
   REQUIRE(b.transport.prepare_sleep());
   CHECK_FALSE(readable(b.transport.wait_fd()));
+}
+
+TEST_CASE("shm: a head word claiming descriptors that are not there fails the link before sleep") {
+  // The busy poller reads descriptors, not the head; the head is read before
+  // sleeping.  A lying one must not keep the loop awake forever.
+  End hub;
+  RawPeer raw = connect_raw(hub, kSmall);
+  hub.attach(kSmall);
+  raw.put_control(1);
+  REQUIRE(pump_until({&hub}, [&] { return hub.got.size() == 1; }));
+  CHECK(hub.transport.prepare_sleep());  // honest: nothing more, it may sleep
+  hub.transport.poll(std::span<Completion>{});  // withdraws the announcement
+  std::atomic_ref<uint64_t>(raw.ctl()->head).store(1'000'000, std::memory_order_seq_cst);
+  CHECK_FALSE(hub.transport.prepare_sleep());
+  REQUIRE(pump_until({&hub}, [&] { return hub.has_link_down(); }));
+  CHECK_MESSAGE(hub.link->down_reason().find("claims descriptors") != std::string::npos,
+                hub.link->down_reason());
+}
+
+TEST_CASE("shm: slot messages up to kInlineMax bytes travel in the descriptor, larger ones in the slot") {
+  End a, b;
+  connect(a, b, kSmall);
+  a.attach(kSmall);
+  b.attach(kSmall);
+  uint16_t slot = 0;
+  for (const uint32_t len : {1u, kInlineMax - 1, kInlineMax, kInlineMax + 1, 200u}) {
+    CAPTURE(len);
+    const uint64_t inline_before = a.link->shm_stats().inline_sends;
+    std::vector<std::byte> msg(len);
+    for (uint32_t i = 0; i < len; ++i) msg[i] = std::byte(uint8_t(len * 7 + i));
+    const Outgoing o{msg.data(), len, core::make_imm(slot, 1), Lane::kSlot};
+    a.link->post({&o, 1});
+    const size_t before = b.got.size();
+    REQUIRE(pump_until({&b}, [&] { return b.got.size() > before; }));
+    const Completion& c = b.got.back();
+    REQUIRE(c.kind == CKind::kMessage);
+    CHECK(c.slot == slot);
+    REQUIRE(c.length == len);
+    CHECK(std::memcmp(b.slot(slot), msg.data(), len) == 0);
+    CHECK(a.link->shm_stats().inline_sends == inline_before + (len <= kInlineMax ? 1 : 0));
+    ++slot;
+  }
 }

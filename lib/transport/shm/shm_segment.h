@@ -5,13 +5,15 @@
 // everything it writes and the peer reads:
 //
 //   page 0   ControlBlock: three words, each on its own cache line
-//              head      descriptors this side has published (its sequence
-//                        word: the peer's busy poller reads it)
+//              head      descriptors this side has published (read by the
+//                        peer only before it sleeps; its busy poller reads
+//                        each descriptor's own sequence word instead)
 //              tail      descriptors of the PEER's ring this side consumed
 //                        (the peer's flow control)
 //              sleeping  1 while this side's event loop sleeps: the peer
 //                        then writes this side's eventfd after publishing
-//   descs    desc_count x 64-byte Descriptor (power of two), a ring
+//   descs    desc_count x 64-byte Descriptor (power of two), a ring; each
+//            carries its sequence word and up to kInlineMax payload bytes
 //   data     slot_count x slot_size: this side's outgoing slots.  The
 //            sender builds a message here and the receiver reads it here:
 //            no copy on the sending side.
@@ -47,7 +49,7 @@ namespace slotrpc::transport::shm {
 inline constexpr size_t kCacheLine = 64;
 inline constexpr size_t kPage = 4096;
 inline constexpr uint32_t kOfferMagic = 0x314d4853;  // "SHM1"
-inline constexpr uint32_t kOfferVersion = 1;
+inline constexpr uint32_t kOfferVersion = 2;  // 2: seq and inline payload in the descriptor
 
 struct Geometry {
   uint32_t slot_count = 0;
@@ -61,19 +63,29 @@ struct ControlBlock {
   alignas(kCacheLine) uint32_t sleeping;
 };
 
-enum class DescLane : uint32_t { kSlot = 1, kControl = 2 };
+enum class DescLane : uint32_t { kSlot = 1, kControl = 2, kInline = 3 };
 
-// One published message.  Slot lane: `length` bytes at `offset` inside the
-// sender's data slot imm_slot(imm).  Control lane: the 32-byte header is in
-// `control` (it needs no slot).
+// Payloads up to this size travel inside the descriptor (kInline).
+inline constexpr uint32_t kInlineMax = 40;
+
+// One published message, one cache line.  `seq` is written last (release)
+// and is the descriptor's index in the ring's sequence plus one, so the
+// busy poller polls the next descriptor itself: one cache line per hop
+// instead of a separate head word, descriptor and slot.  A descriptor not
+// yet written holds its previous lap's value (or 0 on the first lap).
+// Slot lane: `length` bytes at `offset` inside the sender's data slot
+// imm_slot(imm).  Inline lane: `length` (1..kInlineMax) bytes of a slot
+// message in `payload`, for the receiver's slot imm_slot(imm).  Control
+// lane: the 32-byte header in `payload` (it needs no slot).
 struct Descriptor {
+  uint64_t seq;
   uint32_t lane;
   uint32_t length;
   uint32_t imm;
   uint32_t offset;
-  std::byte control[core::kHeaderSize];
-  std::byte reserved[16];
+  std::byte payload[kInlineMax];
 };
+static_assert(kInlineMax >= core::kHeaderSize);
 static_assert(sizeof(Descriptor) == 64);
 
 struct Layout {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cassert>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -53,7 +54,8 @@ ShmLink::ShmLink(ShmTransport& owner, Fd sock, OwnSegment own, PeerSegment peer,
       slot_count_(own_.layout.geometry.slot_count),
       slot_size_(own_.layout.geometry.slot_size),
       desc_mask_(own_.layout.desc_count - 1) {
-  backlog_.reserve(own_.layout.desc_count);
+  backlog_limit_ = own_.layout.desc_count;
+  backlog_.reserve(backlog_limit_);
 }
 
 ShmLink::~ShmLink() {
@@ -126,6 +128,14 @@ void ShmLink::post(std::span<const Outgoing> batch) {
       continue;
     }
     if (down_) return;
+    if (backlog_.size() >= backlog_limit_) {
+      fail("send backlog over budget: " + std::to_string(backlog_.size()) +
+           " messages wait behind a full ring of " + std::to_string(desc_mask_ + 1) +
+           " descriptors (budget " + std::to_string(backlog_limit_) +
+           "; the peer is not consuming)");
+      return;
+    }
+    if (backlog_.empty()) last_drain_ = std::chrono::steady_clock::now();
     Pending& p = backlog_.emplace_back();
     p.o = o;
     if (o.lane == Lane::kControl) std::memcpy(p.control.data(), o.data, core::kHeaderSize);
@@ -155,7 +165,12 @@ bool ShmLink::write_descriptor(const Outgoing& o, const std::byte* source) {
   d.imm = o.imm;
   if (o.lane == Lane::kControl) {
     d.lane = static_cast<uint32_t>(DescLane::kControl);
-    std::memcpy(d.control, source, core::kHeaderSize);
+    std::memcpy(d.payload, source, core::kHeaderSize);
+  } else if (o.length <= kInlineMax) {
+    // Small: in the descriptor's own cache line, the slot is not touched.
+    d.lane = static_cast<uint32_t>(DescLane::kInline);
+    std::memcpy(d.payload, source, o.length);
+    ++shm_stats_.inline_sends;
   } else {
     d.lane = static_cast<uint32_t>(DescLane::kSlot);
     const uint16_t slot = core::imm_slot(o.imm);
@@ -180,9 +195,14 @@ bool ShmLink::write_descriptor(const Outgoing& o, const std::byte* source) {
       ++shm_stats_.copied_sends;
     }
   }
-  std::byte* const descs = own_.map.base() + own_.layout.desc_offset;
-  std::memcpy(descs + (published_ & desc_mask_) * sizeof(Descriptor), &d, sizeof d);
+  // Everything but `seq` first, then `seq` with release: a receiver that
+  // sees the new sequence sees the whole descriptor.
+  auto* const slot_desc = reinterpret_cast<Descriptor*>(own_.map.base() + own_.layout.desc_offset) +
+                          (published_ & desc_mask_);
+  std::memcpy(reinterpret_cast<std::byte*>(slot_desc) + sizeof d.seq,
+              reinterpret_cast<const std::byte*>(&d) + sizeof d.seq, sizeof d - sizeof d.seq);
   ++published_;
+  store_own(slot_desc->seq, published_, std::memory_order_release);
   return true;
 }
 
@@ -195,9 +215,28 @@ void ShmLink::flush_backlog() {
     ++(p.o.lane == Lane::kControl ? stats_.control_sends : stats_.slot_sends);
   }
   if (down_) return;
-  if (i == 0) return;
+  check_drain(i != 0);
+  if (down_ || i == 0) return;
   backlog_.erase(backlog_.begin(), backlog_.begin() + static_cast<ptrdiff_t>(i));
   publish();
+}
+
+void ShmLink::check_drain(bool progressed) {
+  const auto now = std::chrono::steady_clock::now();
+  if (progressed) {
+    // Any progress restarts the clock: a slow peer is never closed.
+    last_drain_ = now;
+    return;
+  }
+  const auto idle = now - last_drain_;
+  if (idle < std::chrono::milliseconds(owner_.peer_timeout_ms_)) return;
+  std::string reason =
+      "peer has consumed nothing for " +
+      std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(idle).count()) +
+      " ms with " + std::to_string(backlog_.size()) + " messages waiting (peer_timeout_ms = " +
+      std::to_string(owner_.peer_timeout_ms_) + ")";
+  core::log().warn("slotrpc: closing {}: {}", description_, reason);
+  fail(std::move(reason));
 }
 
 void ShmLink::publish() {
@@ -215,35 +254,61 @@ void ShmLink::publish() {
   }
 }
 
-bool ShmLink::peer_has_more() const {
-  return load_peer(peer_ctl()->head, std::memory_order_seq_cst) != consumed_;
+bool ShmLink::peer_has_more() {
+  // The Dekker pair is on `head` (seq_cst on both sides); the descriptors'
+  // own words are release/acquire, ordered before the head store.  So an
+  // honest peer whose head we see has its next descriptor visible too.
+  const uint64_t head = load_peer(peer_ctl()->head, std::memory_order_seq_cst);
+  // Behind what we consumed is legitimate: the poller took descriptors by
+  // their own words before the sender stored `head` for that batch (and
+  // then the sender sees our `sleeping` and wakes us).  At most a ring
+  // behind, though.
+  if (consumed_ - head <= desc_mask_ + uint64_t{1}) return false;
+  const auto* const descs = reinterpret_cast<const Descriptor*>(peer_.map.base() +
+                                                                peer_.layout.desc_offset);
+  const uint64_t seq = load_peer(descs[consumed_ & desc_mask_].seq, std::memory_order_acquire);
+  // A head that claims more than the ring shows would keep us awake for
+  // nothing, forever.
+  if (head - consumed_ > desc_mask_ + uint64_t{1} || seq != consumed_ + 1)
+    fail("peer's sequence word " + std::to_string(head) + " disagrees with its ring at " +
+         std::to_string(consumed_) + " (claims descriptors that are not there; corrupt or "
+         "hostile peer)");
+  return true;  // a message, or the link-down just queued, for the next poll
 }
 
 size_t ShmLink::receive(std::span<Completion> out) {
   if (down_ || !attached_ || out.empty()) return 0;
-  const uint64_t head = load_peer(peer_ctl()->head, std::memory_order_acquire);
-  const uint64_t avail = head - consumed_;
-  if (avail == 0) {
-    // Everything the peer published before it died has been delivered.
-    if (peer_gone_) fail("peer closed the shm socket (process exited or session closed)");
-    return 0;
-  }
-  if (avail > desc_mask_ + uint64_t{1}) {
-    fail("peer's sequence word " + std::to_string(head) + " is " + std::to_string(avail) +
-         " past our " + std::to_string(consumed_) + ", more than the ring's " +
-         std::to_string(desc_mask_ + 1) + " descriptors (corrupt or hostile peer)");
-    return 0;
-  }
-  const size_t n = static_cast<size_t>(std::min<uint64_t>(avail, out.size()));
-  const std::byte* const descs = peer_.map.base() + peer_.layout.desc_offset;
+  const auto* const descs = reinterpret_cast<const Descriptor*>(peer_.map.base() +
+                                                                peer_.layout.desc_offset);
   const std::byte* const data = peer_.map.base() + peer_.layout.data_offset;
+  const uint64_t desc_count = desc_mask_ + uint64_t{1};
   size_t k = 0;
-  for (; k < n && !down_; ++k) {
+  for (; k < out.size() && !down_; ++k) {
+    // The next descriptor's own sequence word says whether it is there: one
+    // cache line per message (the head word is only read before sleeping).
+    const uint64_t expect = consumed_ + k + 1;
+    const Descriptor& shared = descs[(consumed_ + k) & desc_mask_];
+    const uint64_t seq = load_peer(shared.seq, std::memory_order_acquire);
+    if (seq != expect) {
+      // Not written yet: it still holds its previous lap (0 on the first).
+      const uint64_t stale = expect > desc_count ? expect - desc_count : 0;
+      if (seq != stale)
+        fail("descriptor " + std::to_string(expect - 1) + " has sequence word " +
+             std::to_string(seq) + ", expected " + std::to_string(expect) + " or " +
+             std::to_string(stale) + " (corrupt or hostile peer)");
+      break;
+    }
     // Copy first, then look: the peer may rewrite the descriptor at any
     // moment, so every check and every use is on this private copy.
     Descriptor d;
-    std::memcpy(&d, descs + ((consumed_ + k) & desc_mask_) * sizeof(Descriptor), sizeof d);
+    std::memcpy(&d, &shared, sizeof d);
     copied_out();
+    if (d.seq != expect) {
+      fail("descriptor " + std::to_string(expect - 1) + " rewritten while read (sequence word " +
+           std::to_string(d.seq) + ", expected " + std::to_string(expect) +
+           "; corrupt or hostile peer)");
+      break;
+    }
     Completion& c = out[k];
     c.context = context_;
     c.link = this;
@@ -257,15 +322,23 @@ size_t ShmLink::receive(std::span<Completion> out) {
       c.kind = Completion::Kind::kControl;
       c.slot = 0;
       c.length = d.length;
-      std::memcpy(c.control.data(), d.control, core::kHeaderSize);
-    } else if (d.lane == static_cast<uint32_t>(DescLane::kSlot)) {
+      std::memcpy(c.control.data(), d.payload, core::kHeaderSize);
+    } else if (d.lane == static_cast<uint32_t>(DescLane::kSlot) ||
+               d.lane == static_cast<uint32_t>(DescLane::kInline)) {
+      const bool in_line = d.lane == static_cast<uint32_t>(DescLane::kInline);
       const uint16_t slot = core::imm_slot(d.imm);
       // Every index and length against our own record, before a byte moves.
       if (slot >= slot_count_) {
         fail("slot " + std::to_string(slot) + " outside ring of " + std::to_string(slot_count_));
         break;
       }
-      if (d.length == 0 || d.length > slot_size_ || d.offset > slot_size_ - d.length) {
+      if (in_line) {
+        if (d.length == 0 || d.length > kInlineMax || d.length > slot_size_) {
+          fail("inline message of " + std::to_string(d.length) + " bytes, allowed 1.." +
+               std::to_string(std::min<uint32_t>(kInlineMax, slot_size_)));
+          break;
+        }
+      } else if (d.length == 0 || d.length > slot_size_ || d.offset > slot_size_ - d.length) {
         fail("message of " + std::to_string(d.length) + " bytes at offset " +
              std::to_string(d.offset) + " does not fit a slot of " + std::to_string(slot_size_));
         break;
@@ -278,7 +351,7 @@ size_t ShmLink::receive(std::span<Completion> out) {
       // verifies the payload there, and handlers read it there, where the
       // peer cannot change it afterwards (docs/design.md, "Trust").
       std::memcpy(ring_.base + size_t{slot} * slot_size_,
-                  data + size_t{slot} * slot_size_ + d.offset, d.length);
+                  in_line ? d.payload : data + size_t{slot} * slot_size_ + d.offset, d.length);
       c.kind = Completion::Kind::kMessage;
       c.slot = slot;
       c.length = d.length;
@@ -286,6 +359,11 @@ size_t ShmLink::receive(std::span<Completion> out) {
       fail("descriptor with unknown lane " + std::to_string(d.lane));
       break;
     }
+  }
+  if (k == 0) {
+    // Everything the peer published before it died has been delivered.
+    if (peer_gone_ && !down_) fail("peer closed the shm socket (process exited or session closed)");
+    return 0;
   }
   consumed_ += k;
   // One store per batch tells the peer the descriptors may be reused.
@@ -353,7 +431,8 @@ void ShmLink::fail(std::string reason) {
 
 // ----------------------------------------------------------- ShmTransport
 
-ShmTransport::ShmTransport() : epoll_fd_(::epoll_create1(EPOLL_CLOEXEC)) {
+ShmTransport::ShmTransport(const Config& config)
+    : epoll_fd_(::epoll_create1(EPOLL_CLOEXEC)), peer_timeout_ms_(config.peer_timeout_ms) {
   ready_.reserve(64);
 }
 

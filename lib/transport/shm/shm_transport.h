@@ -4,13 +4,16 @@
 // transport", says what the wiring needs).
 //
 // Sending (post): each message becomes one 64-byte Descriptor in our own
-// segment's ring; a batch is published with one store of our sequence word
-// (`head`).  A slot message built in place in our segment's data area
+// segment's ring, its sequence word stored last; a batch then stores
+// `head` once (for a peer about to sleep).  A slot message of up to
+// kInlineMax bytes goes inside the descriptor: one cache line per hop.  A
+// larger one built in place in our segment's data area
 // (Link::send_slots(): a session that places its send ring there) is sent
 // with no copy at all; one built elsewhere is copied into the slot once.
 // If the peer announced it is going to sleep, its eventfd is written.
 //
-// Receiving (poll): the busy poller reads the peer's sequence word; each new
+// Receiving (poll): the busy poller reads the sequence word of the peer's
+// next descriptor (no separate head word on the hot path); each new
 // descriptor is copied out of shared memory before a field is looked at,
 // checked against this side's private record of the ring (our consumed
 // count, the agreed geometry, the slots we armed), and the message is copied
@@ -35,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "slotrpc/config.h"
 #include "transport/shm/shm_segment.h"
 #include "transport/transport.h"
 
@@ -46,9 +50,17 @@ class ShmTransport;
 struct ShmLinkStats {
   uint64_t in_place_sends = 0;  // slot messages built in our segment: no copy
   uint64_t copied_sends = 0;    // slot messages copied into our segment by post()
+  uint64_t inline_sends = 0;    // slot messages of <= kInlineMax bytes sent in the descriptor
   uint64_t wakeups_sent = 0;    // eventfd writes for a sleeping peer
   uint64_t backlogged = 0;      // messages that waited for descriptor room
 };
+
+// A peer that consumes nothing while we hold a backlog is closed after the
+// transport's peer timeout, the rule TCP applies to a peer that reads
+// nothing (docs/design.md, "Buffer budgets").  The backlog itself is bounded
+// by one more ring's worth of messages: the credit protocol keeps a healthy
+// peer within the ring (4 x slots + 64 descriptors), so a backlog beyond
+// another ring's worth means the peer is not consuming.
 
 class ShmLink final : public Link {
  public:
@@ -67,6 +79,7 @@ class ShmLink final : public Link {
 
   const ShmLinkStats& shm_stats() const { return shm_stats_; }
   bool down() const { return down_; }
+  size_t backlog() const { return backlog_.size(); }
 
  private:
   friend class ShmTransport;
@@ -74,9 +87,12 @@ class ShmLink final : public Link {
 
   // Takes up to out.size() messages from the peer's ring; returns how many.
   size_t receive(std::span<Completion> out);
-  bool peer_has_more() const;
+  bool peer_has_more();
   bool write_descriptor(const Outgoing& o, const std::byte* control_copy);
   void flush_backlog();
+  // The drain rule: fails the link when the peer consumed nothing for the
+  // peer timeout while the backlog waits.  Only runs with a backlog.
+  void check_drain(bool progressed);
   void publish();
   void fail(std::string reason);
   void on_socket_event(uint32_t events);
@@ -118,12 +134,20 @@ class ShmLink final : public Link {
     std::array<std::byte, core::kHeaderSize> control{};
   };
   std::vector<Pending> backlog_;  // waiting for descriptor room, in order
+  size_t backlog_limit_ = 0;      // messages; over it the link fails
+  // When the peer last consumed something while the backlog waited (set
+  // when the backlog starts).  Read and written only with a backlog: the
+  // clock is not read on the hot path.
+  std::chrono::steady_clock::time_point last_drain_{};
 };
 
 class ShmTransport final : public Transport {
  public:
-  ShmTransport();
+  // Uses config.peer_timeout_ms as the drain timeout (see ShmLink).
+  explicit ShmTransport(const Config& config);
+  ShmTransport() : ShmTransport(Config{}) {}
   ~ShmTransport() override;
+  uint32_t peer_timeout_ms() const { return peer_timeout_ms_; }
 
   // Connection setup in two halves, so that both ends can run in one thread
   // over a socketpair: offer() creates our segment and sends it; complete()
@@ -158,6 +182,7 @@ class ShmTransport final : public Transport {
   void handle_events();
 
   Fd epoll_fd_;
+  uint32_t peer_timeout_ms_;
   std::vector<ShmLink*> links_;
   std::vector<Completion> ready_;  // link-down completions, in order
   size_t next_link_ = 0;           // round robin start, so no link starves
