@@ -6,6 +6,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <deque>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <thread>
@@ -27,6 +29,7 @@ const uint32_t kLoad = slotrpc::method_id("test.CStreams.Load");
 const uint32_t kSync = slotrpc::method_id("test.CStreams.Sync");
 const uint32_t kEcho = slotrpc::method_id("test.CStreams.Echo");
 const uint32_t kScan = slotrpc::method_id("test.CStreams.Scan");
+const uint32_t kWatch = slotrpc::method_id("test.CStreams.Watch");
 
 // Messages of the long runs: 1,000,000 per kind in the release build.  The
 // sanitizer builds run the same code 10-30 times slower, so there the count
@@ -70,6 +73,16 @@ bool eventually(Pred pred) {
 // Ping with text "end" makes the handler return OK at once (the server
 // half-closes first).
 struct Fixture {
+  // Watch's updates from outside the call (the test thread), as a store's
+  // writers would push them.
+  std::mutex watch_mu;
+  slotrpc::Notifier* watch_notifier = nullptr;
+  uint64_t watch_updates = 0;
+  void push_update() {
+    std::lock_guard<std::mutex> lock(watch_mu);
+    ++watch_updates;
+    if (watch_notifier != nullptr) watch_notifier->notify();
+  }
   std::atomic<uint64_t> server_read{0};
   std::atomic<int> server_end_code{-1};
   std::atomic<bool> handler_done{false};
@@ -171,6 +184,67 @@ struct Fixture {
           }
           handler_done = true;
           return slotrpc::Status();
+        });
+    // Watch (bidi): the handler waits for either a client message or an
+    // update pushed from outside (push_update): a reader fiber reads and
+    // notifies, the handler's fiber waits on the Notifier and writes
+    // Pong{seq, "echo"} per message and Pong{updates so far, "update"} per
+    // update; it ends when the client half-closes.
+    svc.add_bidi_stream<Ping, Pong>(
+        "Watch", [this](slotrpc::ServerReaderWriter<Ping, Pong>& s, slotrpc::ServerCall&) -> slotrpc::Status {
+          slotrpc::Notifier n;
+          std::deque<uint64_t> pings;  // the loop's fibers only: no lock
+          bool reader_done = false;
+          slotrpc::Status read_status;
+          {
+            std::lock_guard<std::mutex> lock(watch_mu);
+            watch_notifier = &n;
+          }
+          uint64_t sent_updates = 0;
+          {
+            std::lock_guard<std::mutex> lock(watch_mu);
+            sent_updates = watch_updates;  // only updates after the call started
+          }
+          REQUIRE(slotrpc::this_fiber::spawn([&] {
+            while (const Ping* p = s.Read()) {
+              pings.push_back(p->seq());
+              n.notify();
+            }
+            read_status = s.read_status();
+            reader_done = true;
+            n.notify();
+          }));
+          slotrpc::Status result;
+          for (;;) {
+            n.wait();
+            bool ok = true;
+            while (ok && !pings.empty()) {
+              const uint64_t seq = pings.front();
+              pings.pop_front();
+              ok = s.Write([seq](flatbuffers::FlatBufferBuilder& fbb) {
+                return slotrpc::test::CreatePong(fbb, seq, fbb.CreateString("echo"));
+              });
+            }
+            uint64_t updates = 0;
+            {
+              std::lock_guard<std::mutex> lock(watch_mu);
+              updates = watch_updates;
+            }
+            while (ok && sent_updates < updates) {
+              const uint64_t k = ++sent_updates;
+              ok = s.Write([k](flatbuffers::FlatBufferBuilder& fbb) {
+                return slotrpc::test::CreatePong(fbb, k, fbb.CreateString("update"));
+              });
+            }
+            if (!ok && result.ok()) result = s.write_error();
+            if (reader_done) break;  // the reader must finish before we return
+          }
+          {
+            std::lock_guard<std::mutex> lock(watch_mu);
+            watch_notifier = nullptr;
+          }
+          handler_done = true;
+          return result.ok() ? read_status : result;
         });
     svc.add_typed_unary<Ping, Pong>(
         "Echo", [](const Ping& req, slotrpc::ReplyBuilder<Pong>& out, slotrpc::ServerCall&) {
@@ -593,6 +667,40 @@ TEST_CASE("bidi: more concurrent streams than credits all finish") {
   }
   for (auto& t : threads) t.join();
   CHECK(ok.load() == kStreams);
+  CHECK(eventually([&] { return f.idle(); }));
+  f.unary_works();
+}
+
+TEST_CASE("bidi: a handler waits for a client message or an outside update (reader fiber + Notifier)") {
+  Fixture f(16, 4);
+  auto s = f.channel->bidi_stream<Ping, Pong>(kWatch);
+  auto next = [&](const char* what, uint64_t seq) {
+    auto m = s.Read();
+    REQUIRE(m.has_value());
+    REQUIRE(m->ok());
+    CHECK(m->message()->text()->str() == what);
+    CHECK(m->message()->seq() == seq);
+  };
+  REQUIRE(s.Write(ping(7)));
+  next("echo", 7);
+  // No client message: the update alone must reach the client, so the
+  // handler is not stuck in Read().
+  REQUIRE(eventually([&] {
+    std::lock_guard<std::mutex> lock(f.watch_mu);
+    return f.watch_notifier != nullptr;
+  }));
+  f.push_update();
+  next("update", 1);
+  f.push_update();
+  f.push_update();
+  next("update", 2);
+  next("update", 3);
+  REQUIRE(s.Write(ping(8)));
+  next("echo", 8);
+  s.WritesDone();
+  CHECK_FALSE(s.Read().has_value());
+  CHECK(s.Finish().ok());
+  CHECK(f.handler_done.load());
   CHECK(eventually([&] { return f.idle(); }));
   f.unary_works();
 }

@@ -15,7 +15,10 @@
 
 #include <flatbuffers/flatbuffers.h>
 
+#include <condition_variable>
 #include <cstddef>
+#include <mutex>
+#include <vector>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -107,6 +110,61 @@ bool write_out(OutStreamState& out, F& build, Status* status) {
 }
 
 }  // namespace detail
+
+// A fiber-aware wake-up, for a bidi handler that must wait for either a
+// client message or something else (kv's Watch: a store update).  Why this
+// shape: a handler has one fiber, and Read() waits for the client only.
+// Rather than a Read() with a deadline (which would make the handler poll,
+// trading latency against wake-ups), the handler spawns a reader fiber
+// (this_fiber::spawn) that Read()s and records what it read, and both it
+// and the other event sources notify() one Notifier that the handler's own
+// fiber wait()s on, then Write()s.  Read() and Write() of one stream may
+// wait at the same time on two fibers of the handler's loop (the session
+// keeps a reader and a writer waiter); they never run at once, since a
+// loop runs one fiber at a time.
+//
+// notify(): any thread or fiber.  wait(): one waiter (a thread blocks, a
+// fiber suspends) until notify() was called since the last wait()
+// returned; many notify()s before a wait() count once.
+class Notifier {
+ public:
+  void notify() {
+    std::vector<detail::FiberWaiter> waking;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++count_;
+      waking.swap(fibers_);
+    }
+    cv_.notify_all();
+    for (const detail::FiberWaiter& w : waking) detail::wake_fiber(w);
+  }
+  void wait() {
+    for (;;) {
+      detail::FiberWaiter self;
+      const bool fiber = detail::current_fiber(&self);
+      std::unique_lock<std::mutex> lock(mu_);
+      if (count_ != seen_) {
+        seen_ = count_;
+        return;
+      }
+      if (!fiber) {
+        cv_.wait(lock, [&] { return count_ != seen_; });
+        seen_ = count_;
+        return;
+      }
+      fibers_.push_back(self);
+      lock.unlock();
+      detail::suspend_current_fiber();  // a wake before the suspend is not lost
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<detail::FiberWaiter> fibers_;
+  uint64_t count_ = 0;
+  uint64_t seen_ = 0;
+};
 
 // What a client-streaming handler reads.
 template <class T>
