@@ -265,6 +265,10 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
       lend(lent, slot, call->request_id);
     }
   }
+  // A half-close the writer handed over before the call reached the wire
+  // (an empty client stream, or one queued for credits): its doorbell found
+  // no session then.  Sent now, after the request and the grants.
+  if (call->client_stream && call->out->ready.read_available() != 0) drain_out(*call->out);
 }
 
 void ClientSession::lend(uint16_t slot, uint16_t owner, uint64_t request_id) {
