@@ -6,6 +6,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <deque>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <thread>
@@ -26,12 +28,30 @@ using namespace std::chrono_literals;
 const uint32_t kLoad = slotrpc::method_id("test.CStreams.Load");
 const uint32_t kSync = slotrpc::method_id("test.CStreams.Sync");
 const uint32_t kEcho = slotrpc::method_id("test.CStreams.Echo");
+const uint32_t kScan = slotrpc::method_id("test.CStreams.Scan");
+const uint32_t kWatch = slotrpc::method_id("test.CStreams.Watch");
 
-// STREAM_MESSAGES (tests/meson.build): 1,000,000 in the release build, fewer
-// under the sanitizers.
+// Messages of the long runs: 1,000,000 per kind in the release build.  The
+// sanitizer builds run the same code 10-30 times slower, so there the count
+// is 50,000, picked at compile time (GCC and Clang define
+// __SANITIZE_ADDRESS__ / have __has_feature under -fsanitize=address).
+// STREAM_MESSAGES=N overrides it for a manual run.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define CS_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define CS_SANITIZED 1
+#endif
+#endif
+#ifdef CS_SANITIZED
+constexpr uint64_t kLongRun = 50'000;
+#else
+constexpr uint64_t kLongRun = 1'000'000;
+#endif
+
 uint64_t message_count() {
   const char* v = std::getenv("STREAM_MESSAGES");
-  return v != nullptr ? std::strtoull(v, nullptr, 10) : 20'000;
+  return v != nullptr ? std::strtoull(v, nullptr, 10) : kLongRun;
 }
 
 // Polls `pred` until it holds or 10 s pass.
@@ -53,6 +73,16 @@ bool eventually(Pred pred) {
 // Ping with text "end" makes the handler return OK at once (the server
 // half-closes first).
 struct Fixture {
+  // Watch's updates from outside the call (the test thread), as a store's
+  // writers would push them.
+  std::mutex watch_mu;
+  slotrpc::Notifier* watch_notifier = nullptr;
+  uint64_t watch_updates = 0;
+  void push_update() {
+    std::lock_guard<std::mutex> lock(watch_mu);
+    ++watch_updates;
+    if (watch_notifier != nullptr) watch_notifier->notify();
+  }
   std::atomic<uint64_t> server_read{0};
   std::atomic<int> server_end_code{-1};
   std::atomic<bool> handler_done{false};
@@ -130,6 +160,92 @@ struct Fixture {
           handler_done = true;
           return s.read_status();
         });
+    // Scan (server streaming): Pong{seq = i} for i in 0..seq-1, each with a
+    // payload of `text` bytes (a decimal number; none if empty), byte k =
+    // (i + k) mod 256.
+    svc.add_server_stream<Ping, Pong>(
+        "Scan", [this](const Ping& req, slotrpc::ServerWriter<Pong>& out, slotrpc::ServerCall&) {
+          const size_t size = req.text() != nullptr ? std::stoull(req.text()->str()) : 0;
+          for (uint64_t i = 0; i < req.seq(); ++i) {
+            const bool ok = out.Write([i, size](flatbuffers::FlatBufferBuilder& fbb) {
+              flatbuffers::Offset<flatbuffers::Vector<uint8_t>> vec = 0;
+              if (size != 0) {
+                uint8_t* data = nullptr;
+                vec = fbb.CreateUninitializedVector(size, &data);
+                for (size_t k = 0; k < size; ++k) data[k] = static_cast<uint8_t>(i + k);
+              }
+              return slotrpc::test::CreatePong(fbb, i, 0, vec);
+            });
+            if (!ok) {
+              server_end_code = static_cast<int>(out.error().code());
+              handler_done = true;
+              return out.error();
+            }
+          }
+          handler_done = true;
+          return slotrpc::Status();
+        });
+    // Watch (bidi): the handler waits for either a client message or an
+    // update pushed from outside (push_update): a reader fiber reads and
+    // notifies, the handler's fiber waits on the Notifier and writes
+    // Pong{seq, "echo"} per message and Pong{updates so far, "update"} per
+    // update; it ends when the client half-closes.
+    svc.add_bidi_stream<Ping, Pong>(
+        "Watch", [this](slotrpc::ServerReaderWriter<Ping, Pong>& s, slotrpc::ServerCall&) -> slotrpc::Status {
+          slotrpc::Notifier n;
+          std::deque<uint64_t> pings;  // the loop's fibers only: no lock
+          bool reader_done = false;
+          slotrpc::Status read_status;
+          {
+            std::lock_guard<std::mutex> lock(watch_mu);
+            watch_notifier = &n;
+          }
+          uint64_t sent_updates = 0;
+          {
+            std::lock_guard<std::mutex> lock(watch_mu);
+            sent_updates = watch_updates;  // only updates after the call started
+          }
+          REQUIRE(slotrpc::this_fiber::spawn([&] {
+            while (const Ping* p = s.Read()) {
+              pings.push_back(p->seq());
+              n.notify();
+            }
+            read_status = s.read_status();
+            reader_done = true;
+            n.notify();
+          }));
+          slotrpc::Status result;
+          for (;;) {
+            n.wait();
+            bool ok = true;
+            while (ok && !pings.empty()) {
+              const uint64_t seq = pings.front();
+              pings.pop_front();
+              ok = s.Write([seq](flatbuffers::FlatBufferBuilder& fbb) {
+                return slotrpc::test::CreatePong(fbb, seq, fbb.CreateString("echo"));
+              });
+            }
+            uint64_t updates = 0;
+            {
+              std::lock_guard<std::mutex> lock(watch_mu);
+              updates = watch_updates;
+            }
+            while (ok && sent_updates < updates) {
+              const uint64_t k = ++sent_updates;
+              ok = s.Write([k](flatbuffers::FlatBufferBuilder& fbb) {
+                return slotrpc::test::CreatePong(fbb, k, fbb.CreateString("update"));
+              });
+            }
+            if (!ok && result.ok()) result = s.write_error();
+            if (reader_done) break;  // the reader must finish before we return
+          }
+          {
+            std::lock_guard<std::mutex> lock(watch_mu);
+            watch_notifier = nullptr;
+          }
+          handler_done = true;
+          return result.ok() ? read_status : result;
+        });
     svc.add_typed_unary<Ping, Pong>(
         "Echo", [](const Ping& req, slotrpc::ReplyBuilder<Pong>& out, slotrpc::ServerCall&) {
           out.Finish(slotrpc::test::CreatePong(out.fbb(), req.seq()));
@@ -153,6 +269,15 @@ struct Fixture {
 
   slotrpc::ClientWriter<Ping, Pong> load(slotrpc::CallOptions o = {}) {
     return channel->client_stream<Ping, Pong>(kLoad, o);
+  }
+
+  slotrpc::ClientReader<Pong> scan(uint64_t n, size_t payload = 0, slotrpc::CallOptions o = {}) {
+    return channel->server_stream<Ping, Pong>(
+        kScan,
+        [n, payload](flatbuffers::FlatBufferBuilder& fbb) {
+          return slotrpc::test::CreatePing(fbb, n, payload == 0 ? 0 : fbb.CreateString(std::to_string(payload)));
+        },
+        o);
   }
 
   // Every slot back on the free list, nothing lent or held.
@@ -188,19 +313,98 @@ slotrpc::Build<Ping> ping_payload(uint64_t seq, size_t size) {
 
 }  // namespace
 
-TEST_CASE("client stream: many small messages arrive in order, one reply") {
-  Fixture f(16, 8);
+// ---- Long runs: every kind, 1,000,000 small messages (kLongRun) ----------
+// A larger ring and window than the other cases (64 slots, a window of 32),
+// as a streaming deployment would use; every message is checked in order
+// (counted, and one CHECK at the end: a REQUIRE per message would be most
+// of the run's time).
+
+TEST_CASE("long run: server stream, kLongRun small messages in order") {
+  Fixture f(64, 32);
+  const uint64_t n = message_count();
+  auto r = f.scan(n);
+  uint64_t expected = 0;
+  uint64_t wrong = 0;
+  while (auto m = r.Read()) {
+    if (!m->ok() || m->message()->seq() != expected) ++wrong;
+    ++expected;
+  }
+  CHECK(wrong == 0);
+  CHECK(expected == n);
+  CHECK(r.status().ok());
+  CHECK(eventually([&] { return f.idle(); }));
+}
+
+TEST_CASE("long run: client stream, kLongRun small messages in order, one reply") {
+  Fixture f(64, 32);
   const uint64_t n = message_count();
   auto w = f.load();
-  for (uint64_t i = 0; i < n; ++i) REQUIRE(w.Write(ping(i)));
+  uint64_t written = 0;
+  // A lambda, not a Build<Ping>: no std::function per message.
+  while (written < n && w.Write([i = written](flatbuffers::FlatBufferBuilder& fbb) {
+           return slotrpc::test::CreatePing(fbb, i);
+         })) {
+    ++written;
+  }
+  CHECK(written == n);
   w.WritesDone();
   auto reply = w.Finish();
-  REQUIRE(reply.ok());
+  REQUIRE(reply.ok());  // the handler checks the order and fails the call otherwise
   CHECK(reply->seq() == n);
   CHECK(f.server_read.load() == n);
   reply.release();  // a held reply keeps its slot
   CHECK(eventually([&] { return f.idle(); }));
   f.unary_works();
+}
+
+TEST_CASE("long run: bidi, kLongRun small messages echoed in order, reads and writes on their own threads") {
+  Fixture f(64, 32);
+  const uint64_t n = message_count();
+  auto s = f.channel->bidi_stream<Ping, Pong>(kSync);
+  std::thread writer([&] {
+    for (uint64_t i = 0; i < n; ++i) {
+      if (!s.Write([i](flatbuffers::FlatBufferBuilder& fbb) { return slotrpc::test::CreatePing(fbb, i); }))
+        return;
+    }
+    s.WritesDone();  // the client half-closes first
+  });
+  uint64_t expected = 0;
+  uint64_t wrong = 0;
+  while (auto m = s.Read()) {
+    if (!m->ok() || m->message()->seq() != expected) ++wrong;
+    ++expected;
+  }
+  writer.join();
+  CHECK(wrong == 0);
+  CHECK(expected == n);
+  CHECK(s.Finish().ok());
+  CHECK(eventually([&] { return f.idle(); }));
+  f.unary_works();
+}
+
+TEST_CASE("server stream: messages near the slot size, every byte checked") {
+  constexpr uint32_t kSlotSize = 4096;
+  Fixture f(8, 4, kSlotSize);
+  const size_t size = kSlotSize - 32 - 64;
+  auto r = f.scan(2000, size);
+  uint64_t expected = 0;
+  while (auto m = r.Read()) {
+    REQUIRE(m->ok());
+    REQUIRE(m->message()->seq() == expected);
+    const auto* p = m->message()->payload();
+    REQUIRE(p != nullptr);
+    REQUIRE(p->size() == size);
+    for (uint32_t i = 0; i < p->size(); ++i) REQUIRE(p->Get(i) == static_cast<uint8_t>(expected + i));
+    ++expected;
+  }
+  CHECK(expected == 2000);
+  CHECK(r.status().ok());
+  // One more byte than fits: the server's write fails, and so does the call.
+  auto too_big = f.scan(1, kSlotSize);
+  while (too_big.Read()) {
+  }
+  CHECK(too_big.status().code() == StatusCode::kResourceExhausted);
+  CHECK(eventually([&] { return f.idle(); }));
 }
 
 TEST_CASE("client stream: messages near the slot size, every byte checked") {
@@ -219,9 +423,12 @@ TEST_CASE("client stream: messages near the slot size, every byte checked") {
   CHECK(eventually([&] { return f.idle(); }));
 
   auto too_big = f.load();
-  REQUIRE(too_big.Write(ping_payload(0, kSlotSize)));  // accepted; built on the loop
-  // It fails the stream there: the next writes fail with why.
-  uint64_t i = 1;
+  REQUIRE(too_big.Write(ping(0)));
+  // Built on this thread, in the send slot: Write() itself fails, and the
+  // stream with it (the next writes fail with the same status).
+  CHECK_FALSE(too_big.Write(ping_payload(1, kSlotSize)));
+  CHECK(too_big.status().code() == StatusCode::kResourceExhausted);
+  uint64_t i = 2;
   while (too_big.Write(ping(i))) REQUIRE(++i < 1'000'000);
   CHECK(too_big.status().code() == StatusCode::kResourceExhausted);
   auto r = too_big.Finish();
@@ -347,29 +554,6 @@ TEST_CASE("client stream: a unary method called as a client stream is refused") 
   CHECK(eventually([&] { return f.idle(); }));
 }
 
-TEST_CASE("bidi: many messages echoed in order, reads and writes on their own threads") {
-  Fixture f(16, 4);
-  const uint64_t n = message_count();
-  auto s = f.channel->bidi_stream<Ping, Pong>(kSync);
-  std::thread writer([&] {
-    for (uint64_t i = 0; i < n; ++i) {
-      if (!s.Write(ping(i))) return;
-    }
-    s.WritesDone();  // the client half-closes first
-  });
-  uint64_t expected = 0;
-  while (auto m = s.Read()) {
-    REQUIRE(m->ok());
-    REQUIRE(m->message()->seq() == expected);
-    ++expected;
-  }
-  writer.join();
-  CHECK(expected == n);
-  CHECK(s.Finish().ok());
-  CHECK(eventually([&] { return f.idle(); }));
-  f.unary_works();
-}
-
 TEST_CASE("bidi: messages near the slot size, every byte checked") {
   constexpr uint32_t kSlotSize = 4096;
   Fixture f(8, 2, kSlotSize);
@@ -483,6 +667,40 @@ TEST_CASE("bidi: more concurrent streams than credits all finish") {
   }
   for (auto& t : threads) t.join();
   CHECK(ok.load() == kStreams);
+  CHECK(eventually([&] { return f.idle(); }));
+  f.unary_works();
+}
+
+TEST_CASE("bidi: a handler waits for a client message or an outside update (reader fiber + Notifier)") {
+  Fixture f(16, 4);
+  auto s = f.channel->bidi_stream<Ping, Pong>(kWatch);
+  auto next = [&](const char* what, uint64_t seq) {
+    auto m = s.Read();
+    REQUIRE(m.has_value());
+    REQUIRE(m->ok());
+    CHECK(m->message()->text()->str() == what);
+    CHECK(m->message()->seq() == seq);
+  };
+  REQUIRE(s.Write(ping(7)));
+  next("echo", 7);
+  // No client message: the update alone must reach the client, so the
+  // handler is not stuck in Read().
+  REQUIRE(eventually([&] {
+    std::lock_guard<std::mutex> lock(f.watch_mu);
+    return f.watch_notifier != nullptr;
+  }));
+  f.push_update();
+  next("update", 1);
+  f.push_update();
+  f.push_update();
+  next("update", 2);
+  next("update", 3);
+  REQUIRE(s.Write(ping(8)));
+  next("echo", 8);
+  s.WritesDone();
+  CHECK_FALSE(s.Read().has_value());
+  CHECK(s.Finish().ok());
+  CHECK(f.handler_done.load());
   CHECK(eventually([&] { return f.idle(); }));
   f.unary_works();
 }

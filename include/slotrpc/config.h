@@ -67,7 +67,7 @@ struct Config {
   uint32_t fiber_stack_kb = 256;     // SLOTRPC_FIBER_STACK_KB: handler fiber stack
   uint32_t reactor_threads = 1;      // SLOTRPC_REACTOR_THREADS: loops of a Runtime (the default one too)
   uint32_t max_queued_calls = 65536; // SLOTRPC_MAX_QUEUED_CALLS: calls waiting for a credit
-  uint32_t stream_window = 8;        // SLOTRPC_STREAM_WINDOW: slots lent to a server stream
+  uint32_t stream_window = 8;        // SLOTRPC_STREAM_WINDOW: a stream's in-flight messages, each way
 
   TransportKind transport = TransportKind::kAuto;  // SLOTRPC_TRANSPORT auto|tcp|verbs
 

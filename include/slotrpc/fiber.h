@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 
 namespace slotrpc::this_fiber {
 
@@ -11,5 +12,12 @@ void sleep_for(std::chrono::nanoseconds duration);
 
 // True when called from a handler fiber.
 bool in_fiber();
+
+// Inside a handler: runs `fn` on a new fiber of the same event loop, soon
+// (from the loop, not nested in this fiber).  False, and `fn` is dropped,
+// outside a handler fiber.  The handler must outlive what `fn` uses: e.g.
+// a bidi handler whose reader fiber reads the stream waits for it to finish
+// (a slotrpc::Notifier) before it returns.
+bool spawn(std::function<void()> fn);
 
 }  // namespace slotrpc::this_fiber

@@ -15,13 +15,15 @@
 
 #include <flatbuffers/flatbuffers.h>
 
-#include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <mutex>
+#include <vector>
+#include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
+#include <type_traits>
 #include <span>
 #include <utility>
 #include <vector>
@@ -50,148 +52,119 @@ struct InboundStream {
   bool (*verify)(const uint8_t* data, size_t size) = nullptr;
 };
 
-// The client's outgoing half of a client or bidi stream, shared between the
-// writing application (any thread or fiber) and the channel's event loop.
+// The client's outgoing half of a client or bidi stream.  Its state lives in
+// the library (lib/core/out_stream.h); the typed writers below reach it only
+// through these functions, so its layout is not part of the ABI.
 //
-// `outstanding` counts writes handed to the loop and not yet acknowledged by
-// the server; the loop sets `capacity` (the slots reserved for the stream's
-// messages) when the call reaches the wire.  The writer takes the lock only
-// when it has to wait, and the loop only when a writer waits: the
-// per-message path is two atomic operations on each side.
+// How a Write() travels (the hot path: no allocation, no lock, no task, no
+// virtual call; docs/design.md, "Client and bidi streaming"):
+//   1. out_begin() takes a slot of the stream's window from a lock-free
+//      single-producer ring that the channel's loop fills (the window at the
+//      start, then each slot the server acknowledges), and returns that send
+//      slot's own FlatBufferBuilder.  With the ring empty the writer waits:
+//      a plain thread blocks, a fiber suspends (a mutex and a condition
+//      variable only then).
+//   2. The caller builds the message in place, on its own thread.
+//   3. out_commit() pushes the slot's index onto a second single-producer
+//      ring towards the loop and rings the loop's doorbell (an intrusive
+//      lock-free stack; the loop is woken only if it sleeps).  The loop
+//      writes the 32-byte header in front of the message and sends it.
+// Memory stays bounded by the rings: both hold at most the window.
 struct OutStreamState {
-  std::atomic<uint32_t> capacity{0};
-  std::atomic<uint32_t> outstanding{0};
-  std::atomic<uint32_t> waiters{0};
-  std::atomic<bool> ended{false};
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<FiberWaiter> fibers;
-  Status end_status;  // under mu, once `ended`
+  // Cancels the call (any thread; a no-op once it ended).
+  void post_cancel();
 
-  // Bound by the channel when the call is made.  `send` hands one message's
-  // builder to the loop (posted: one task per message, the cross-thread
-  // path), `half_close` the end of the writes, `cancel` cancels the call.
-  std::function<void(RequestWriter)> send;
-  std::function<void()> half_close;
-  std::function<void()> cancel;
-  bool writes_done = false;  // the writer's own flag
-
-  // Loop-thread fields, owned by the client session.
-  void* loop_call = nullptr;
-  const void* loop_session = nullptr;
-
-  // Writer: waits for a credit; false (and `why`) once the stream is over.
-  bool acquire(Status* why) {
-    for (;;) {
-      if (ended.load()) break;
-      if (outstanding.load() < capacity.load()) {
-        outstanding.fetch_add(1);  // only the writer increments: no race past capacity
-        return true;
-      }
-      FiberWaiter self;
-      const bool fiber = current_fiber(&self);
-      std::unique_lock<std::mutex> lock(mu);
-      waiters.fetch_add(1);  // before re-checking: the loop reads it after it frees a credit
-      auto ready = [&] { return ended.load() || outstanding.load() < capacity.load(); };
-      if (!fiber) {
-        cv.wait(lock, ready);
-      } else if (!ready()) {
-        fibers.push_back(self);
-        lock.unlock();
-        suspend_current_fiber();
-        lock.lock();
-      }
-      waiters.fetch_sub(1);
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    *why = end_status;
-    return false;
-  }
-
-  // Loop: wakes a waiting writer, if any (the lock only then).
-  void wake() {
-    if (waiters.load() == 0) return;
-    std::vector<FiberWaiter> waking;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      waking.swap(fibers);
-    }
-    cv.notify_all();
-    for (const FiberWaiter& w : waking) wake_fiber(w);
-  }
-  // Loop: the call reached the wire with `slots` reserved for its messages.
-  void start(uint32_t slots) {
-    capacity.store(slots);
-    wake();
-  }
-  // Loop: the server took one message and gave its slot back.
-  void acked() {
-    outstanding.fetch_sub(1);
-    wake();
-  }
-  // Loop: no more writes (the call ended, was cancelled or failed).
-  void end(const Status& status) {
-    std::vector<FiberWaiter> waking;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (ended.load()) return;
-      end_status = status;
-      ended.store(true);
-      waking.swap(fibers);
-      send = nullptr;
-      half_close = nullptr;
-      cancel = nullptr;
-    }
-    cv.notify_all();
-    for (const FiberWaiter& w : waking) wake_fiber(w);
-  }
-  // Writer side helpers; the functions are read under the lock because end()
-  // clears them from the loop.
-  bool post(RequestWriter writer) {
-    std::function<void(RequestWriter)> fn;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      fn = send;
-    }
-    if (!fn) return false;
-    fn(std::move(writer));
-    return true;
-  }
-  void post_half_close() {
-    std::function<void()> fn;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      fn = half_close;
-    }
-    if (fn) fn();
-  }
-  void post_cancel() {
-    std::function<void()> fn;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      fn = cancel;
-    }
-    if (fn) fn();
-  }
+ protected:
+  OutStreamState() = default;
+  ~OutStreamState() = default;
 };
 
-// One Write() of a client or bidi stream: wait for a credit, then hand the
-// builder to the loop, which builds in the send slot.
-template <class W>
-bool write_out(OutStreamState& out, Build<W> build, Status* status) {
-  if (!out.acquire(status)) return false;
-  if (out.post([build = std::move(build)](flatbuffers::FlatBufferBuilder& fbb) {
-        fbb.Finish(build(fbb));
-      })) {
-    return true;
+// Writer side: one writer (thread or fiber) at a time, never the channel's
+// own loop thread while it must wait.  out_begin: the builder of a free slot
+// of the window, Clear()ed, or nullptr (and `why`) once the stream is over.
+flatbuffers::FlatBufferBuilder* out_begin(OutStreamState& out, Status* why);
+// The builder from out_begin() is finished: send it.  Always true today
+// (a stream that ended meanwhile drops the message; the next out_begin()
+// reports why).
+bool out_commit(OutStreamState& out, Status* why);
+// The build threw `error` (a message larger than the slot:
+// RESOURCE_EXHAUSTED): the slot goes back and the stream fails with it,
+// which `why` gets too.
+void out_abandon(OutStreamState& out, std::exception_ptr error, Status* why);
+// Half-closes (ordered after every committed message).
+void out_writes_done(OutStreamState& out);
+
+// One Write() of a client or bidi stream: build in the send slot on the
+// calling thread.
+template <class F>
+bool write_out(OutStreamState& out, F& build, Status* status) {
+  flatbuffers::FlatBufferBuilder* fbb = out_begin(out, status);
+  if (fbb == nullptr) return false;
+  try {
+    fbb->Finish(build(*fbb));
+  } catch (...) {
+    out_abandon(out, std::current_exception(), status);
+    return false;
   }
-  // The stream ended between the credit and the hand-over.
-  std::lock_guard<std::mutex> lock(out.mu);
-  *status = out.end_status;
-  return false;
+  return out_commit(out, status);
 }
 
 }  // namespace detail
+
+// A fiber-aware wake-up, for a bidi handler that must wait for either a
+// client message or something else (kv's Watch: a store update).  Why this
+// shape: a handler has one fiber, and Read() waits for the client only.
+// Rather than a Read() with a deadline (which would make the handler poll,
+// trading latency against wake-ups), the handler spawns a reader fiber
+// (this_fiber::spawn) that Read()s and records what it read, and both it
+// and the other event sources notify() one Notifier that the handler's own
+// fiber wait()s on, then Write()s.  Read() and Write() of one stream may
+// wait at the same time on two fibers of the handler's loop (the session
+// keeps a reader and a writer waiter); they never run at once, since a
+// loop runs one fiber at a time.
+//
+// notify(): any thread or fiber.  wait(): one waiter (a thread blocks, a
+// fiber suspends) until notify() was called since the last wait()
+// returned; many notify()s before a wait() count once.
+class Notifier {
+ public:
+  void notify() {
+    std::vector<detail::FiberWaiter> waking;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++count_;
+      waking.swap(fibers_);
+    }
+    cv_.notify_all();
+    for (const detail::FiberWaiter& w : waking) detail::wake_fiber(w);
+  }
+  void wait() {
+    for (;;) {
+      detail::FiberWaiter self;
+      const bool fiber = detail::current_fiber(&self);
+      std::unique_lock<std::mutex> lock(mu_);
+      if (count_ != seen_) {
+        seen_ = count_;
+        return;
+      }
+      if (!fiber) {
+        cv_.wait(lock, [&] { return count_ != seen_; });
+        seen_ = count_;
+        return;
+      }
+      fibers_.push_back(self);
+      lock.unlock();
+      detail::suspend_current_fiber();  // a wake before the suspend is not lost
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<detail::FiberWaiter> fibers_;
+  uint64_t count_ = 0;
+  uint64_t seen_ = 0;
+};
 
 // What a client-streaming handler reads.
 template <class T>
@@ -247,23 +220,28 @@ namespace detail {
 template <class W>
 class OutHalf {
  public:
-  // Builds one message in a send slot (on the channel's loop: capture by
-  // value) and sends it.  Waits while the client is a window ahead of the
-  // server's reads.  False once the stream is over: the server ended the
-  // call, it was cancelled, its deadline passed or the session died; the
-  // status says why.
-  bool Write(Build<W> build) {
-    if (out_->writes_done) {
+  // Builds one message in place in a send slot of the stream's window, on
+  // the calling thread, before it returns, and sends it.  Waits while the
+  // client is a window ahead of the server's reads.  False once the stream
+  // is over: the server ended the call, it was cancelled, its deadline
+  // passed or the session died; the status says why.  A message larger
+  // than the slot fails here with RESOURCE_EXHAUSTED, and fails the stream.
+  // `build` is any callable taking the builder and returning the root's
+  // Offset<W> (a lambda avoids a std::function; a Build<W> works too).
+  template <class F>
+    requires std::is_invocable_r_v<flatbuffers::Offset<W>, F&, flatbuffers::FlatBufferBuilder&>
+  bool Write(F&& build) {
+    if (writes_done_) {
       status_ = Status(StatusCode::kInvalidArgument, "Write() after WritesDone()");
       return false;
     }
-    return write_out(*out_, std::move(build), &status_);
+    return write_out(*out_, build, &status_);
   }
   // Half-closes: the server's reader sees the end after the last message.
   void WritesDone() {
-    if (out_->writes_done) return;
-    out_->writes_done = true;
-    out_->post_half_close();
+    if (writes_done_) return;
+    writes_done_ = true;
+    out_writes_done(*out_);
   }
   void Cancel() { out_->post_cancel(); }
 
@@ -272,6 +250,7 @@ class OutHalf {
   explicit OutHalf(std::shared_ptr<OutStreamState> out) : out_(std::move(out)) {}
 
   std::shared_ptr<OutStreamState> out_;
+  bool writes_done_ = false;
   Status status_;  // why Write() returned false
 };
 

@@ -54,13 +54,17 @@ ClientSession::ClientSession(reactor::Reactor& loop, std::unique_ptr<transport::
       recv_ring_(g.slot_count, g.slot_size),
       slots_(g.slot_count),
       outbox_(g.slot_count),
+      released_(g.slot_count + 1),
       liveness_(Clock::now()) {
+  release_bell_.run = &ClientSession::on_release_bell;
+  release_bell_.owner = this;
   on_completion = &ClientSession::on_completion_thunk;
   SessionBase::flush = &ClientSession::flush_thunk;
   builders_.reserve(g.slot_count);
   free_.reserve(g.slot_count);
   for (uint32_t i = 0; i < g.slot_count; ++i) {
     builders_.push_back(std::make_unique<SlotBuilder>(send_ring_.slot(i), g.slot_size));
+    builder_ptrs_.push_back(builders_.back().get());
   }
   // Lowest slot on top of the stack.
   for (uint32_t i = g.slot_count; i-- > 0;) free_.push_back(static_cast<uint16_t>(i));
@@ -261,6 +265,10 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
       lend(lent, slot, call->request_id);
     }
   }
+  // A half-close the writer handed over before the call reached the wire
+  // (an empty client stream, or one queued for credits): its doorbell found
+  // no session then.  Sent now, after the request and the grants.
+  if (call->client_stream && call->out->ready.read_available() != 0) drain_out(*call->out);
 }
 
 void ClientSession::lend(uint16_t slot, uint16_t owner, uint64_t request_id) {
@@ -276,12 +284,18 @@ void ClientSession::lend(uint16_t slot, uint16_t owner, uint64_t request_id) {
 
 // Reserves the client stream's window: slots its messages go into, each
 // reused once the server has acknowledged the message in it.  A bidi call
-// leaves at least one free credit for the window it lends the server.
+// leaves at least one free credit for the window it lends the server.  The
+// slots go to the writer through the stream's free ring (core/out_stream.h):
+// from here on the writer builds in them on its own thread.
 void ClientSession::reserve_out(uint16_t call_slot, PendingCall* call) {
+  OutStream& o = *call->out;
+  o.session = shared_from_this();
+  o.builders = builder_ptrs_.data();
+  o.call = call;
+  o.request_id = call->request_id;
   const size_t keep = call->stream ? 1 : 0;
   const size_t avail = free_.size() > keep ? free_.size() - keep : 0;
   const size_t window = std::max<size_t>(1, std::min<size_t>(call->window, avail));
-  call->out_free.reserve(window);
   for (size_t i = 0; i < window && !free_.empty(); ++i) {
     const uint16_t j = free_.back();
     free_.pop_back();
@@ -290,58 +304,54 @@ void ClientSession::reserve_out(uint16_t call_slot, PendingCall* call) {
     s.request_id = call->request_id;
     s.call = nullptr;
     s.stream_owner = call_slot;
-    call->out_free.push_back(j);
+    o.give(j);  // after session/builders: the ring publishes them to the writer
   }
-  call->out->loop_call = call;
-  call->out->loop_session = this;
-  call->out->start(static_cast<uint32_t>(call->out_free.size()));
+  o.wake_at = std::max<size_t>(1, window / 2);
 }
 
-// Hot path (one per client-stream message): no allocation, no lock (the
-// writer's state is touched with atomics unless a writer waits), the
-// builder is the slot's own.
-void ClientSession::stream_write(::slotrpc::detail::OutStreamState& out, RequestWriter writer) {
-  auto* call = static_cast<PendingCall*>(out.loop_call);
-  if (call == nullptr || out.loop_session != this || closed_) return;  // the stream is over
-  const auto call_slot = static_cast<uint16_t>(call->slot);
-  if (call->out_free.empty()) {
-    // ClientWriter waits for a credit first; only a misuse of the raw
-    // state gets here.
-    return abort_call(call_slot,
-                      Status(StatusCode::kInternal, "client stream wrote past its window"),
-                      static_cast<uint16_t>(StatusCode::kCancelled));
+// Loop side of the hand-over.  Hot path (one per client-stream message): no
+// allocation, no lock, no virtual call; the message is already built in its
+// send slot, this writes the header in front of it and queues it.
+void ClientSession::drain_out(OutStream& o) {
+  if (closed_) return;
+  uint32_t entry = 0;
+  while (o.ready.pop(entry)) {
+    PendingCall* call = o.call;
+    if (call == nullptr) continue;  // the stream ended: reclaim_out takes the slots
+    const auto slot = static_cast<uint16_t>(entry & 0xffff);
+    const auto call_slot = static_cast<uint16_t>(call->slot);
+    switch (entry & 0xffff0000u) {
+      case OutStream::kMessage:
+        send_out(call, slot);
+        break;
+      case OutStream::kHalfClose:
+        send_control(Kind::kHalfClose, call_slot, slots_[call_slot].generation, call->request_id);
+        break;
+      case OutStream::kAbandoned: {
+        // The writer's build threw (Write() returned false with why): the
+        // stream fails as a whole, and the server is told to stop.
+        Status why;
+        {
+          std::lock_guard<std::mutex> lock(o.mu);
+          why = o.abandon_status;
+        }
+        abort_call(call_slot, std::move(why), static_cast<uint16_t>(StatusCode::kCancelled));
+        break;
+      }
+    }
   }
-  const uint16_t j = call->out_free.back();
-  call->out_free.pop_back();
-  SlotBuilder& b = *builders_[j];
-  b.Clear();
-  Status error;
-  try {
-    writer(b);
-  } catch (const SlotOverflow&) {
-    error = Status(StatusCode::kResourceExhausted,
-                   fmt::format("stream message does not fit a slot: payload capacity is {} bytes "
-                               "(slot_size {} minus the {}-byte header)",
-                               b.payload_capacity(), geometry_.slot_size, kHeaderSize));
-  } catch (const std::exception& e) {
-    error = Status(StatusCode::kInternal, fmt::format("stream message writer threw: {}", e.what()));
-  }
-  if (error.ok() && !b.is_finished()) {
-    error = Status(StatusCode::kInvalidArgument, "stream message writer did not call Finish()");
-  }
-  if (!error.ok()) {
-    // Write() has already returned: the stream fails as a whole, and the
-    // server is told to stop.
-    b.recover();
-    call->out_free.push_back(j);
-    return abort_call(call_slot, std::move(error), static_cast<uint16_t>(StatusCode::kCancelled));
-  }
+  if (o.call == nullptr) reclaim_out(o);
+}
+
+void ClientSession::send_out(PendingCall* call, uint16_t j) {
   Slot& s = slots_[j];
+  assert(s.state == SlotState::kOutIdle && s.request_id == call->request_id);
+  SlotBuilder& b = *builders_[j];
   ++s.generation;
   s.state = SlotState::kOutInFlight;
   Header h;
   h.flags = static_cast<uint8_t>(Kind::kClientMessage);
-  h.method_id = call_slot;
+  h.method_id = static_cast<uint32_t>(call->slot);
   h.request_id = call->request_id;
   h.payload_len = b.GetSize();
   h.slot = j;
@@ -353,11 +363,17 @@ void ClientSession::stream_write(::slotrpc::detail::OutStreamState& out, Request
   loop_.request_flush(this);
 }
 
-void ClientSession::stream_half_close(::slotrpc::detail::OutStreamState& out) {
-  auto* call = static_cast<PendingCall*>(out.loop_call);
-  if (call == nullptr || out.loop_session != this || closed_) return;
-  const auto slot = static_cast<uint16_t>(call->slot);
-  send_control(Kind::kHalfClose, slot, slots_[slot].generation, call->request_id);
+void ClientSession::reclaim_out(OutStream& o) {
+  if (closed_ || o.reclaimed.load(std::memory_order_relaxed)) return;
+  if (!o.ended.load(std::memory_order_seq_cst) || o.busy.load(std::memory_order_seq_cst)) return;
+  o.reclaimed.store(true, std::memory_order_release);
+  for (uint16_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    if (s.state == SlotState::kOutIdle && s.request_id == o.request_id) {
+      s.stream_owner = -1;
+      free_slot(i);
+    }
+  }
 }
 
 // The server is done with the client message in `h.slot`: the slot serves
@@ -377,8 +393,7 @@ void ClientSession::on_stream_ack(const Header& h) {
   }
   PendingCall* call = slots_[static_cast<size_t>(s.stream_owner)].call;
   s.state = SlotState::kOutIdle;
-  call->out_free.push_back(h.slot);
-  call->out->acked();
+  call->out->give(h.slot);
 }
 
 // Ends the call in `slot` from this side (cancel, deadline, a failed
@@ -398,9 +413,10 @@ void ClientSession::abort_call(uint16_t slot, Status status, uint16_t wire_statu
 
 void ClientSession::end_out(PendingCall* call, const Status& status) {
   if (!call->out) return;
-  call->out->loop_call = nullptr;
-  call->out->loop_session = nullptr;
-  call->out->end(status);
+  OutStream& o = *call->out;
+  o.call = nullptr;
+  o.end(status);
+  if (o.session) o.session->reclaim_out(o);
 }
 
 bool ClientSession::stream_active(const Slot& lent) const {
@@ -518,12 +534,13 @@ void ClientSession::end_stream(uint16_t owner_slot) {
   for (uint16_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     if (s.stream_owner != owner_slot || s.request_id != slots_[owner_slot].request_id) continue;
-    if (s.state == SlotState::kLent || s.state == SlotState::kOutIdle) {
+    if (s.state == SlotState::kLent) {
       s.stream_owner = -1;
       s.state = SlotState::kFree;
       free_.push_back(i);
     }
-    // kOutInFlight slots come back with their acks (on_stream_ack).
+    // kOutInFlight slots come back with their acks (on_stream_ack), kOutIdle
+    // ones (in the writer's hands) when the writer has left (reclaim_out).
   }
 }
 
@@ -553,12 +570,20 @@ void ClientSession::release(uint16_t slot, uint32_t generation) {
   // After shutdown the loop may be gone; nothing is waiting for credits.
   if (closed_.load(std::memory_order_acquire)) return;
   if (!loop_.on_this_thread()) {
-    // A reply dropped on another thread: the slot state belongs to the loop.
-    std::weak_ptr<ClientSession> weak = weak_from_this();
+    // A reply dropped on another thread (a stream reader's every message):
+    // the slot state belongs to the loop.  Hot path for server streams and
+    // bidi reads: a bounded lock-free queue and the session's doorbell, no
+    // allocation, lock or task.  The queue cannot fill: a slot is held by
+    // at most one reply, and released once per generation.
+    const bool pushed = released_.bounded_push(uint64_t{slot} << 32 | generation);
+    assert(pushed && "release queue overflowed");
+    (void)pushed;
+    if (release_rung_.exchange(true, std::memory_order_acq_rel)) return;  // already queued
     if (auto loop = loop_handle_.lock()) {
-      loop->post([weak, slot, generation] {
-        if (auto self = weak.lock()) self->release(slot, generation);
-      });
+      release_ref_ = shared_from_this();  // until on_release_bell runs
+      loop->ring(&release_bell_);
+    } else {
+      release_rung_.store(false, std::memory_order_release);
     }
     return;
   }
@@ -571,6 +596,18 @@ void ClientSession::release(uint16_t slot, uint32_t generation) {
   }
   s.stream_owner = -1;
   free_slot(slot);
+}
+
+// Loop thread: the replies dropped on other threads since the last ring.
+void ClientSession::on_release_bell(reactor::Reactor::Doorbell* d) {
+  ClientSession* self = static_cast<ReleaseBell*>(d)->owner;
+  std::shared_ptr<ClientSession> keep = std::move(self->release_ref_);
+  self->release_rung_.exchange(false, std::memory_order_acq_rel);
+  uint64_t entry = 0;
+  while (self->released_.pop(entry)) {
+    if (self->closed_ || !self->loop_.on_this_thread()) continue;  // ~Reactor drains too
+    self->release(static_cast<uint16_t>(entry >> 32), static_cast<uint32_t>(entry));
+  }
 }
 
 void ClientSession::free_slot(uint16_t slot) {

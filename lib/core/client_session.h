@@ -19,6 +19,8 @@
 // allocation besides the caller-owned PendingCall.
 #pragma once
 
+#include <boost/lockfree/queue.hpp>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "core/liveness.h"
+#include "core/out_stream.h"
 #include "core/outbox.h"
 #include "core/session_base.h"
 #include "core/slot_builder.h"
@@ -56,12 +59,10 @@ struct PendingCall {
   uint32_t window = 0;
   std::function<void(Status)> on_end;
   // Client streaming (with `stream` too: bidi): the client writes messages
-  // through `out` into `window` slots reserved for them; `sink` gets the
-  // reply of a client stream.  `out_free` lists the reserved slots not in
-  // flight (capacity reserved at creation: no allocation per message).
+  // through `out` (core/out_stream.h) into `window` slots reserved for
+  // them; `sink` gets the reply of a client stream.
   bool client_stream = false;
-  std::shared_ptr<::slotrpc::detail::OutStreamState> out;
-  std::vector<uint16_t> out_free;
+  std::shared_ptr<OutStream> out;
   std::optional<Clock::time_point> deadline;
   uint64_t request_id = 0;
   // Metrics, set by ClientSession::submit on the loop: the loop's client
@@ -128,11 +129,14 @@ class ClientSession final : public SessionBase,
   // Before the first call: the kFeature* bits of the server's HelloReply.
   void set_peer_features(uint16_t features) { peer_features_ = features; }
 
-  // Loop thread.  Client and bidi streams: one message (built in place in a
-  // send slot of the stream's window), and the half-close.  Streams that
-  // have ended ignore both.
-  void stream_write(::slotrpc::detail::OutStreamState& out, RequestWriter writer);
-  void stream_half_close(::slotrpc::detail::OutStreamState& out);
+  // Loop thread (the stream's doorbell).  Client and bidi streams: sends
+  // what the writer handed over (messages built in their send slots, the
+  // half-close), in order; a stream that has ended drops it and takes its
+  // window back once the writer has left it.
+  void drain_out(OutStream& out);
+  // Loop thread.  The window's slots in the writer's hands come back, if the
+  // writer is not inside a Write (else its leaving rings for this).
+  void reclaim_out(OutStream& out);
 
   uint64_t next_request_id() { return last_request_id_.fetch_add(1, std::memory_order_relaxed) + 1; }
 
@@ -203,6 +207,7 @@ class ClientSession final : public SessionBase,
     return 1u + (call->stream ? 1u : 0u) + (call->client_stream ? 1u : 0u);
   }
   void reserve_out(uint16_t call_slot, PendingCall* call);
+  void send_out(PendingCall* call, uint16_t slot);
   void on_stream_ack(const Header& h);
   void abort_call(uint16_t slot, Status status, uint16_t wire_status);
   static void end_out(PendingCall* call, const Status& status);
@@ -223,6 +228,7 @@ class ClientSession final : public SessionBase,
   SlotRing send_ring_;
   SlotRing recv_ring_;
   std::vector<std::unique_ptr<SlotBuilder>> builders_;
+  std::vector<SlotBuilder*> builder_ptrs_;  // the same, for client-stream writers
   std::vector<Slot> slots_;
   std::vector<uint16_t> free_;  // credits (a stack: hot slots stay in cache)
   PendingCall* queue_head_ = nullptr;
@@ -234,6 +240,15 @@ class ClientSession final : public SessionBase,
   uint16_t peer_features_ = 0;
 
   Outbox outbox_;
+  // Replies released on other threads, (slot << 32 | generation), and the
+  // doorbell that makes the loop take them (release()).
+  boost::lockfree::queue<uint64_t> released_;
+  struct ReleaseBell : reactor::Reactor::Doorbell {
+    ClientSession* owner = nullptr;
+  } release_bell_;
+  std::atomic<bool> release_rung_{false};
+  std::shared_ptr<ClientSession> release_ref_;
+  static void on_release_bell(reactor::Reactor::Doorbell* d);
   Liveness liveness_;
   reactor::TimerHeap::TimerId keepalive_timer_ = 0;
   std::atomic<bool> closed_{false};

@@ -41,7 +41,7 @@ std::span<const UintSetting> uint_settings() {
       {"SLOTRPC_MAX_QUEUED_CALLS", "max_queued_calls", &Config::max_queued_calls, 0,
        1u << 24, "calls that may wait for a credit; more fail with RESOURCE_EXHAUSTED"},
       {"SLOTRPC_STREAM_WINDOW", "stream_window", &Config::stream_window, 1, kMaxSlotCount - 1,
-       "slots a server-streaming call lends the server: messages it may have in flight"},
+       "per stream and direction: messages a writer may have in flight before the reader read them"},
       {"SLOTRPC_MAX_SESSIONS", "max_sessions", &Config::max_sessions, 1, 1'000'000,
        "server: open sessions; one more is refused with RESOURCE_EXHAUSTED"},
       {"SLOTRPC_MAX_PENDING_HANDSHAKES", "max_pending_handshakes",

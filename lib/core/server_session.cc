@@ -130,6 +130,7 @@ void ServerSession::on_message(const transport::Completion& c) {
   s.grants.clear();
   s.grant_head = 0;
   s.waiter = nullptr;
+  s.read_waiter = nullptr;
   s.generation = h.generation;
   s.request_id = h.request_id;
   s.payload_len = h.payload_len;
@@ -402,10 +403,16 @@ void ServerSession::on_keepalive(void* self_ptr, uint64_t) {
 
 namespace slotrpc::core {
 
+// Wakes whichever fibers wait on the call: its writer and its reader (both
+// re-check what they wait for, so a wake for the other is harmless).
 void ServerSession::wake_writer(Slot& s) {
   if (s.waiter != nullptr) {
     loop_.make_ready(s.waiter);
     s.waiter = nullptr;
+  }
+  if (s.read_waiter != nullptr) {
+    loop_.make_ready(s.read_waiter);
+    s.read_waiter = nullptr;
   }
 }
 
@@ -631,7 +638,7 @@ bool ServerSession::read_inbound(::slotrpc::detail::InboundStream* in_base,
       *status = Status(StatusCode::kInternal, "ServerReader used outside its handler");
       return false;
     }
-    s.waiter = reactor::FiberPool::current();
+    s.read_waiter = reactor::FiberPool::current();
     reactor::FiberPool::suspend();
   }
 }

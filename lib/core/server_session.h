@@ -69,7 +69,8 @@ class ServerSession final : public SessionBase {
     std::vector<uint16_t> grants;
     size_t grant_head = 0;
     // The handler's fiber while it waits for a grant or a client message.
-    reactor::Fiber* waiter = nullptr;
+    reactor::Fiber* waiter = nullptr;       // the handler's fiber, waiting in Write()
+    reactor::Fiber* read_waiter = nullptr;  // a fiber waiting in Read() (bidi: may be another)
     // Client streaming: the client's messages not yet read (a FIFO of slots
     // linked through in_next_), the one the handler reads now, whether the
     // client half-closed, why the client cancelled (kCancel's status), and

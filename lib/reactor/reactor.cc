@@ -83,6 +83,7 @@ Reactor::~Reactor() {
   Task t;
   while (inbox_.pop(t)) {
   }
+  run_doorbells();  // their owners only release what they hold
   monitor_.reset();  // it samples verbs_'s receive queues
   verbs_.reset();
   ::close(event_fd_);
@@ -143,6 +144,29 @@ void Reactor::run_or_post(Task task) {
   } else {
     post(std::move(task));
   }
+}
+
+void Reactor::ring(Doorbell* d) {
+  Doorbell* head = doorbells_.load(std::memory_order_relaxed);
+  do {
+    d->next = head;
+  } while (!doorbells_.compare_exchange_weak(head, d, std::memory_order_release,
+                                             std::memory_order_relaxed));
+  wake();
+}
+
+// All rung doorbells at once (a stack: no order between them; each owner
+// orders its own queue).  `next` is read before `run`, which may ring the
+// doorbell again or free it.
+bool Reactor::run_doorbells() {
+  if (doorbells_.load(std::memory_order_relaxed) == nullptr) return false;
+  Doorbell* d = doorbells_.exchange(nullptr, std::memory_order_acquire);
+  while (d != nullptr) {
+    Doorbell* next = d->next;
+    run_guarded(name_, "a doorbell", [d] { d->run(d); });
+    d = next;
+  }
+  return true;
 }
 
 void Reactor::wake() {
@@ -218,10 +242,15 @@ bool Reactor::run_turn() {
   // Cross-thread tasks; bounded so a flood cannot starve the network.
   Task task;
   for (int i = 0; i < 1024 && inbox_.pop(task); ++i) {
+    // Doorbells rung before this task was posted run before it (one load
+    // when none is): a thread that drops a stream message and then asks
+    // the loop something sees the slot back, as with posted tasks.
+    worked |= run_doorbells();
     run_guarded(name_, "a posted task", task);
     task = nullptr;
     worked = true;
   }
+  worked |= run_doorbells();
 
   // One batch of completions per transport (both classes are final: these
   // are direct calls).  A session callback may destroy a link, never a
@@ -273,7 +302,8 @@ bool Reactor::run_turn() {
 void Reactor::sleep_until_work() {
   sleeping_.store(true, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (!inbox_.empty() || !ready_fibers_.empty() || !tcp_.prepare_sleep() ||
+  if (!inbox_.empty() || doorbells_.load(std::memory_order_relaxed) != nullptr ||
+      !ready_fibers_.empty() || !tcp_.prepare_sleep() ||
       (verbs_ && !verbs_->prepare_sleep()) || stop_.load(std::memory_order_relaxed)) {
     sleeping_.store(false, std::memory_order_relaxed);
     return;

@@ -76,6 +76,21 @@ class Reactor {
   // Runs `task` on the loop now if called on the loop thread, else posts it.
   void run_or_post(Task task);
 
+  // A wake-up without allocation, for producers on other threads that keep
+  // their own lock-free queue and only need the loop to look at it (client
+  // streams' ready rings, core/out_stream.h).  post() costs a task and an
+  // inbox node per call; ring() costs one CAS on an intrusive stack.
+  struct Doorbell {
+    Doorbell* next = nullptr;
+    void (*run)(Doorbell*) = nullptr;  // on the loop; may free the doorbell
+  };
+  // Any thread.  `run` runs on the loop early in a turn (after the posted
+  // tasks); the loop is woken only if it sleeps.  A doorbell may be rung
+  // again once its run has started, never while it is still queued (the
+  // owner keeps a flag).  Doorbells still queued when the loop ends run in
+  // ~Reactor, on the destroying thread.
+  void ring(Doorbell* d);
+
   // Loop thread.  Runs `task` on a fiber (it may suspend).
   void spawn(Task task) { fibers_.start(std::move(task)); }
   void spawn(FiberPool::Entry fn, void* ctx, uint64_t arg) { fibers_.start(fn, ctx, arg); }
@@ -126,6 +141,7 @@ class Reactor {
   bool run_turn();  // true if it did any work
   void sleep_until_work();
   void wake();
+  bool run_doorbells();
 
   Config config_;
   std::string name_;
@@ -137,6 +153,7 @@ class Reactor {
   int epoll_fd_ = -1;
 
   MpscQueue<Task> inbox_;
+  std::atomic<Doorbell*> doorbells_{nullptr};  // intrusive stack, see ring()
   TimerHeap timers_;
   FiberPool fibers_;
   std::vector<Fiber*> ready_fibers_;

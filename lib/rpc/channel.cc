@@ -662,16 +662,15 @@ Channel::Stats Channel::stats() const {
 
 }  // namespace slotrpc
 
-// Client and bidi streaming (docs/protocol.md, section 5a).  The messages
-// reach the session through the state's functions: each is posted to the
-// loop (the cross-thread path; a caller on the loop runs it at once) and
-// built there in a send slot of the stream's window.
+// Client and bidi streaming (docs/protocol.md, section 5a).  The writer
+// builds each message in a send slot of the stream's window on its own
+// thread and hands the slot to the session through the stream's rings
+// (core/out_stream.h); nothing is posted per message.
 namespace slotrpc {
 
 std::shared_ptr<detail::OutStreamState> Channel::open_stream(uint32_t method_id, bool bidi,
                                                              CallOptions options, ReplySink on_reply,
                                                              std::function<void(Status)> on_end) {
-  auto out = std::make_shared<detail::OutStreamState>();
   auto* pc = new core::PendingCall;
   pc->method_id = method_id;
   pc->sink = std::move(on_reply);
@@ -680,28 +679,8 @@ std::shared_ptr<detail::OutStreamState> Channel::open_stream(uint32_t method_id,
   pc->client_stream = true;
   pc->window = options.stream_window != 0 ? options.stream_window : impl_->config.stream_window;
   pc->deadline = options.deadline;
+  auto out = std::make_shared<core::OutStream>(impl_->loop, pc->window);
   pc->out = out;
-  std::weak_ptr<Impl> weak_impl = impl_;
-  std::weak_ptr<detail::OutStreamState> weak_out = out;
-  {
-    std::lock_guard<std::mutex> lock(out->mu);
-    out->send = [weak_impl, weak_out](RequestWriter writer) {
-      auto impl = weak_impl.lock();
-      if (!impl || impl->closing.load()) return;
-      impl->loop->run_or_post([impl, weak_out, writer = std::move(writer)]() mutable {
-        auto o = weak_out.lock();
-        if (o && impl->session) impl->session->stream_write(*o, std::move(writer));
-      });
-    };
-    out->half_close = [weak_impl, weak_out] {
-      auto impl = weak_impl.lock();
-      if (!impl || impl->closing.load()) return;
-      impl->loop->run_or_post([impl, weak_out] {
-        auto o = weak_out.lock();
-        if (o && impl->session) impl->session->stream_half_close(*o);
-      });
-    };
-  }
   CallHandle handle = submit(pc);
   {
     std::lock_guard<std::mutex> lock(out->mu);

@@ -15,6 +15,15 @@ bool in_fiber() {
   return reactor::FiberPool::current() != nullptr && reactor::Reactor::current() != nullptr;
 }
 
+bool spawn(std::function<void()> fn) {
+  if (!in_fiber()) return false;
+  reactor::Reactor* loop = reactor::Reactor::current();
+  // Posted: a fiber is started from the loop, never switched into from
+  // another fiber's stack.
+  loop->post([loop, fn = std::move(fn)]() mutable { loop->spawn(std::move(fn)); });
+  return true;
+}
+
 void sleep_for(std::chrono::nanoseconds duration) {
   if (!in_fiber()) return std::this_thread::sleep_for(duration);
   reactor::Reactor* loop = reactor::Reactor::current();
