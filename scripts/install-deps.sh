@@ -19,6 +19,9 @@ PACKAGES=(
   meson
   ninja-build
   pkg-config
+  # scripts/test.sh builds examples/kv with README's CMake recipe against an
+  # installed slotrpc (scripts/consumer_check.sh)
+  cmake
   # RDMA verbs (transport/verbs) and tools (ibv_devices, ibv_devinfo, ...)
   libibverbs-dev
   rdma-core

@@ -6,6 +6,11 @@
 # Phases, each failing fast with a non-zero exit:
 #   1. install dependencies        (scripts/install-deps.sh --test-vm)
 #   2. build-test/ debugoptimized  -> meson setup, compile, test
+#   2b. install check: build-test installs into a temporary prefix
+#      (build-test/prefix); examples/kv, copied outside the source tree, is
+#      built against it with README's Meson recipe and README's CMake
+#      recipe, exactly as README has them (scripts/consumer_check.sh), and
+#      each built kv_client runs against its kv_server
 #   3. build-asan/ debug + ASan/UBSan -> meson setup, compile, test
 #   4. build-fuzz/ clang + ASan/UBSan + libFuzzer -> compile only the fuzz
 #      targets (tests/fuzz) and run them, all at once, for FUZZ_SECONDS from
@@ -43,10 +48,16 @@ TOTAL_PASSED=0
 TOTAL_FAILED=0
 TOTAL_SKIPPED=0
 
+# Each banner says how long the run has taken so far and how long the step
+# before it took, so CI logs show where the time goes.
+LAST_BANNER=0
 banner() {
+  local t=$SECONDS
   printf '\n'
   printf '=%.0s' {1..78}
-  printf '\n==== %s\n' "$*"
+  printf '\n==== [+ %dm%02ds, previous step %ds] %s\n' $((t / 60)) $((t % 60)) \
+    $((t - LAST_BANNER)) "$*"
+  LAST_BANNER=$t
   printf '=%.0s' {1..78}
   printf '\n'
 }
@@ -141,7 +152,22 @@ banner "Installing dependencies"
 ./scripts/install-deps.sh --test-vm  # the rxe suite boots a Soft-RoCE VM
 
 # --- 2. regular build --------------------------------------------------------
-build_and_test build-test --buildtype=debugoptimized
+# The prefix is where phase 2b installs to (inside the build dir: scratch).
+build_and_test build-test --buildtype=debugoptimized --prefix="$ROOT/build-test/prefix"
+
+# --- 2b. install check ----------------------------------------------------------
+# What a user of the installed library does, with README's recipes as
+# written: any drift between README and the packaging fails here.
+banner "[build-test] install into build-test/prefix; examples/kv with README's Meson and CMake recipes"
+rm -rf build-test/prefix
+meson install -C build-test --quiet
+if ./scripts/consumer_check.sh "$ROOT/build-test/prefix"; then
+  TOTAL_PASSED=$((TOTAL_PASSED + 1))
+else
+  TOTAL_FAILED=$((TOTAL_FAILED + 1))
+  print_summary
+  exit 1
+fi
 
 # --- 3. sanitizer build ------------------------------------------------------
 # SLOTRPC_TEST_SKIP_ASAN=1 is for local iteration only; CI never sets it.

@@ -1,4 +1,5 @@
-// echo_client --connect HOST:PORT [--count N] [--size BYTES] [--outstanding K]
+// echo_client [--connect HOST:PORT] [--count N] [--size BYTES] [--outstanding K]
+// (--help lists them)
 //
 // Keeps K calls in flight until N have completed, checks every byte of
 // every reply, and prints the latency distribution.
@@ -6,9 +7,10 @@
 // A call that fails (e.g. UNAVAILABLE: the server died) stops the run: no
 // new call is issued, the calls still out are waited for, and the client
 // exits 1 with "echo_client: call failed: <status>".
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <atomic>
-#include <charconv>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -24,12 +26,6 @@ namespace {
 using slotrpc::examples::EchoClient;
 using slotrpc::examples::EchoReply;
 using slotrpc::examples::EchoRequest;
-
-bool parse(const char* text, uint64_t min, uint64_t max, uint64_t& out) {
-  std::string_view s(text);
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-  return ec == std::errc() && p == s.data() + s.size() && out >= min && out <= max;
-}
 
 struct Run {
   EchoClient* client = nullptr;
@@ -116,26 +112,21 @@ double percentile_us(const slotrpc::Histogram& h, double q) { return h.quantile(
 int main(int argc, char** argv) {
   std::string address = "127.0.0.1:7000";
   uint64_t count = 10000, size = 64, outstanding = 8;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    bool ok = i + 1 < argc;
-    if (ok && a == "--connect") {
-      address = argv[++i];
-    } else if (ok && a == "--count") {
-      ok = parse(argv[++i], 1, 100'000'000, count);
-    } else if (ok && a == "--size") {
-      ok = parse(argv[++i], 0, 64u << 20, size);
-    } else if (ok && a == "--outstanding") {
-      ok = parse(argv[++i], 1, 4096, outstanding);
-    } else {
-      ok = false;
-    }
-    if (!ok) {
-      std::fprintf(stderr,
-                   "usage: echo_client [--connect HOST:PORT] [--count 1..100000000] "
-                   "[--size 0..67108864] [--outstanding 1..4096]\n");
-      return 2;
-    }
+  CLI::App app("Calls slotrpc.examples.Echo, keeping K calls in flight until N completed; checks "
+               "every reply byte and prints the latency distribution.",
+               "echo_client");
+  app.add_option("--connect", address, "Server address")->capture_default_str();
+  app.add_option("--count", count, "Calls to make")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{100'000'000}))->capture_default_str();
+  app.add_option("--size", size, "Payload bytes per request (echoed back)")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{64} << 20))->capture_default_str();
+  app.add_option("--outstanding", outstanding, "Calls in flight at once")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{4096}))->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help exits 0; a bad option 2, the usual usage-error status.
+    return app.exit(e) == 0 ? 0 : 2;
   }
 
   auto channel = slotrpc::Channel::connect(address);

@@ -1,5 +1,7 @@
-// echo_server --listen HOST:PORT [--port-file FILE]
+// echo_server [--listen HOST:PORT] [--port-file FILE]   (--help lists them)
 // Serves slotrpc.examples.Echo until SIGINT or SIGTERM.
+#include <CLI/CLI.hpp>
+
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -11,16 +13,17 @@
 int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:7000";
   std::string port_file;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--listen" && i + 1 < argc) {
-      listen = argv[++i];
-    } else if (a == "--port-file" && i + 1 < argc) {
-      port_file = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: echo_server [--listen HOST:PORT] [--port-file FILE]\n");
-      return 2;
-    }
+  CLI::App app("Serves slotrpc.examples.Echo (examples/echo/echo.fbs) until SIGINT or SIGTERM.",
+               "echo_server");
+  app.add_option("--listen", listen, "Address to listen on; port 0 picks a free one")
+      ->capture_default_str();
+  app.add_option("--port-file", port_file,
+                 "Once listening, write the port to this file (whole, via a rename)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help exits 0; a bad option 2, the usual usage-error status.
+    return app.exit(e) == 0 ? 0 : 2;
   }
 
   // Block the signals before any thread starts, then wait for them here.

@@ -56,7 +56,7 @@ class CallHandle {
   std::function<void()> cancel_;
 };
 
-class Channel {
+class SLOTRPC_API Channel {
  public:
   // Connects, agrees on the ring geometry with the server and starts the
   // channel's event loop.  `config` (after SLOTRPC_* overrides) is validated.
@@ -213,7 +213,7 @@ class Channel {
   // function removes it.  Keep it short: it runs on the event loop.
   void on_monitor_sample(std::function<void(const MetricsSnapshot&)> callback);
 
-  struct Impl;
+  struct SLOTRPC_LOCAL Impl;
 
  private:
   template <class Req>

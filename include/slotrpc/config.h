@@ -44,7 +44,7 @@ enum class SharedReceiveQueue : uint8_t {
   kAuto,  // on when the device has SRQs and type-2 memory windows (default)
 };
 
-struct Config {
+struct SLOTRPC_API Config {
   // Slot ring geometry, per session and direction.  A message (32-byte
   // header + payload) must fit one slot.  A Channel proposes its geometry;
   // a Server accepts up to its own values.
@@ -115,9 +115,9 @@ struct Config {
   Result<Config> with_environment() const;
 };
 
-std::string_view to_string(PollMode mode);
-std::string_view to_string(TransportKind kind);
-std::string_view to_string(RelaxedOrdering mode);
-std::string_view to_string(SharedReceiveQueue mode);
+SLOTRPC_API std::string_view to_string(PollMode mode);
+SLOTRPC_API std::string_view to_string(TransportKind kind);
+SLOTRPC_API std::string_view to_string(RelaxedOrdering mode);
+SLOTRPC_API std::string_view to_string(SharedReceiveQueue mode);
 
 }  // namespace slotrpc

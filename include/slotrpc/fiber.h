@@ -4,14 +4,16 @@
 #include <chrono>
 #include <functional>
 
+#include "slotrpc/export.h"
+
 namespace slotrpc::this_fiber {
 
 // Inside a handler: suspends only this fiber for `duration` (the event loop
 // keeps serving).  On a plain thread: std::this_thread::sleep_for.
-void sleep_for(std::chrono::nanoseconds duration);
+SLOTRPC_API void sleep_for(std::chrono::nanoseconds duration);
 
 // True when called from a handler fiber.
-bool in_fiber();
+SLOTRPC_API bool in_fiber();
 
 // Inside a handler: runs `fn` on a new fiber of the same event loop, soon
 // (from the loop, not nested in this fiber).  False, and `fn` is dropped,

@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "slotrpc/export.h"
+
 namespace slotrpc {
 
 namespace detail {
@@ -25,11 +27,11 @@ struct FiberWaiter {
   void* fiber = nullptr;
 };
 // True (and fills `out`) when the caller runs on an event-loop fiber.
-bool current_fiber(FiberWaiter* out);
+SLOTRPC_API bool current_fiber(FiberWaiter* out);
 // Suspends the calling fiber until wake_fiber() is called for it.
-void suspend_current_fiber();
+SLOTRPC_API void suspend_current_fiber();
 // Any thread: makes a suspended fiber continue on its loop.
-void wake_fiber(const FiberWaiter& waiter);
+SLOTRPC_API void wake_fiber(const FiberWaiter& waiter);
 
 template <class T>
 struct SharedState {

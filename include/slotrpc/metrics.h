@@ -22,6 +22,8 @@
 #include <utility>
 #include <vector>
 
+#include "slotrpc/export.h"
+
 namespace slotrpc {
 
 // A distribution (latency in microseconds, or a count per event) in the
@@ -144,6 +146,6 @@ struct MetricsSnapshot {
 
 // The snapshot in the Prometheus text exposition format (version 0.0.4):
 // what the metrics port (SLOTRPC_METRICS_ADDRESS) serves at /metrics.
-std::string to_prometheus(const MetricsSnapshot& snapshot);
+SLOTRPC_API std::string to_prometheus(const MetricsSnapshot& snapshot);
 
 }  // namespace slotrpc

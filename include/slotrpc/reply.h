@@ -22,7 +22,7 @@ namespace slotrpc {
 namespace detail {
 // Implemented by the client session; returns a slot when a reply is dropped.
 class ReplyOwner;
-void release_reply(const std::shared_ptr<ReplyOwner>& owner, uint16_t slot, uint32_t generation);
+SLOTRPC_API void release_reply(const std::shared_ptr<ReplyOwner>& owner, uint16_t slot, uint32_t generation);
 }  // namespace detail
 
 class RawReply {

@@ -23,7 +23,7 @@
 
 namespace slotrpc {
 
-class Server {
+class SLOTRPC_API Server {
  public:
   // `config` (after SLOTRPC_* overrides) is validated by start().  Its
   // slot_count and slot_size are the largest ring a client may ask for.
@@ -61,7 +61,7 @@ class Server {
   // removes it.  Keep it short: it runs on the event loop.
   void on_monitor_sample(std::function<void(const MetricsSnapshot&)> callback);
 
-  struct Impl;
+  struct SLOTRPC_LOCAL Impl;
 
  private:
   Server(std::shared_ptr<detail::RuntimeCore> runtime, Config config);

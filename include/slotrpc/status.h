@@ -6,6 +6,8 @@
 #include <string_view>
 #include <utility>
 
+#include "slotrpc/export.h"
+
 namespace slotrpc {
 
 // Codes use gRPC's numbering so that logs and dashboards read the same
@@ -22,11 +24,11 @@ enum class StatusCode : uint16_t {
 };
 
 // Name of a code ("OK", "DEADLINE_EXCEEDED", ...).
-std::string_view status_code_name(StatusCode code);
+SLOTRPC_API std::string_view status_code_name(StatusCode code);
 // True when `raw` is one of the codes above (used when decoding replies).
-bool is_known_status_code(uint16_t raw);
+SLOTRPC_API bool is_known_status_code(uint16_t raw);
 
-class [[nodiscard]] Status {
+class [[nodiscard]] SLOTRPC_API Status {
  public:
   Status() = default;  // OK
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
