@@ -20,6 +20,6 @@ SLOTRPC_API bool in_fiber();
 // outside a handler fiber.  The handler must outlive what `fn` uses: e.g.
 // a bidi handler whose reader fiber reads the stream waits for it to finish
 // (a slotrpc::Notifier) before it returns.
-bool spawn(std::function<void()> fn);
+SLOTRPC_API bool spawn(std::function<void()> fn);
 
 }  // namespace slotrpc::this_fiber

@@ -33,6 +33,7 @@
 #include <memory>
 
 #include "slotrpc/config.h"
+#include "slotrpc/export.h"
 #include "slotrpc/result.h"
 
 namespace slotrpc {
@@ -41,7 +42,7 @@ namespace detail {
 struct RuntimeCore;
 }
 
-class Runtime {
+class SLOTRPC_API Runtime {
  public:
   // `config.reactor_threads` loops, after SLOTRPC_* overrides; throws
   // std::invalid_argument naming the bad setting (create() returns it).

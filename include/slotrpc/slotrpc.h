@@ -10,6 +10,8 @@
 #include "slotrpc/metrics.h"
 #include "slotrpc/reply.h"
 #include "slotrpc/result.h"
+#include "slotrpc/runtime.h"
 #include "slotrpc/server.h"
 #include "slotrpc/service.h"
 #include "slotrpc/status.h"
+#include "slotrpc/stream.h"

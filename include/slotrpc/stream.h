@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "slotrpc/export.h"
 #include "slotrpc/call.h"
 #include "slotrpc/future.h"
 #include "slotrpc/reply.h"
@@ -70,7 +71,7 @@ struct InboundStream {
 //      lock-free stack; the loop is woken only if it sleeps).  The loop
 //      writes the 32-byte header in front of the message and sends it.
 // Memory stays bounded by the rings: both hold at most the window.
-struct OutStreamState {
+struct SLOTRPC_API OutStreamState {
   // Cancels the call (any thread; a no-op once it ended).
   void post_cancel();
 
@@ -82,17 +83,17 @@ struct OutStreamState {
 // Writer side: one writer (thread or fiber) at a time, never the channel's
 // own loop thread while it must wait.  out_begin: the builder of a free slot
 // of the window, Clear()ed, or nullptr (and `why`) once the stream is over.
-flatbuffers::FlatBufferBuilder* out_begin(OutStreamState& out, Status* why);
+SLOTRPC_API flatbuffers::FlatBufferBuilder* out_begin(OutStreamState& out, Status* why);
 // The builder from out_begin() is finished: send it.  Always true today
 // (a stream that ended meanwhile drops the message; the next out_begin()
 // reports why).
-bool out_commit(OutStreamState& out, Status* why);
+SLOTRPC_API bool out_commit(OutStreamState& out, Status* why);
 // The build threw `error` (a message larger than the slot:
 // RESOURCE_EXHAUSTED): the slot goes back and the stream fails with it,
 // which `why` gets too.
-void out_abandon(OutStreamState& out, std::exception_ptr error, Status* why);
+SLOTRPC_API void out_abandon(OutStreamState& out, std::exception_ptr error, Status* why);
 // Half-closes (ordered after every committed message).
-void out_writes_done(OutStreamState& out);
+SLOTRPC_API void out_writes_done(OutStreamState& out);
 
 // One Write() of a client or bidi stream: build in the send slot on the
 // calling thread.
