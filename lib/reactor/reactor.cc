@@ -57,8 +57,9 @@ Reactor::Reactor(const Config& config, std::string name)
       std::lock_guard<std::mutex> lock(list->mu);
       std::erase_if(list->hooks, [&](const std::weak_ptr<monitor::SampleHook>& w) {
         auto h = w.lock();
-        if (h) live.push_back(std::move(h));
-        return !h;
+        if (!h) return true;
+        live.push_back(std::move(h));  // `h` is empty now: decide before
+        return false;
       });
     }
     for (const auto& h : live) h->call(snapshot);
