@@ -176,8 +176,10 @@ if [[ "${SLOTRPC_TEST_SKIP_ASAN:-0}" == 1 ]]; then
 else
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  # -Dbench=false: the benchmarks are never run by the suite, and compiling
+  # them under the sanitizers only costs time.
   build_and_test build-asan --buildtype=debug \
-    -Db_sanitize=address,undefined -Db_lundef=false
+    -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false
 fi
 
 # --- 4. fuzzing ---------------------------------------------------------------
