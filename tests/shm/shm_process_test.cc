@@ -46,6 +46,62 @@ uint64_t control_seq(const Completion& c) {
   return v;
 }
 
+// A second, well-behaved link on the hub's transport, fed from this
+// process while a test abuses the first one: whatever the bad peer does
+// must not reach it.
+struct GoodLink {
+  End& hub;
+  End& good;
+  std::unique_ptr<ShmLink> at_hub;
+  std::vector<std::byte> ring = std::vector<std::byte>(size_t{kGeo.slot_count} * kGeo.slot_size);
+  int context = 0;
+  uint64_t sent = 0;
+
+  GoodLink(End& h, End& g) : hub(h), good(g) {
+    auto [g0, g1] = unix_pair();
+    auto oh = hub.transport.offer(g0, kGeo);
+    auto og = good.transport.offer(g1, kGeo);
+    REQUIRE((oh.ok() && og.ok()));
+    auto lh = hub.transport.complete(std::move(oh).value(), 5s, "hub-good");
+    auto lg = good.transport.complete(std::move(og).value(), 5s, "good");
+    REQUIRE((lh.ok() && lg.ok()));
+    good.link = std::move(lg).value();
+    good.attach(kGeo);
+    at_hub = std::move(lh).value();
+    REQUIRE(at_hub->attach({ring.data(), ring.size()}, {ring.data(), ring.size()}, kGeo.slot_count,
+                           kGeo.slot_size, &context).ok());
+  }
+
+  // Sends the next numbered control message.
+  void feed() {
+    // Within the backlog budget (one more ring): wait for the hub when it lags.
+    if (good.link->backlog() >= 64)
+      REQUIRE(pump_until({&hub, &good}, [&] { return good.link->backlog() < 64; }));
+    const auto h = control_bytes(sent++);
+    const Outgoing o{h.data(), 32, 0, Lane::kControl};
+    good.link->post({&o, 1});
+    good.poll_once();
+  }
+
+  // Sends `more` messages, then checks that the hub got every message of
+  // this link, in order, and that the link is still up.
+  void check_delivers_in_order(int more) {
+    for (int i = 0; i < more; ++i) feed();
+    REQUIRE(pump_until({&hub, &good}, [&] {
+      uint64_t n = 0;
+      for (const Completion& c : hub.got) n += c.link == at_hub.get();
+      return n == sent;
+    }));
+    uint64_t expect = 0;
+    for (const Completion& c : hub.got) {
+      if (c.link != at_hub.get()) continue;
+      REQUIRE(c.kind == CKind::kControl);
+      REQUIRE(control_seq(c) == expect++);
+    }
+    CHECK_FALSE(at_hub->down());
+  }
+};
+
 }  // namespace
 
 TEST_CASE("shm: a peer scribbling over its segment while messages flow closes only its link") {
@@ -93,31 +149,7 @@ TEST_CASE("shm: a peer scribbling over its segment while messages flow closes on
   hub.attach(kGeo);
 
   // A good link on the same transport, fed from this process throughout.
-  auto [g0, g1] = unix_pair();
-  auto oh = hub.transport.offer(g0, kGeo);
-  auto og = good.transport.offer(g1, kGeo);
-  REQUIRE((oh.ok() && og.ok()));
-  auto lh = hub.transport.complete(std::move(oh).value(), 5s, "hub-good");
-  auto lg = good.transport.complete(std::move(og).value(), 5s, "good");
-  REQUIRE((lh.ok() && lg.ok()));
-  good.link = std::move(lg).value();
-  good.attach(kGeo);
-  std::unique_ptr<ShmLink> hub_good = std::move(lh).value();
-  std::vector<std::byte> r2(size_t{kGeo.slot_count} * kGeo.slot_size);
-  int ctx2 = 0;
-  REQUIRE(hub_good->attach({r2.data(), r2.size()}, {r2.data(), r2.size()}, kGeo.slot_count,
-                           kGeo.slot_size, &ctx2).ok());
-
-  uint64_t good_sent = 0;
-  auto feed_good = [&] {
-    // Within the backlog budget (one more ring): wait for the hub when it lags.
-    if (good.link->backlog() >= 64)
-      REQUIRE(pump_until({&hub, &good}, [&] { return good.link->backlog() < 64; }));
-    const auto h = control_bytes(good_sent++);
-    const Outgoing o{h.data(), 32, 0, Lane::kControl};
-    good.link->post({&o, 1});
-    good.poll_once();
-  };
+  GoodLink good_link(hub, good);
   REQUIRE(wait_ready(ready[0]));
   ::close(ready[0]);
   REQUIRE(pump_until({&hub}, [&] { return hub.got.size() >= kValid; }));
@@ -128,7 +160,7 @@ TEST_CASE("shm: a peer scribbling over its segment while messages flow closes on
   // a hang, while the good link keeps delivering in order.
   const auto until = Clock::now() + kTimeout;
   while (!hub.has_link_down() && Clock::now() < until) {
-    feed_good();
+    good_link.feed();
     hub.poll_once();
   }
   REQUIRE(hub.has_link_down());
@@ -152,19 +184,7 @@ TEST_CASE("shm: a peer scribbling over its segment while messages flow closes on
   }
   CHECK(next >= kValid);
   // After: the good link still works, every message in order.
-  for (int i = 0; i < 2000; ++i) feed_good();
-  REQUIRE(pump_until({&hub, &good}, [&] {
-    uint64_t n = 0;
-    for (const Completion& c : hub.got) n += c.link == hub_good.get();
-    return n == good_sent;
-  }));
-  uint64_t expect = 0;
-  for (const Completion& c : hub.got) {
-    if (c.link != hub_good.get()) continue;
-    REQUIRE(c.kind == CKind::kControl);
-    REQUIRE(control_seq(c) == expect++);
-  }
-  CHECK_FALSE(hub_good->down());
+  good_link.check_delivers_in_order(2000);
   CHECK(child.kill_and_reap());
 }
 
@@ -284,30 +304,7 @@ TEST_CASE("shm: a peer that stops consuming while we have a backlog is closed af
   ::close(ready[0]);
 
   // Another link on the same transport, fed from this process throughout.
-  auto [g0, g1] = unix_pair();
-  auto oh = hub.transport.offer(g0, kGeo);
-  auto og = good.transport.offer(g1, kGeo);
-  REQUIRE((oh.ok() && og.ok()));
-  auto lh = hub.transport.complete(std::move(oh).value(), 5s, "hub-good");
-  auto lg = good.transport.complete(std::move(og).value(), 5s, "good");
-  REQUIRE((lh.ok() && lg.ok()));
-  good.link = std::move(lg).value();
-  good.attach(kGeo);
-  std::unique_ptr<ShmLink> hub_good = std::move(lh).value();
-  std::vector<std::byte> r2(size_t{kGeo.slot_count} * kGeo.slot_size);
-  int ctx2 = 0;
-  REQUIRE(hub_good->attach({r2.data(), r2.size()}, {r2.data(), r2.size()}, kGeo.slot_count,
-                           kGeo.slot_size, &ctx2).ok());
-  uint64_t good_sent = 0;
-  auto feed_good = [&] {
-    // Within the backlog budget (one more ring): wait for the hub when it lags.
-    if (good.link->backlog() >= 64)
-      REQUIRE(pump_until({&hub, &good}, [&] { return good.link->backlog() < 64; }));
-    const auto h = control_bytes(good_sent++);
-    const Outgoing o{h.data(), 32, 0, Lane::kControl};
-    good.link->post({&o, 1});
-    good.poll_once();
-  };
+  GoodLink good_link(hub, good);
 
   // A consumer that drains keeps the link up (1 s: a busy machine may
   // deschedule the child for a while, never for that long): a full ring and a backlog,
@@ -343,7 +340,7 @@ TEST_CASE("shm: a peer that stops consuming while we have a backlog is closed af
   REQUIRE(hub.link->backlog() > 0);
   const auto until = backlog_from + kTimeout;
   while (!hub.has_link_down() && Clock::now() < until) {
-    feed_good();
+    good_link.feed();
     hub.poll_once();
   }
   const auto took = Clock::now() - backlog_from;
@@ -357,18 +354,6 @@ TEST_CASE("shm: a peer that stops consuming while we have a backlog is closed af
   CHECK(child.running());  // closed by our rule, not by its death
 
   // The other link was never affected and still delivers, in order.
-  for (int i = 0; i < 2000; ++i) feed_good();
-  REQUIRE(pump_until({&hub, &good}, [&] {
-    uint64_t n = 0;
-    for (const Completion& c : hub.got) n += c.link == hub_good.get();
-    return n == good_sent;
-  }));
-  uint64_t expect = 0;
-  for (const Completion& c : hub.got) {
-    if (c.link != hub_good.get()) continue;
-    REQUIRE(c.kind == CKind::kControl);
-    REQUIRE(control_seq(c) == expect++);
-  }
-  CHECK_FALSE(hub_good->down());
+  good_link.check_delivers_in_order(2000);
   CHECK(child.kill_and_reap());
 }
