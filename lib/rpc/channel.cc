@@ -449,6 +449,10 @@ void Channel::on_monitor_sample(std::function<void(const MetricsSnapshot&)> call
 }
 
 Channel::~Channel() {
+  // The monitor callback points at the application's state, which may die
+  // right after us: no call of it runs past this line (a tick in progress
+  // holds the hook, not the channel; monitor.h, SampleHook).
+  impl_->monitor_hook->close();
   // The loop is shared: it runs on.  The session is shut down on it (its
   // callbacks run there), and the channel's reference to it dropped there.
   impl_->closing.store(true);

@@ -148,7 +148,14 @@ void Server::on_monitor_sample(std::function<void(const MetricsSnapshot&)> callb
   impl_->monitor_hook->set(std::move(callback));
 }
 
-Server::~Server() { stop(); }
+Server::~Server() {
+  // As in ~Channel: the monitor callback never runs after the destructor,
+  // also when stop() came earlier (a stopped server's hook stays on the
+  // loops until its Impl goes, which a tick in progress or a suspended
+  // handler can delay).
+  impl_->monitor_hook->close();
+  stop();
+}
 
 Status Server::add_service(ServiceDefinition service) {
   if (impl_->started) {
