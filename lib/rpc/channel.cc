@@ -424,7 +424,7 @@ Result<std::unique_ptr<Channel>> Channel::connect_on(const std::string& address,
     }
   }
   // A handler's channel stays on the handler's loop; others go round-robin.
-  impl->loop_index = runtime->pick_loop();
+  impl->loop_index = runtime->pick_loop(detail::RuntimeCore::Side::kClient);
   impl->loop = runtime->loops[impl->loop_index];
   impl->runtime = std::move(runtime);
   impl->loop->add_monitor_hook(impl->monitor_hook);
