@@ -214,6 +214,25 @@ TEST_CASE("a channel opened in a handler stays on the handler's loop: no cross-l
   CHECK(client_handoffs == 24);
 }
 
+TEST_CASE("channels to a server of their own process spread over every loop") {
+  // Each connect places a client session and then (the server accepting)
+  // a server session.  Placement that took turns across both sides put
+  // every channel on loop 0 and every server session on loop 1.
+  Runtime rt(runtime_config(2));
+  auto server = start_server(rt, make_backend("B"));
+  std::vector<std::unique_ptr<Channel>> channels;
+  for (int i = 0; i < 8; ++i) channels.push_back(connect(address_of(*server), rt));
+  std::map<uint32_t, int> per_loop;
+  for (auto& c : channels) ++per_loop[c->stats().loop_index];
+  CHECK(per_loop[0] == 4);
+  CHECK(per_loop[1] == 4);
+  for (size_t i = 0; i < channels.size(); ++i) {
+    auto f = channels[i]->call_typed<Pong>(kEcho, ping(i, "x"));
+    const std::string err = pong_error(get_within(f), i, "B:x");
+    CHECK_MESSAGE(err.empty(), "channel " << i << ": " << err);
+  }
+}
+
 TEST_CASE("the same nested calls on a separate runtime are handed across loops") {
   Runtime rt(runtime_config(2));
   Runtime other(runtime_config(1));

@@ -210,7 +210,9 @@ class SLOTRPC_API Channel {
   // every SLOTRPC_MONITOR_INTERVAL_MS), on the channel's event loop, with
   // the snapshot's monitor fields filled: the device port's hardware
   // counters and the loop's receive pools.  Any thread, any time; an empty
-  // function removes it.  Keep it short: it runs on the event loop.
+  // function removes it.  Keep it short: it runs on the event loop.  It
+  // never runs after ~Channel returned (which waits for a call in progress;
+  // the callback may destroy the channel itself).
   void on_monitor_sample(std::function<void(const MetricsSnapshot&)> callback);
 
   struct SLOTRPC_LOCAL Impl;

@@ -58,7 +58,10 @@ class SLOTRPC_API Server {
   // loop's thread, with the snapshot's monitor fields filled: the device
   // port's hardware counters (deltas since that loop's previous sample) and
   // that loop's receive pools.  Any thread, any time; an empty function
-  // removes it.  Keep it short: it runs on the event loop.
+  // removes it.  Keep it short: it runs on the event loop.  It never runs
+  // after ~Server returned (which waits for a call in progress on a loop;
+  // the callback may destroy the server itself); a stopped server's is still
+  // called until then.
   void on_monitor_sample(std::function<void(const MetricsSnapshot&)> callback);
 
   struct SLOTRPC_LOCAL Impl;

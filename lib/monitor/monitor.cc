@@ -150,10 +150,17 @@ uint64_t PortSampler::warnings() const {
 
 // ----------------------------------------------------------------- SampleHook
 
+namespace {
+// The hook whose callback runs on this thread (nested calls of different
+// hooks: a callback that triggers another's sample is not a thing, but
+// saved and restored all the same).  close() must not wait for itself.
+thread_local const SampleHook* t_calling = nullptr;
+}  // namespace
+
 void SampleHook::set(Fn fn) {
   auto p = fn ? std::make_shared<const Fn>(std::move(fn)) : nullptr;
   std::lock_guard lock(mu_);
-  fn_ = std::move(p);
+  if (!closed_) fn_ = std::move(p);
 }
 
 bool SampleHook::empty() const {
@@ -165,9 +172,29 @@ void SampleHook::call(const MetricsSnapshot& snapshot) const {
   std::shared_ptr<const Fn> fn;
   {
     std::lock_guard lock(mu_);
+    if (fn_ == nullptr) return;
     fn = fn_;
+    ++running_;
   }
-  if (fn) (*fn)(snapshot);
+  struct Done {  // also when the callback throws
+    const SampleHook* self;
+    const SampleHook* outer = t_calling;
+    ~Done() {
+      t_calling = outer;
+      std::lock_guard lock(self->mu_);
+      if (--self->running_ == 0) self->idle_.notify_all();
+    }
+  } done{this};
+  t_calling = this;
+  (*fn)(snapshot);
+}
+
+void SampleHook::close() {
+  std::unique_lock lock(mu_);
+  closed_ = true;
+  fn_ = nullptr;
+  const int mine = t_calling == this ? 1 : 0;
+  idle_.wait(lock, [&] { return running_ <= mine; });
 }
 
 // -------------------------------------------------------------------- Monitor

@@ -36,6 +36,7 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -113,17 +114,32 @@ std::string advice(HwCounter::Kind kind, const Config& config);
 // Where the application's sample callback lives: set from any thread at any
 // time (Server/Channel::on_monitor_sample), called by every loop after its
 // tick.  One per Server / Channel, shared with its loops.
+//
+// The loops hold the hook itself (Reactor::add_monitor_hook: a weak
+// reference, locked for the length of a tick), so the hook can outlive its
+// Server or Channel by a tick that is running on a loop thread while the
+// owner is destroyed on another.  The callback, though, typically points at
+// the application's state that dies with the owner; so the owner's
+// destructor close()s the hook, which waits for a call in progress.
 class SampleHook {
  public:
   using Fn = std::function<void(const MetricsSnapshot&)>;
-  void set(Fn fn);
+  void set(Fn fn);  // ignored after close()
   bool empty() const;
   // Calls the callback (outside the mutex: it may take long or call set()).
   void call(const MetricsSnapshot& snapshot) const;
+  // Any thread.  Drops the callback for good and waits until no call of it
+  // is running on another thread: after close() returns the callback never
+  // runs again.  A call on the calling thread (a callback that destroys its
+  // Server or Channel) is not waited for; it finishes after close() returns.
+  void close();
 
  private:
   mutable std::mutex mu_;
+  mutable std::condition_variable idle_;
   std::shared_ptr<const Fn> fn_;
+  mutable int running_ = 0;  // calls in progress, all threads
+  bool closed_ = false;
 };
 
 class Monitor {

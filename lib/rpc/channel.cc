@@ -424,7 +424,7 @@ Result<std::unique_ptr<Channel>> Channel::connect_on(const std::string& address,
     }
   }
   // A handler's channel stays on the handler's loop; others go round-robin.
-  impl->loop_index = runtime->pick_loop();
+  impl->loop_index = runtime->pick_loop(detail::RuntimeCore::Side::kClient);
   impl->loop = runtime->loops[impl->loop_index];
   impl->runtime = std::move(runtime);
   impl->loop->add_monitor_hook(impl->monitor_hook);
@@ -449,6 +449,10 @@ void Channel::on_monitor_sample(std::function<void(const MetricsSnapshot&)> call
 }
 
 Channel::~Channel() {
+  // The monitor callback points at the application's state, which may die
+  // right after us: no call of it runs past this line (a tick in progress
+  // holds the hook, not the channel; monitor.h, SampleHook).
+  impl_->monitor_hook->close();
   // The loop is shared: it runs on.  The session is shut down on it (its
   // callbacks run there), and the channel's reference to it dropped there.
   impl_->closing.store(true);

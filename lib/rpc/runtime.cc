@@ -106,10 +106,10 @@ void RuntimeCore::retire(size_t i, std::shared_ptr<void> object) {
   if (object && object.use_count() > 1) list.push_back(std::move(object));
 }
 
-size_t RuntimeCore::pick_loop() const {
+size_t RuntimeCore::pick_loop(Side side) const {
   const int here = current_index();
   if (here >= 0) return static_cast<size_t>(here);
-  return next_loop.fetch_add(1, std::memory_order_relaxed) % loops.size();
+  return next_loop[static_cast<int>(side)].fetch_add(1, std::memory_order_relaxed) % loops.size();
 }
 
 int RuntimeCore::index_of(const reactor::Reactor* loop) const {

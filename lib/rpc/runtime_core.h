@@ -16,7 +16,14 @@ namespace slotrpc::detail {
 struct RuntimeCore {
   Config config;  // validated, after SLOTRPC_* overrides
   std::vector<std::shared_ptr<reactor::Reactor>> loops;
-  mutable std::atomic<size_t> next_loop{0};  // round-robin placement
+  // Round-robin placement, one turn per side: a process that opens a
+  // channel to its own server places a client session and then a server
+  // session, so a single shared counter sent every client to the even loops
+  // and every server session to the odd ones (16 channels to in-process
+  // servers on 2 loops: all 16 client sessions on loop 0).  Each side on
+  // its own spreads over every loop, and so do both together.
+  enum class Side { kClient = 0, kServer = 1 };
+  mutable std::atomic<size_t> next_loop[2] = {0, 0};
   // Per loop, that loop's thread only: what must outlive the loop's fibers
   // (a server stopped while one of its handlers was still suspended), freed
   // after the loops have stopped.
@@ -40,9 +47,9 @@ struct RuntimeCore {
   ~RuntimeCore();  // stops and joins the loops
 
   // The loop a new session goes on: the calling handler's loop when it is
-  // one of ours (no cross-thread hand-off for a nested call), otherwise the
-  // next one round-robin.
-  size_t pick_loop() const;
+  // one of ours (no cross-thread hand-off for a nested call), otherwise
+  // `side`'s next one round-robin.
+  size_t pick_loop(Side side) const;
   // Index of `loop` among ours, or -1.
   int index_of(const reactor::Reactor* loop) const;
   // Index of the loop running on the calling thread, or -1.

@@ -148,7 +148,14 @@ void Server::on_monitor_sample(std::function<void(const MetricsSnapshot&)> callb
   impl_->monitor_hook->set(std::move(callback));
 }
 
-Server::~Server() { stop(); }
+Server::~Server() {
+  // As in ~Channel: the monitor callback never runs after the destructor,
+  // also when stop() came earlier (a stopped server's hook stays on the
+  // loops until its Impl goes, which a tick in progress or a suspended
+  // handler can delay).
+  impl_->monitor_hook->close();
+  stop();
+}
 
 Status Server::add_service(ServiceDefinition service) {
   if (impl_->started) {
@@ -324,7 +331,8 @@ void Server::Impl::on_hello(rpc::PendingSession p) {
   if (Status st = admission->reserve(ring_bytes); !st.ok()) {
     return refuse(p, st.code(), st.message());
   }
-  const size_t index = runtime->pick_loop();  // round-robin over the runtime's loops
+  // Round-robin over the runtime's loops, apart from its channels' turns.
+  const size_t index = runtime->pick_loop(detail::RuntimeCore::Side::kServer);
   loops[index]->post([this, index, p = std::move(p), remote, tcp_note = std::move(tcp_note),
                       ring_bytes]() mutable {
     open_session(index, std::move(p), remote, std::move(tcp_note), ring_bytes);

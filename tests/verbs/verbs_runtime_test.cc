@@ -12,6 +12,15 @@
 //     (Reactor::add_monitor_hook's fan-out) at every tick: each server's
 //     from both loops.  (The fan-out once dropped every holder after its
 //     first sample: a hook saw one sample at most.)
+//   * a server's sample callback never runs after ~Server returned, even
+//     when a tick is calling it at that moment.  (It once did, and this test
+//     hung under ASan: its callbacks' state was declared after the servers,
+//     so it was freed first, a tick then locked a freed mutex whose first
+//     bytes ASan's allocator had overwritten, and the loop waited on it
+//     forever, holding ~Runtime's join.)
+//
+// A watchdog turns a hang into a failure that names the phase and prints
+// every thread's stack (gdb, when installed).
 //
 // Needs an RDMA device: run by the `rxe` suite (this host's device, else the
 // Soft-RoCE VM; see tests/rxe/README.md).  Inside the VM `rdma` (iproute2,
@@ -20,10 +29,13 @@
 #include "verbs_test_util.h"
 
 #include <slotrpc/slotrpc.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -147,11 +159,55 @@ struct HookProbe {
   }
 };
 
+// Fails the test, with every thread's stack, when it is not done within
+// `limit`: a hang would otherwise hold the rxe suite for its whole timeout
+// and say nothing about where.  Declared first, so that it also covers the
+// teardown (channels, servers, the runtime's loops).
+class Watchdog {
+ public:
+  explicit Watchdog(std::chrono::seconds limit) : thread_([this, limit] { run(limit); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void phase(const char* what) { phase_.store(what); }
+
+ private:
+  void run(std::chrono::seconds limit) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_for(lock, limit, [this] { return done_; })) return;
+    std::fprintf(stderr, "verbs_runtime_test: WATCHDOG: still in phase \"%s\" after %lld s; every thread's stack:\n",
+                 phase_.load(), static_cast<long long>(limit.count()));
+    ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);  // Yama: let gdb attach to us
+    const std::string cmd = "gdb -batch -nx -p " + std::to_string(::getpid()) +
+                            " -ex 'set pagination off' -ex 'thread apply all bt' 1>&2";
+    if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "verbs_runtime_test: (gdb failed or is missing: no stacks)\n");
+    std::fprintf(stderr, "verbs_runtime_test: WATCHDOG: giving up in phase \"%s\"\n", phase_.load());
+    std::fflush(stderr);
+    std::abort();
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::atomic<const char*> phase_{"start"};
+  std::thread thread_;
+};
+
 }  // namespace
 
 TEST_CASE("verbs: 16 channels to 4 servers on a runtime of 2 loops share 2 completion queues") {
+  // Under ASan inside the emulated VM a run takes about 40 s.
+  Watchdog watchdog(std::chrono::seconds(300));
   auto dev = verbs_test::usable_device();
   REQUIRE(dev.ok());
+  // The callbacks' state outlives everything that calls it: the servers and
+  // channels, and the runtime whose loops run the ticks.
+  std::vector<std::unique_ptr<HookProbe>> server_hooks;
+  std::vector<std::unique_ptr<HookProbe>> channel_hooks;
   Config cfg;
   cfg.reactor_threads = 2;
   cfg.transport = TransportKind::kVerbs;
@@ -161,8 +217,8 @@ TEST_CASE("verbs: 16 channels to 4 servers on a runtime of 2 loops share 2 compl
   Runtime rt(cfg);
   REQUIRE(rt.loop_count() == 2);
 
+  watchdog.phase("servers start");
   std::vector<std::unique_ptr<Server>> servers;
-  std::vector<std::unique_ptr<HookProbe>> server_hooks;
   for (int s = 0; s < kServers; ++s) {
     servers.push_back(std::make_unique<Server>(rt, cfg));
     REQUIRE(servers.back()->add_service(make_service(s)).ok());
@@ -171,8 +227,8 @@ TEST_CASE("verbs: 16 channels to 4 servers on a runtime of 2 loops share 2 compl
     const Status st = servers.back()->start("127.0.0.1:0");
     REQUIRE_MESSAGE(st.ok(), st.to_string());
   }
+  watchdog.phase("channels connect");
   std::vector<std::unique_ptr<Channel>> channels;
-  std::vector<std::unique_ptr<HookProbe>> channel_hooks;
   for (int c = 0; c < kChannels; ++c) {
     const std::string addr = "127.0.0.1:" + std::to_string(servers[c % kServers]->port());
     auto ch = Channel::connect(addr, rt, cfg);
@@ -185,6 +241,7 @@ TEST_CASE("verbs: 16 channels to 4 servers on a runtime of 2 loops share 2 compl
 
   // Every channel keeps kOutstanding calls going at once, all channels at
   // the same time; payloads 0..2999 bytes (inline and not).
+  watchdog.phase("calls");
   int bad = 0;
   std::vector<std::vector<Future<Reply<Pong>>>> inflight(kChannels);
   for (int round = 0; round < kCallsPerChannel / kOutstanding; ++round) {
@@ -207,6 +264,7 @@ TEST_CASE("verbs: 16 channels to 4 servers on a runtime of 2 loops share 2 compl
   }
   CHECK(bad == 0);
 
+  watchdog.phase("rdma resource show");
   // The device's objects of this process: one CQ per loop, a QP per session.
   std::string cq_text;
   const long cqs = own_rdma_objects("cq", dev.value(), &cq_text);
@@ -222,6 +280,7 @@ TEST_CASE("verbs: 16 channels to 4 servers on a runtime of 2 loops share 2 compl
   // Every server's hook from both loops, every channel's from its loop, and
   // each of them again and again (not once: a holder must stay in its
   // loop's list after its first sample).
+  watchdog.phase("monitor samples");
   constexpr int kSamples = 3;
   const bool sampled = verbs_test::wait_until(
       [&] {
@@ -246,8 +305,30 @@ TEST_CASE("verbs: 16 channels to 4 servers on a runtime of 2 loops share 2 compl
     CHECK(channel_hooks[i]->loops() == 1);
   }
 
+  watchdog.phase("channels close");
   channels.clear();
+  watchdog.phase("servers stop");
   for (auto& s : servers) s->stop();
+
+  // A stopped server's callback is still called (its hook stays on the
+  // loops while the server exists), until ~Server: which must wait for a
+  // call in progress.  Catch a tick in the callback, hold it there, and
+  // destroy the server meanwhile.
+  watchdog.phase("server destroyed during its callback");
+  std::atomic<bool> entered{false}, destroyed{false}, saw_destroyed{false}, left{false};
+  servers[0]->on_monitor_sample([&](const slotrpc::MetricsSnapshot&) {
+    if (entered.exchange(true)) return;  // the first call only (both loops call it)
+    // Long enough for ~Server to return, if it does not wait for us.
+    verbs_test::wait_until([&] { return destroyed.load(); }, 1000ms);
+    saw_destroyed = destroyed.load();
+    left = true;
+  });
+  REQUIRE(verbs_test::wait_until([&] { return entered.load(); }, 20000ms));
+  servers[0].reset();
+  destroyed = true;
+  REQUIRE(verbs_test::wait_until([&] { return left.load(); }, 20000ms));
+  CHECK_MESSAGE(!saw_destroyed, "a server's sample callback ran on after ~Server returned");
+  watchdog.phase("teardown");
 }
 
 int main(int argc, char** argv) { return verbs_test::main(argc, argv); }
