@@ -75,6 +75,7 @@ struct Fixture {
   std::mutex watch_mu;
   slotrpc::Notifier* watch_notifier = nullptr;
   uint64_t watch_updates = 0;
+  std::atomic<uint64_t> watch_written{0};  // Watch's messages written (echoes and updates)
   void push_update() {
     std::lock_guard<std::mutex> lock(watch_mu);
     ++watch_updates;
@@ -223,6 +224,7 @@ struct Fixture {
               ok = s.Write([seq](flatbuffers::FlatBufferBuilder& fbb) {
                 return slotrpc::test::CreatePong(fbb, seq, fbb.CreateString("echo"));
               });
+              if (ok) ++watch_written;
             }
             uint64_t updates = 0;
             {
@@ -234,6 +236,7 @@ struct Fixture {
               ok = s.Write([k](flatbuffers::FlatBufferBuilder& fbb) {
                 return slotrpc::test::CreatePong(fbb, k, fbb.CreateString("update"));
               });
+              if (ok) ++watch_written;
             }
             if (!ok && result.ok()) result = s.write_error();
             if (reader_done) break;  // the reader must finish before we return
@@ -745,6 +748,45 @@ TEST_CASE(STREAM_CASE_PREFIX "bidi: a handler waits for a client message or an o
   CHECK(f.handler_done.load());
   CHECK(eventually([&] { return f.idle(); }));
   f.unary_works();
+}
+
+// The server session keeps two waiters per call, a fiber in Write() and one
+// in Read() (ServerSession::Slot::waiter and read_waiter): here both wait at
+// once.  The reader fiber waits for a client message; the handler's fiber
+// then blocks in Write() on the window (more updates than credits).  With a
+// single waiter field the writer's wait would overwrite the reader's: the
+// grants wake the writer, and the next client message finds no reader to
+// wake, so its echo never comes (the deadline ends the call instead).
+TEST_CASE(STREAM_CASE_PREFIX "bidi: a reader fiber waiting in Read() and a writer blocked on credits are both woken") {
+  constexpr uint32_t kWindow = 2;
+  Fixture f(16, kWindow);
+  auto s = f.channel->bidi_stream<Ping, Pong>(kWatch, slotrpc::CallOptions::with_timeout(10s));
+  auto next = [&](const char* what, uint64_t seq) {
+    auto m = s.Read();
+    REQUIRE_MESSAGE(m.has_value(), "the stream ended: " << s.Finish().to_string());
+    REQUIRE_MESSAGE(m->ok(), m->status().to_string());
+    CHECK(m->message()->text()->str() == what);
+    CHECK(m->message()->seq() == seq);
+  };
+  REQUIRE(s.Write(ping(7)));
+  next("echo", 7);  // the reader fiber is back in Read(), waiting
+  REQUIRE(eventually([&] {
+    std::lock_guard<std::mutex> lock(f.watch_mu);
+    return f.watch_notifier != nullptr;
+  }));
+  constexpr uint64_t kUpdates = 4 * kWindow;
+  for (uint64_t k = 0; k < kUpdates; ++k) f.push_update();
+  // The handler wrote the window's worth and blocks in Write() for a grant
+  // before its loop runs anything else (fibers on one loop take turns), so
+  // our reads below, which send the grants, come after it waits.
+  REQUIRE(eventually([&] { return f.watch_written.load() >= 1 + kWindow; }));
+  for (uint64_t k = 1; k <= kUpdates; ++k) next("update", k);
+  REQUIRE(s.Write(ping(9)));
+  next("echo", 9);  // the reader fiber was woken by the message
+  s.WritesDone();
+  CHECK_FALSE(s.Read().has_value());
+  CHECK(s.Finish().ok());
+  CHECK(eventually([&] { return f.idle(); }));
 }
 
 // ---- Peer processes killed mid-stream --------------------------------------
