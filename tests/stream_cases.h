@@ -65,7 +65,9 @@ bool eventually(Pred pred) {
 // Load: reads Pings, checks each seq is the next one (the first seq is the
 // start), replies Pong{seq = count, text = "sum:<payload bytes>"}.  Text
 // "stop-after-N" in a message ends the call with INVALID_ARGUMENT after N
-// messages; "slow" makes the handler sleep 1 ms per message from then on.
+// messages; "slow" makes the handler sleep 1 ms per message from then on;
+// "pauses" makes it stop reading for 300 ms after the first message, then
+// for 5 ms every 500.
 // Sync (bidi): echoes each Ping as Pong with the same seq and payload; a
 // Ping with text "end" makes the handler return OK at once (the server
 // half-closes first).
@@ -101,6 +103,7 @@ struct Fixture {
           bool first = true;
           uint64_t stop_after = 0;
           bool slow = false;
+          bool pauses = false;
           while (const Ping* p = in.Read()) {
             if (!first && p->seq() != next) {
               return slotrpc::Status(StatusCode::kInvalidArgument,
@@ -122,8 +125,10 @@ struct Fixture {
             // The first message's text sets the mode for the whole stream.
             const std::string text = p->text() != nullptr ? p->text()->str() : "";
             if (text == "slow") slow = true;
+            if (text == "pauses") pauses = true;
             if (text.rfind("stop-after-", 0) == 0) stop_after = std::stoull(text.substr(11));
             if (slow) slotrpc::this_fiber::sleep_for(1ms);
+            if (pauses && (n == 1 || n % 500 == 0)) slotrpc::this_fiber::sleep_for(n == 1 ? 300ms : 5ms);
             if (stop_after != 0 && n >= stop_after) {
               handler_done = true;
               return slotrpc::Status(StatusCode::kInvalidArgument, "stopped early");
