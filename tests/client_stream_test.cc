@@ -35,6 +35,8 @@ uint64_t stream_message_count() {
 // The default transport choice: TCP on a host without an RDMA device.
 slotrpc::Config stream_base_config() { return {}; }
 
+uint64_t stream_case_divisor() { return 1; }
+
 }  // namespace
 
 #define STREAM_CASE_PREFIX ""
