@@ -58,10 +58,10 @@ const uint32_t kWatch = slotrpc::method_id("test.CStreams.Watch");
 // A case's message count on this transport (never below 20).
 uint64_t scaled(uint64_t n) { return std::max<uint64_t>(20, n / stream_case_divisor()); }
 
-// Polls `pred` until it holds or 10 s pass.
+// Polls `pred` until it holds or `limit` passes.
 template <class Pred>
-bool eventually(Pred pred) {
-  const auto end = std::chrono::steady_clock::now() + 10s;
+bool eventually(Pred pred, std::chrono::milliseconds limit = 10s) {
+  const auto end = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < end) {
     if (pred()) return true;
     std::this_thread::sleep_for(1ms);
@@ -269,7 +269,7 @@ struct Fixture {
     REQUIRE(server.start("127.0.0.1:0").ok());
     auto ch = slotrpc::Channel::connect("127.0.0.1:" + std::to_string(server.port()),
                                         config(slot_count, window, slot_size));
-    REQUIRE(ch.ok());
+    REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
     channel = std::move(ch.value());
   }
 
@@ -873,10 +873,12 @@ TEST_CASE(STREAM_CASE_PREFIX "all three kinds: the server process is killed mid-
   ::setenv("CS_PORT_FILE", port_file.c_str(), 1);
   auto child = spawn_helper(dir, "helper: stream server process");
   std::string port;
-  REQUIRE(eventually([&] {
-    port = failure_test::read_file(port_file);
-    return !port.empty() || !child->running();
-  }));
+  REQUIRE(eventually(
+      [&] {
+        port = failure_test::read_file(port_file);
+        return !port.empty() || !child->running();
+      },
+      60s));  // a fresh process: see the client-killed case below
   REQUIRE_MESSAGE(!port.empty(), "helper wrote no port: " << child->stderr_text());
   // 16 slots: each of the three streams takes its call slot and a window of 2.
   auto ch = slotrpc::Channel::connect("127.0.0.1:" + port, Fixture::config(16, 2, 4096));
@@ -925,9 +927,11 @@ TEST_CASE(STREAM_CASE_PREFIX "all three kinds: the client process is killed mid-
     ::setenv("CS_PORT", port.c_str(), 1);
     ::setenv("CS_MODE", mode.c_str(), 1);
     auto child = spawn_helper(dir, "helper: stream client process");
+    // A generous bound: the child is a fresh process that must load and
+    // connect first (a sanitized binary in the emulated VM takes seconds).
     REQUIRE_MESSAGE(eventually([&] {
                       return f.server_read.load() + f.server_written.load() >= 100 || !child->running();
-                    }),
+                    }, 60s),
                     child->stderr_text());
     REQUIRE_MESSAGE(child->running(), "helper exited early: " << child->stderr_text());
     child->kill_and_reap();

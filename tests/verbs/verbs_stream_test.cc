@@ -30,14 +30,25 @@ uint64_t stream_message_count() {
 uint64_t stream_case_divisor() { return 20; }
 
 // The device the suite selected (SLOTRPC_DEVICE/PORT), verbs on both ends,
-// and a short peer timeout so a killed peer is found in about a second.
+// a short peer timeout so a killed peer is found in about a second, and a
+// long connect timeout.
 slotrpc::Config stream_base_config() {
   auto cfg = slotrpc::Config{}.with_environment();
   REQUIRE_MESSAGE(cfg.ok(), cfg.status().to_string());
   slotrpc::Config c = cfg.value();
   c.transport = slotrpc::TransportKind::kVerbs;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // Sanitized, the emulated VM stalls a loop for over a second at times
+  // (a first connection was declared dead after 1057 ms of silence).
+  c.keepalive_ms = 1000;
+  c.peer_timeout_ms = 5000;
+#else
   c.keepalive_ms = 200;
   c.peer_timeout_ms = 1000;
+#endif
+  // The first verbs connection of a sanitized process in the emulated VM
+  // took over the default 5 s (device, rings, registration).
+  c.connect_timeout_ms = 30000;
   return c;
 }
 
