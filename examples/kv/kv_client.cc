@@ -1,13 +1,15 @@
-// kv_client --connect HOST:PORT [--count N] [--batch B]
+// kv_client [--connect HOST:PORT] [--count N] [--batch B]   (--help)
 //
 // Exercises every method of slotrpc.examples.kv.KV through the generated
 // KVClient: Puts the first half of N keys (B per call), streams the second
 // half with PutMany (one message per key), Gets each one back and checks it,
 // Deletes every tenth, then Scans the whole store (a server stream of
-// N - N/10 entries) checking order, count and content, and a few ranges.
-// Prints a summary; exits 1 on the first failed check.
+// N - N/10 entries) checking order, count and content, and a few ranges;
+// last, Watches keys (a bidi stream) while it changes them and its
+// subscription.  Prints a summary; exits 1 on the first failed check.
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
@@ -35,12 +37,6 @@ constexpr size_t kWindow = 32;  // calls kept in flight
   std::fputc('\n', stderr);
   va_end(args);
   std::exit(1);
-}
-
-bool parse(const char* text, uint64_t min, uint64_t max, uint64_t& out) {
-  std::string_view s(text);
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-  return ec == std::errc() && p == s.data() + s.size() && out >= min && out <= max;
 }
 
 double ms_since(Clock::time_point t0) {
@@ -169,27 +165,88 @@ uint64_t scan_and_check(kv::KVClient& client, const std::string& start, const st
   return n;
 }
 
+// Watch, against a store holding what main() left (keys 0..count-1 but
+// every tenth): the client watches a live key and a deleted one, changes
+// them through Put and Delete on the same channel, then changes its
+// subscription mid-stream (drops one key, adds another) and checks that
+// only watched keys report.  Returns the number of events checked.
+uint64_t watch_and_check(kv::KVClient& client) {
+  const std::string live = key_of(1), gone = key_of(3), other = key_of(2);
+  slotrpc::ClientReaderWriter<kv::WatchRequest, kv::WatchEvent> watch = client.Watch();
+  auto subscribe = [&](std::vector<std::string> add, std::vector<std::string> remove) {
+    if (!watch.Write([&](flatbuffers::FlatBufferBuilder& fbb) {
+          return kv::CreateWatchRequest(fbb, fbb.CreateVectorOfStrings(add), fbb.CreateVectorOfStrings(remove));
+        }))
+      fail("watch: write failed: %s", watch.write_status().to_string().c_str());
+  };
+  uint64_t events = 0;
+  auto expect = [&](const std::string& key, kv::WatchKind kind, uint64_t value_of) {
+    std::optional<slotrpc::Reply<kv::WatchEvent>> e = watch.Read();
+    if (!e) fail("watch ended early: %s", watch.Finish().to_string().c_str());
+    if (!e->ok()) fail("watch event: %s", e->status().to_string().c_str());
+    const std::string got = (*e)->key() != nullptr ? (*e)->key()->str() : "";
+    if (got != key || (*e)->kind() != kind)
+      fail("watch: got %s %s, expected %s %s", kv::EnumNameWatchKind((*e)->kind()), got.c_str(),
+           kv::EnumNameWatchKind(kind), key.c_str());
+    if (kind == kv::WatchKind_Current || kind == kv::WatchKind_Changed) {
+      if (const std::string why = check_entry((*e)->entry(), value_of); !why.empty())
+        fail("watch %s: %s", key.c_str(), why.c_str());
+    }
+    ++events;
+  };
+  auto put = [&](uint64_t i) {  // key i with its usual value
+    auto r = client.Put([i](flatbuffers::FlatBufferBuilder& fbb) {
+                   std::vector<flatbuffers::Offset<kv::Entry>> entries{build_entry(fbb, i)};
+                   return kv::CreatePutRequest(fbb, fbb.CreateVector(entries));
+                 }).get();
+    if (!r.ok()) fail("put during watch: %s", r.status().to_string().c_str());
+  };
+  auto remove = [&](const std::string& key) {
+    auto r = client.Delete([&](flatbuffers::FlatBufferBuilder& fbb) {
+                     return kv::CreateDeleteRequest(fbb, fbb.CreateVectorOfStrings(std::vector<std::string>{key}));
+                   }).get();
+    if (!r.ok()) fail("delete during watch: %s", r.status().to_string().c_str());
+  };
+
+  subscribe({live, gone}, {});
+  expect(live, kv::WatchKind_Current, 1);
+  expect(gone, kv::WatchKind_Missing, 0);
+  put(3);  // the store writes each event before the Put replies
+  expect(gone, kv::WatchKind_Changed, 3);
+  remove(live);
+  expect(live, kv::WatchKind_Deleted, 0);
+  // A new subscription while the stream flows: drop `live`, add `other`.
+  // Its Current event says the change is in place.
+  subscribe({other}, {live});
+  expect(other, kv::WatchKind_Current, 2);
+  put(1);  // no longer watched: no event
+  put(2);  // watched: Changed
+  expect(other, kv::WatchKind_Changed, 2);
+  watch.WritesDone();  // the server ends the call when the client half-closes
+  if (auto extra = watch.Read()) fail("watch: an event after the half-close (or for an unwatched key)");
+  if (const slotrpc::Status st = watch.Finish(); !st.ok()) fail("watch ended with %s", st.to_string().c_str());
+  return events;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string address = "127.0.0.1:7001";
   uint64_t count = 20000, batch = 100;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    bool ok = i + 1 < argc;
-    if (ok && a == "--connect") {
-      address = argv[++i];
-    } else if (ok && a == "--count") {
-      ok = parse(argv[++i], 20, 10'000'000, count);
-    } else if (ok && a == "--batch") {
-      ok = parse(argv[++i], 1, 1000, batch);
-    } else {
-      ok = false;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "usage: kv_client [--connect HOST:PORT] [--count 20..10000000] [--batch 1..1000]\n");
-      return 2;
-    }
+  CLI::App app("Exercises every method of slotrpc.examples.kv.KV against a kv_server: Put, PutMany "
+               "(client stream), Get, Delete, Scan (server stream) and Watch (bidi stream), checking "
+               "every answer; exits 1 on the first wrong one.",
+               "kv_client");
+  app.add_option("--connect", address, "Server address, HOST:PORT")->capture_default_str();
+  app.add_option("--count", count, "Keys to store (half by Put, half by one PutMany stream)")
+      ->check(CLI::Range(uint64_t{20}, uint64_t{10'000'000}))->capture_default_str();
+  app.add_option("--batch", batch, "Entries per Put call")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1000}))->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help exits 0; a bad option 2, the usual usage-error status.
+    return app.exit(e) == 0 ? 0 : 2;
   }
 
   auto channel = slotrpc::Channel::connect(address);
@@ -299,6 +356,8 @@ int main(int argc, char** argv) {
   scan_and_check(client, key_of(5), "", 3, {5, 6, 7});
   scan_and_check(client, key_of(count), "", 0, {});
 
+  const uint64_t watched = watch_and_check(client);
+
   std::printf("kv_client: %s over %s\n", address.c_str(), std::string(slotrpc::to_string((*channel)->transport())).c_str());
   std::printf("kv_client: put %llu keys in %llu calls and %llu in one put-many stream (%.0f ms); got all %llu back, verified (%.0f ms)\n",
               static_cast<unsigned long long>(half), static_cast<unsigned long long>(put_calls),
@@ -308,6 +367,8 @@ int main(int argc, char** argv) {
               delete_ms);
   std::printf("kv_client: scan streamed %llu entries in key order, every one verified (%.0f ms); range scans ok\n",
               static_cast<unsigned long long>(scanned), scan_ms);
+  std::printf("kv_client: watch: %llu events checked while keys and the subscription changed\n",
+              static_cast<unsigned long long>(watched));
   std::printf("kv_client: all checks passed\n");
   return 0;
 }

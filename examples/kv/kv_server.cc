@@ -1,14 +1,18 @@
-// kv_server --listen HOST:PORT [--port-file FILE]
+// kv_server [--listen HOST:PORT] [--port-file FILE]   (--help)
 // Serves slotrpc.examples.kv.KV (kv.fbs), an in-memory ordered map, until
 // SIGINT or SIGTERM.
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -93,7 +97,24 @@ flatbuffers::Offset<kv::Entry> build_entry(flatbuffers::FlatBufferBuilder& fbb, 
   return kv::CreateEntry(fbb, k, s.kind, value, label_vector, &modified);
 }
 
-// The service: generated KVService with its five methods filled in.
+// One Watch call: the keys it watches and the events its handler has yet
+// to write.  Put/PutMany/Delete handlers (any loop, any thread) append
+// events under `mu`, with the store's lock held, so an event is never
+// missed between a key's current value and its subscription.
+struct Watcher {
+  struct Event {
+    std::string key;
+    kv::WatchKind kind;
+    Stored value;  // Current and Changed
+  };
+  std::mutex mu;
+  std::set<std::string> keys;  // under mu
+  std::deque<Event> events;    // under mu
+  bool behind = false;         // under mu: events were dropped, resend current values
+  slotrpc::Notifier wake;      // the handler's fiber waits on it
+};
+
+// The service: generated KVService with its six methods filled in.
 // Handlers run on the server's event-loop fibers, possibly on several
 // threads: the map is behind a mutex, which is never held across a
 // suspension (a stream Write()).
@@ -128,7 +149,10 @@ class Store final : public kv::KVService {
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (auto& [key, s] : parsed) map_.insert_or_assign(std::move(key), std::move(s));
+      for (auto& [key, s] : parsed) {
+        publish(key, kv::WatchKind_Changed, &s);
+        map_.insert_or_assign(std::move(key), std::move(s));
+      }
     }
     reply.Finish(kv::CreatePutReply(reply.fbb(), static_cast<uint32_t>(parsed.size())));
     return {};
@@ -139,8 +163,11 @@ class Store final : public kv::KVService {
     std::vector<uint8_t> outcomes;
     if (request.keys() != nullptr) {
       std::lock_guard<std::mutex> lock(mu_);
-      for (const flatbuffers::String* key : *request.keys())
-        outcomes.push_back(map_.erase(key->str()) != 0 ? common::Outcome_Ok : common::Outcome_NotFound);
+      for (const flatbuffers::String* key : *request.keys()) {
+        const bool erased = map_.erase(key->str()) != 0;
+        if (erased) publish(key->str(), kv::WatchKind_Deleted, nullptr);
+        outcomes.push_back(erased ? common::Outcome_Ok : common::Outcome_NotFound);
+      }
     }
     flatbuffers::FlatBufferBuilder& fbb = reply.fbb();
     reply.Finish(kv::CreateDeleteReply(fbb, fbb.CreateVector(outcomes)));
@@ -158,7 +185,9 @@ class Store final : public kv::KVService {
       std::string error;
       if (!parse_entry(*e, s, error)) return invalid(error);
       std::lock_guard<std::mutex> lock(mu_);
-      map_.insert_or_assign(e->key()->str(), std::move(s));
+      std::string key = e->key()->str();
+      publish(key, kv::WatchKind_Changed, &s);
+      map_.insert_or_assign(std::move(key), std::move(s));
       ++stored;
     }
     if (!reader.status().ok()) return reader.status();  // cancelled, deadline, session lost
@@ -193,8 +222,118 @@ class Store final : public kv::KVService {
     }
   }
 
+  // Bidi streaming.  The handler must wait for two things: the client's
+  // subscription changes and the store's updates.  Read() waits for the
+  // client only, so a second fiber on the handler's loop reads the client
+  // (this_fiber::spawn) and both it and the writers of the store notify
+  // the Watcher, whose Notifier the handler's own fiber waits on before it
+  // Write()s what is queued.  Write() waits for the client's credits: a
+  // slow client holds the handler back while events queue, up to
+  // kMaxBehind, after which they are dropped and replaced by the current
+  // value of every watched key (memory stays bounded, the client ends up
+  // with the right values).
+  slotrpc::Status Watch(slotrpc::ServerReaderWriter<kv::WatchRequest, kv::WatchEvent>& stream,
+                        slotrpc::ServerCall&) override {
+    Watcher w;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      watchers_.insert(&w);
+    }
+    bool reader_done = false;  // the two fibers share one loop: no lock
+    slotrpc::Status read_status;
+    const bool spawned = slotrpc::this_fiber::spawn([&] {
+      while (const kv::WatchRequest* request = stream.Read()) subscribe(w, *request);
+      read_status = stream.read_status();
+      reader_done = true;
+      w.wake.notify();
+    });
+    slotrpc::Status write_status;
+    std::deque<Watcher::Event> batch;
+    // Until the reader is done (it uses `stream` and `w`): the client
+    // half-closed, cancelled, or went away.
+    while (spawned && !reader_done) {
+      w.wake.wait();
+      {
+        std::lock_guard<std::mutex> store_lock(mu_);
+        std::lock_guard<std::mutex> lock(w.mu);
+        if (w.behind) {
+          w.events.clear();
+          for (const std::string& key : w.keys) w.events.push_back(current(key));
+          w.behind = false;
+        }
+        batch.swap(w.events);
+      }
+      for (const Watcher::Event& e : batch) {
+        if (!write_status.ok()) break;  // the stream is over; the reader will see it too
+        if (!stream.Write([&e](flatbuffers::FlatBufferBuilder& fbb) {
+              const auto key = fbb.CreateString(e.key);
+              flatbuffers::Offset<kv::Entry> entry;
+              if (e.kind == kv::WatchKind_Current || e.kind == kv::WatchKind_Changed)
+                entry = build_entry(fbb, e.key, e.value);
+              return kv::CreateWatchEvent(fbb, key, e.kind, entry);
+            }))
+          write_status = stream.write_error();
+      }
+      batch.clear();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // no publish() sees `w` after this
+      watchers_.erase(&w);
+    }
+    if (!spawned) return slotrpc::Status(slotrpc::StatusCode::kInternal, "could not start the watch reader");
+    return write_status.ok() ? read_status : write_status;
+  }
+
  private:
   static constexpr uint64_t kBatch = 256;
+  static constexpr size_t kMaxBehind = 10'000;
+
+  // A key's value as a Current (or Missing) event.  Under mu_.
+  Watcher::Event current(const std::string& key) const {
+    auto it = map_.find(key);
+    if (it == map_.end()) return {key, kv::WatchKind_Missing, {}};
+    return {key, kv::WatchKind_Current, it->second};
+  }
+
+  // The reader fiber: applies one subscription change; every added key gets
+  // its current value first, under the store's lock, so no change to it is
+  // missed or sent before it.
+  void subscribe(Watcher& w, const kv::WatchRequest& request) {
+    {
+      std::lock_guard<std::mutex> store_lock(mu_);
+      std::lock_guard<std::mutex> lock(w.mu);
+      if (request.remove() != nullptr) {
+        for (const flatbuffers::String* key : *request.remove()) w.keys.erase(key->str());
+      }
+      if (request.add() != nullptr) {
+        for (const flatbuffers::String* key : *request.add()) {
+          if (w.keys.insert(key->str()).second && !w.behind) w.events.push_back(current(key->str()));
+        }
+      }
+    }
+    w.wake.notify();
+  }
+
+  // Tells every watcher of `key` that it changed.  Under mu_.
+  void publish(const std::string& key, kv::WatchKind kind, const Stored* value) {
+    for (Watcher* w : watchers_) {
+      {
+        std::lock_guard<std::mutex> lock(w->mu);
+        if (w->keys.count(key) == 0) continue;
+        if (w->behind) {
+          // Nothing to add: it gets every current value when it catches up.
+        } else if (w->events.size() >= kMaxBehind) {
+          w->behind = true;
+          w->events.clear();
+        } else {
+          w->events.push_back({key, kind, value != nullptr ? *value : Stored{}});
+        }
+      }
+      w->wake.notify();
+    }
+  }
+
+  std::set<Watcher*> watchers_;  // under mu_
   std::mutex mu_;
   std::map<std::string, Stored> map_;
 };
@@ -204,16 +343,18 @@ class Store final : public kv::KVService {
 int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:7001";
   std::string port_file;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--listen" && i + 1 < argc) {
-      listen = argv[++i];
-    } else if (a == "--port-file" && i + 1 < argc) {
-      port_file = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: kv_server [--listen HOST:PORT] [--port-file FILE]\n");
-      return 2;
-    }
+  CLI::App app("Serves slotrpc.examples.kv.KV (examples/kv/kv.fbs), an in-memory ordered key-value "
+               "store, until SIGINT or SIGTERM.",
+               "kv_server");
+  app.add_option("--listen", listen, "Address to listen on, HOST:PORT (port 0 picks a free one)")
+      ->capture_default_str();
+  app.add_option("--port-file", port_file,
+                 "Once listening, write the bound port to this file (whole, through a rename)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help exits 0; a bad option 2, the usual usage-error status.
+    return app.exit(e) == 0 ? 0 : 2;
   }
 
   // Block the signals before any thread starts, then wait for them here.

@@ -112,6 +112,7 @@ TEST_CASE("examples/kv: kv_client against a kv_server process, every check passi
   CHECK(out.find("put 6000 keys in 60 calls and 6000 in one put-many stream") != std::string::npos);
   CHECK(out.find("got all 12000 back, verified") != std::string::npos);
   CHECK(out.find("scan streamed 10800 entries in key order") != std::string::npos);
+  CHECK(out.find("watch: 6 events checked while keys and the subscription changed") != std::string::npos);
   CHECK(out.find("all checks passed") != std::string::npos);
 
   ::kill(server.pid, SIGTERM);
@@ -123,4 +124,20 @@ TEST_CASE("examples/kv: kv_client without a server exits 1 with a message") {
   Child client({KV_CLIENT, "--connect", "127.0.0.1:1"}, dir.path, "kv_client");
   CHECK(client.wait(60s) == 1);
   CHECK(read(client.err).find("kv_client: ") != std::string::npos);
+}
+
+TEST_CASE("examples/kv: --help exits 0 and lists every flag; a bad flag value exits 2") {
+  TempDir dir;
+  for (const auto& [program, flags] :
+       {std::pair<const char*, std::vector<std::string>>{KV_SERVER, {"--listen", "--port-file"}},
+        std::pair<const char*, std::vector<std::string>>{KV_CLIENT, {"--connect", "--count", "--batch"}}}) {
+    CAPTURE(program);
+    Child help({program, "--help"}, dir.path, "help");
+    CHECK(help.wait(30s) == 0);
+    const std::string text = read(help.out);
+    for (const std::string& flag : flags) CHECK_MESSAGE(text.find(flag) != std::string::npos, flag);
+  }
+  Child bad({KV_CLIENT, "--count", "5"}, dir.path, "bad");
+  CHECK(bad.wait(30s) == 2);
+  CHECK(read(bad.err).find("--count") != std::string::npos);
 }
