@@ -148,9 +148,18 @@ struct TestServer {
   }
 };
 
+// The suite runs over tcp and, registered again with SLOTRPC_TRANSPORT=shm
+// (tests/meson.build), over shared memory: every channel must really use
+// the transport of the run, so that the shm run cannot pass over tcp.
+slotrpc::TransportKind transport_of_run() {
+  const char* t = std::getenv("SLOTRPC_TRANSPORT");
+  return t != nullptr && std::string(t) == "shm" ? slotrpc::TransportKind::kShm : slotrpc::TransportKind::kTcp;
+}
+
 std::unique_ptr<Channel> connect(const std::string& address, Config config = {}) {
   auto ch = Channel::connect(address, config);
   REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
+  REQUIRE((*ch)->transport() == transport_of_run());
   return std::move(ch).value();
 }
 
@@ -190,7 +199,7 @@ struct Latch {
 TEST_CASE("future form: a Ping is answered by its own Pong") {
   TestServer ts;
   auto ch = connect(ts.address);
-  CHECK(ch->transport() == slotrpc::TransportKind::kTcp);
+  CHECK(ch->transport() == transport_of_run());
   CHECK(ch->slot_count() == 64);
 
   for (uint64_t seq = 1; seq <= 5; ++seq) {

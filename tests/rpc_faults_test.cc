@@ -138,9 +138,18 @@ struct TestServer {
   }
 };
 
+// The suite runs over tcp and, registered again with SLOTRPC_TRANSPORT=shm
+// (tests/meson.build; the raw-socket cases excluded there), over shared
+// memory: every channel must really use the transport of the run.
+slotrpc::TransportKind transport_of_run() {
+  const char* t = std::getenv("SLOTRPC_TRANSPORT");
+  return t != nullptr && std::string(t) == "shm" ? slotrpc::TransportKind::kShm : slotrpc::TransportKind::kTcp;
+}
+
 std::unique_ptr<Channel> connect(const std::string& address, Config config = {}) {
   auto ch = Channel::connect(address, config);
   REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
+  REQUIRE((*ch)->transport() == transport_of_run());
   return std::move(ch).value();
 }
 

@@ -96,9 +96,18 @@ struct EchoServer {
   }
 };
 
+// The suite runs over tcp and, registered again with SLOTRPC_TRANSPORT=shm
+// (tests/meson.build), over shared memory: the channels and echo_client
+// must really use the transport of the run.
+std::string transport_of_run() {
+  const char* t = std::getenv("SLOTRPC_TRANSPORT");
+  return t != nullptr && std::string(t) == "shm" ? "shm" : "tcp";
+}
+
 std::unique_ptr<Channel> connect(const std::string& address) {
   auto ch = Channel::connect(address);
   REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
+  REQUIRE(slotrpc::to_string((*ch)->transport()) == transport_of_run());
   return std::move(ch).value();
 }
 
@@ -116,6 +125,7 @@ TEST_CASE("echo_client process: 100000 verified calls of 64 B with 32 outstandin
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
   CHECK(contains(out, "100000 ok, 0 failed"));
+  CHECK(contains(out, "over " + transport_of_run() + " to"));
   CHECK(contains(out, "p50"));
   CHECK(contains(out, "p99"));
   CHECK(contains(out, "every reply payload verified"));

@@ -22,9 +22,10 @@ enum class PollMode : uint8_t {
 };
 
 enum class TransportKind : uint8_t {
-  kAuto,   // verbs when both ends have an RDMA device, TCP otherwise
+  kAuto,   // shm on one host, else verbs when both ends have an RDMA device, else TCP
   kTcp,
   kVerbs,
+  kShm,    // shared memory, same host only (docs/design.md, "Shared-memory transport")
 };
 
 // IBV_ACCESS_RELAXED_ORDERING on registered memory (verbs).
@@ -69,7 +70,13 @@ struct SLOTRPC_API Config {
   uint32_t max_queued_calls = 65536; // SLOTRPC_MAX_QUEUED_CALLS: calls waiting for a credit
   uint32_t stream_window = 8;        // SLOTRPC_STREAM_WINDOW: a stream's in-flight messages, each way
 
-  TransportKind transport = TransportKind::kAuto;  // SLOTRPC_TRANSPORT auto|tcp|verbs
+  TransportKind transport = TransportKind::kAuto;  // SLOTRPC_TRANSPORT auto|tcp|verbs|shm
+  // SLOTRPC_UNIX_PATH: the Unix domain socket a Server started on TCP also
+  // listens on for shm sessions, and the one a Channel tries first with
+  // transport auto|shm: /absolute/path or @abstract-name.  Empty (default):
+  // the abstract name @slotrpc-<TCP port>.  "off": no Unix socket, and auto
+  // never tries shm.
+  std::string unix_path;
 
   // Server admission (docs/design.md, "Limits and abuse").  A session
   // beyond a limit is refused in its HelloReply with RESOURCE_EXHAUSTED

@@ -38,7 +38,11 @@ class SLOTRPC_API Server {
   // Before start().  Fails on a method id already registered.
   Status add_service(ServiceDefinition service);
 
-  // Binds "host:port" (port 0 picks a free one) and starts serving.
+  // Binds "host:port" (port 0 picks a free one) and starts serving; same-
+  // host clients can also reach it over shared memory, through the Unix
+  // socket SLOTRPC_UNIX_PATH or by default the abstract @slotrpc-<port>
+  // (not with transport=tcp|verbs).  "unix:/path" or "unix:@name" serves
+  // shm sessions on that Unix socket only.
   Status start(const std::string& listen_address);
   // Closes every session (running handlers finish first) and joins threads.
   void stop();
@@ -68,6 +72,9 @@ class SLOTRPC_API Server {
 
  private:
   Server(std::shared_ptr<detail::RuntimeCore> runtime, Config config);
+  // start()'s second half: the acceptor on these sockets (-1: none).
+  Status start_listening(int tcp_fd, int unix_fd, const std::string& unix_name,
+                         const std::string& listen_address);
   // Shared: stop() leaves it to the runtime while a handler still runs.
   std::shared_ptr<Impl> impl_;
 };

@@ -79,6 +79,7 @@ std::span<const std::string_view> named_settings() {
       "SLOTRPC_POLL_MODE", "SLOTRPC_TRANSPORT",  "SLOTRPC_LOG_LEVEL",
       "SLOTRPC_DEVICE",    "SLOTRPC_GID_INDEX", "SLOTRPC_RELAXED_ORDERING",
       "SLOTRPC_SRQ",       "SLOTRPC_MAX_RING_MEMORY", "SLOTRPC_METRICS_ADDRESS",
+      "SLOTRPC_UNIX_PATH",
   };
   return kNames;
 }
@@ -119,7 +120,8 @@ Result<Enum> parse_name(std::string_view setting, std::string_view text,
 constexpr std::pair<std::string_view, PollMode> kPollModes[] = {
     {"busy", PollMode::kBusy}, {"blocking", PollMode::kBlocking}, {"adaptive", PollMode::kAdaptive}};
 constexpr std::pair<std::string_view, TransportKind> kTransports[] = {
-    {"auto", TransportKind::kAuto}, {"tcp", TransportKind::kTcp}, {"verbs", TransportKind::kVerbs}};
+    {"auto", TransportKind::kAuto}, {"tcp", TransportKind::kTcp}, {"verbs", TransportKind::kVerbs},
+    {"shm", TransportKind::kShm}};
 constexpr std::pair<std::string_view, RelaxedOrdering> kRelaxedOrdering[] = {
     {"off", RelaxedOrdering::kOff}, {"on", RelaxedOrdering::kOn}, {"auto", RelaxedOrdering::kAuto}};
 constexpr std::pair<std::string_view, SharedReceiveQueue> kSrqModes[] = {
@@ -201,6 +203,20 @@ Status check_metrics_address(std::string_view setting, std::string_view text) {
   return {};
 }
 
+// SLOTRPC_UNIX_PATH: empty (the default abstract name), /absolute/path or
+// @abstract-name, short enough for sun_path (108 bytes with its NUL).
+constexpr std::string_view kUnixPathAllowed =
+    "empty (@slotrpc-<port>), off, /absolute/path or @abstract-name, 2 to 107 bytes";
+
+Status check_unix_path(std::string_view setting, std::string_view text) {
+  if (text.empty() || text == "off") return {};
+  if (text.size() < 2 || text.size() > 107 || (text.front() != '/' && text.front() != '@') ||
+      text.find('\0') != std::string_view::npos) {
+    return out_of_range(setting, fmt::format("'{}'", text), kUnixPathAllowed);
+  }
+  return {};
+}
+
 }  // namespace
 }  // namespace core
 
@@ -274,6 +290,7 @@ Status Config::validate() const {
       !st.ok()) {
     return st;
   }
+  if (Status st = check_unix_path("Config.unix_path (SLOTRPC_UNIX_PATH)", unix_path); !st.ok()) return st;
   if (max_ring_memory != 0 &&
       (max_ring_memory < kMinRingMemory || max_ring_memory > kMaxRingMemory)) {
     return out_of_range("Config.max_ring_memory (SLOTRPC_MAX_RING_MEMORY)",
@@ -335,6 +352,10 @@ Result<Config> Config::with_environment() const {
   if (const char* text = std::getenv("SLOTRPC_METRICS_ADDRESS")) {
     if (Status st = check_metrics_address("SLOTRPC_METRICS_ADDRESS", text); !st.ok()) return st;
     out.metrics_address = text;
+  }
+  if (const char* text = std::getenv("SLOTRPC_UNIX_PATH")) {
+    if (Status st = check_unix_path("SLOTRPC_UNIX_PATH", text); !st.ok()) return st;
+    out.unix_path = text;
   }
   Status st = out.validate();
   if (!st.ok()) return st;

@@ -44,7 +44,8 @@ Result<Hello> decode_hello(const std::byte* in) {
                            kHandshakeVersion));
   Hello h;
   const uint16_t t = get16(in + 6);
-  if (t != uint16_t(WireTransport::kTcp) && t != uint16_t(WireTransport::kVerbs))
+  if (t != uint16_t(WireTransport::kTcp) && t != uint16_t(WireTransport::kVerbs) &&
+      t != uint16_t(WireTransport::kShm))
     return bad(fmt::format("unknown transport {}", t));
   h.transport = static_cast<WireTransport>(t);
   h.slot_count = get32(in + 8);
@@ -84,6 +85,8 @@ Result<HelloReply> decode_hello_reply(const std::byte* in) {
     r.transport = WireTransport::kTcp;
   } else if (t == uint16_t(WireTransport::kVerbs)) {
     r.transport = WireTransport::kVerbs;
+  } else if (t == uint16_t(WireTransport::kShm)) {
+    r.transport = WireTransport::kShm;
   } else {
     return bad(fmt::format("server chose unknown transport {}", t));
   }

@@ -28,7 +28,9 @@ inline constexpr uint32_t kMaxHandshakeMessage = 1024;
 inline constexpr uint16_t kFeatureClientStreams = 0x0001;  // client and bidi streaming
 inline constexpr uint16_t kKnownFeatures = kFeatureClientStreams;
 
-enum class WireTransport : uint16_t { kTcp = 1, kVerbs = 2 };
+// kShm: only on a Unix domain socket, where the client's shm offer follows
+// its Hello and the server's follows its HelloReply (docs/protocol.md).
+enum class WireTransport : uint16_t { kTcp = 1, kVerbs = 2, kShm = 3 };
 
 struct Hello {
   WireTransport transport = WireTransport::kTcp;

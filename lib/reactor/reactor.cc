@@ -13,6 +13,7 @@
 #include "core/logging.h"
 #include "monitor/monitor.h"
 #include "transport/verbs/verbs_transport.h"
+#include "transport/shm/shm_transport.h"
 
 namespace slotrpc::reactor {
 
@@ -87,6 +88,7 @@ Reactor::~Reactor() {
   run_doorbells();  // their owners only release what they hold
   monitor_.reset();  // it samples verbs_'s receive queues
   verbs_.reset();
+  shm_.reset();
   ::close(event_fd_);
   ::close(epoll_fd_);
 }
@@ -109,6 +111,20 @@ Result<transport::verbs::VerbsTransport*> Reactor::verbs() {
     monitor_ = std::make_unique<monitor::Monitor>(*this, *verbs_, monitor_hook_);
   }
   return verbs_.get();
+}
+
+Result<transport::shm::ShmTransport*> Reactor::shm() {
+  if (shm_) return shm_.get();
+  auto created = std::make_unique<transport::shm::ShmTransport>(config_);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = created->wait_fd();
+  if (ev.data.fd < 0 || ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ev.data.fd, &ev) != 0) {
+    return Status(StatusCode::kInternal, std::string("slotrpc reactor: shm epoll: ") + std::strerror(errno));
+  }
+  shm_ = std::move(created);
+  core::log().debug("slotrpc: {}: shm transport", name_);
+  return shm_.get();
 }
 
 void Reactor::add_monitor_hook(const std::shared_ptr<monitor::SampleHook>& hook) {
@@ -267,6 +283,8 @@ bool Reactor::run_turn() {
     return n > 0;
   };
   if (verbs_) worked |= deliver(verbs_->poll(completions_), counters_.verbs.completions_per_poll);
+  // shm's batch sizes are not exported yet (lib/metrics has tcp and verbs).
+  if (shm_) worked |= deliver(shm_->poll(completions_), shm_completions_per_poll_);
   worked |= deliver(tcp_.poll(completions_), counters_.tcp.completions_per_poll);
 
   if (timers_.live() != 0) {
@@ -305,7 +323,7 @@ void Reactor::sleep_until_work() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (!inbox_.empty() || doorbells_.load(std::memory_order_relaxed) != nullptr ||
       !ready_fibers_.empty() || !tcp_.prepare_sleep() ||
-      (verbs_ && !verbs_->prepare_sleep()) || stop_.load(std::memory_order_relaxed)) {
+      (verbs_ && !verbs_->prepare_sleep()) || (shm_ && !shm_->prepare_sleep()) || stop_.load(std::memory_order_relaxed)) {
     sleeping_.store(false, std::memory_order_relaxed);
     return;
   }

@@ -1,7 +1,7 @@
 // Reactor: one event loop on one thread.
 //
 // A turn: run tasks posted from other threads, poll every transport (TCP,
-// and verbs once a session uses it) for a batch of completions and hand each
+// and verbs or shm once a session uses it) for a batch of completions and hand each
 // to its session, run due timers, then
 // let every session that queued messages flush them as one batch per link
 // (one writev / one doorbell).  Handlers run on pooled fibers, so a handler
@@ -37,6 +37,9 @@
 
 namespace slotrpc::transport::verbs {
 class VerbsTransport;
+}
+namespace slotrpc::transport::shm {
+class ShmTransport;
 }
 namespace slotrpc::monitor {
 class Monitor;
@@ -102,6 +105,10 @@ class Reactor {
   // Loop thread.  This loop's verbs transport, created on first use (it
   // opens the RDMA device the config selects); the error says why not.
   Result<transport::verbs::VerbsTransport*> verbs();
+  // Loop thread.  This loop's shared-memory transport (same-host peers,
+  // lib/transport/shm/), created on first use: its wait_fd joins the loop's
+  // epoll set, it is polled every turn and asked before the loop sleeps.
+  Result<transport::shm::ShmTransport*> shm();
   // Loop thread.  This loop's monitor (hardware counters, receive pools),
   // or nullptr while the loop uses no verbs or the monitor is off.
   monitor::Monitor* monitor() { return monitor_.get(); }
@@ -163,6 +170,8 @@ class Reactor {
   std::vector<transport::Completion> completions_;
   transport::TcpTransport tcp_;
   std::unique_ptr<transport::verbs::VerbsTransport> verbs_;  // lazily, see verbs()
+  std::unique_ptr<transport::shm::ShmTransport> shm_;        // lazily, see shm()
+  Histogram shm_completions_per_poll_;
   std::unique_ptr<monitor::Monitor> monitor_;  // with verbs_ (lib/monitor/)
   std::shared_ptr<monitor::SampleHook> monitor_hook_;
   // add_monitor_hook()'s holders; monitor_hook_ fans out to them.

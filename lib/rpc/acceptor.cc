@@ -2,11 +2,15 @@
 
 #include <fcntl.h>
 #include <sys/resource.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/generic/stream_protocol.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <fmt/format.h>
 
@@ -18,11 +22,14 @@
 
 #include "core/logging.h"
 #include "rpc/admission.h"
+#include "rpc/connector.h"
 
 namespace slotrpc::rpc {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
+// TCP and Unix connections share one handshake path.
+using Socket = asio::generic::stream_protocol::socket;
 
 bool send_hello_reply(int fd, uint16_t status, const core::Hello& hello, const std::string& message,
                       core::WireTransport transport, std::span<const std::byte> extension) {
@@ -54,8 +61,8 @@ namespace {
 constexpr auto kFdPause = std::chrono::milliseconds(100);
 
 struct Pending {
-  Pending(asio::io_context& io, tcp::socket s) : sock(std::move(s)), timer(io) {}
-  tcp::socket sock;
+  Pending(asio::io_context& io, Socket s) : sock(std::move(s)), timer(io) {}
+  Socket sock;
   asio::steady_timer timer;
   std::array<std::byte, core::kHelloSize> head{};
   size_t have = 0;
@@ -66,6 +73,8 @@ struct Pending {
   std::string peer;  // address:port, for log lines
   std::list<std::shared_ptr<Pending>>::iterator pos;
   bool done = false;
+  bool local = false;  // the Unix socket: wait for the client's shm offer too
+  bool handed = false;  // released to on_hello
 };
 
 // The Hello's first 6 bytes are fixed (magic, version): a prefix that
@@ -81,16 +90,23 @@ std::array<std::byte, 6> hello_prefix() {
 }  // namespace
 
 struct Acceptor::Impl {
-  Impl(const Config& c, int listen_fd, OnHello cb)
-      : config(c), acceptor(io), fd_timer(io), on_hello(std::move(cb)), prefix(hello_prefix()) {
+  Impl(const Config& c, int listen_fd, OnHello cb, int unix_fd, std::string unix_name_)
+      : config(c), acceptor(io), unix_acceptor(io), unix_name(std::move(unix_name_)), fd_timer(io),
+        on_hello(std::move(cb)), prefix(hello_prefix()) {
     boost::system::error_code ec;
+    if (unix_fd >= 0) {
+      unix_acceptor.assign(asio::local::stream_protocol(), unix_fd, ec);
+      if (ec) throw std::runtime_error("slotrpc acceptor: assign unix: " + ec.message());
+      unix_acceptor.non_blocking(true, ec);
+    }
+    reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (listen_fd < 0) return;
     sockaddr_storage ss{};
     socklen_t len = sizeof ss;
     ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len);
     acceptor.assign(ss.ss_family == AF_INET6 ? tcp::v6() : tcp::v4(), listen_fd, ec);
     if (ec) throw std::runtime_error("slotrpc acceptor: assign: " + ec.message());
     acceptor.non_blocking(true, ec);
-    reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
   ~Impl() {
     if (reserve_fd >= 0) ::close(reserve_fd);
@@ -99,6 +115,8 @@ struct Acceptor::Impl {
   const Config config;
   asio::io_context io;
   tcp::acceptor acceptor;
+  asio::local::stream_protocol::acceptor unix_acceptor;  // shm sessions, if open
+  std::string unix_name;
   asio::steady_timer fd_timer;  // paused accepting at the fd limit
   OnHello on_hello;
   const std::array<std::byte, 6> prefix;
@@ -116,9 +134,11 @@ struct Acceptor::Impl {
   RateLimitedLog error_log;
 
   void arm_accept();
+  void arm_unix_accept();
   void on_accept(const boost::system::error_code& ec, tcp::socket sock);
   void on_fd_limit(const boost::system::error_code& ec);
-  void start(tcp::socket sock);
+  void start(Socket sock, bool local);
+  void handed_over(const std::shared_ptr<Pending>& p);
   void read_more(const std::shared_ptr<Pending>& p);
   void on_read(const std::shared_ptr<Pending>& p, size_t n);
   void finish(const std::shared_ptr<Pending>& p);
@@ -139,7 +159,26 @@ struct Acceptor::Impl {
   }
 };
 
+void Acceptor::Impl::arm_unix_accept() {
+  if (!unix_acceptor.is_open()) return;
+  unix_acceptor.async_accept([this](const boost::system::error_code& ec,
+                                    asio::local::stream_protocol::socket sock) {
+    guarded(nullptr, [&] {
+      if (ec == asio::error::operation_aborted || !unix_acceptor.is_open()) return;
+      // The fd limit and the like: the TCP path's handling covers the
+      // server; here the connection is simply not taken this time.
+      if (ec) {
+        error_log.warn(fmt::format("slotrpc: accept on unix:{}: {}", unix_name, ec.message()));
+      } else {
+        start(Socket(std::move(sock)), true);
+      }
+      arm_unix_accept();
+    });
+  });
+}
+
 void Acceptor::Impl::arm_accept() {
+  if (!acceptor.is_open()) return;
   acceptor.async_accept([this](const boost::system::error_code& ec, tcp::socket sock) {
     guarded(nullptr, [&] { on_accept(ec, std::move(sock)); });
   });
@@ -164,7 +203,7 @@ void Acceptor::Impl::on_accept(const boost::system::error_code& ec, tcp::socket 
     fd_episode = false;
     fd_refused = 0;
   }
-  start(std::move(sock));
+  start(Socket(std::move(sock)), false);
   arm_accept();
 }
 
@@ -225,13 +264,25 @@ void Acceptor::Impl::evict_oldest(const std::string* host, const char* cap, uint
   }
 }
 
-void Acceptor::Impl::start(tcp::socket sock) {
+void Acceptor::Impl::start(Socket sock, bool local) {
   boost::system::error_code ec;
-  const auto remote = sock.remote_endpoint(ec);
-  if (ec) return;  // already gone; the socket closes here
   sock.non_blocking(true, ec);
-  sock.set_option(tcp::no_delay(true), ec);
-  std::string host = remote.address().to_string();
+  std::string host;
+  std::string peer;
+  const int fd = sock.native_handle();
+  if (local) {
+    // Every local peer counts as one host for the per-host cap.
+    host = "unix";
+    peer = fmt::format("unix:{} ({})", unix_name, peer_credentials(fd));
+  } else {
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    peer = peer_name(fd);
+    if (peer == "?") return;  // already gone; the socket closes here
+    // "1.2.3.4:5" / "[::1]:5" -> the address, the per-host cap's key.
+    host = peer.substr(0, peer.rfind(':'));
+    if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  }
 
   if (pending.size() >= config.max_pending_handshakes) {
     evict_oldest(nullptr, "SLOTRPC_MAX_PENDING_HANDSHAKES", config.max_pending_handshakes);
@@ -243,8 +294,8 @@ void Acceptor::Impl::start(tcp::socket sock) {
   }
 
   auto p = std::make_shared<Pending>(io, std::move(sock));
-  p->peer = remote.address().is_v6() ? fmt::format("[{}]:{}", host, remote.port())
-                                     : fmt::format("{}:{}", host, remote.port());
+  p->peer = std::move(peer);
+  p->local = local;
   p->host = std::move(host);
   ++per_host[p->host];
   p->pos = pending.insert(pending.end(), p);
@@ -303,12 +354,32 @@ void Acceptor::Impl::on_read(const std::shared_ptr<Pending>& p, size_t n) {
     p->ext_have += n;
   }
   if (p->ext_have < p->extension.size()) return read_more(p);
+  if (p->local) {
+    // The client's shm offer follows its Hello: hand over only once it is
+    // readable, so that the loop taking it never waits on a peer.
+    p->sock.async_wait(Socket::wait_read, [this, p](const boost::system::error_code& ec) {
+      guarded(p, [&] {
+        if (p->done) return;
+        if (ec) {
+          if (ec != asio::error::operation_aborted) finish(p);
+          return;
+        }
+        handed_over(p);
+      });
+    });
+    return;
+  }
+  handed_over(p);
+}
 
+void Acceptor::Impl::handed_over(const std::shared_ptr<Pending>& p) {
   // Complete: the session is the server's now.
+  p->handed = true;
   PendingSession s;
   s.hello = p->hello;
   s.extension = std::move(p->extension);
   s.peer = p->peer;
+  s.local = p->local;
   finish(p);  // leaves the socket open: released below
   s.fd = p->sock.release();
   on_hello(std::move(s));
@@ -321,7 +392,7 @@ void Acceptor::Impl::finish(const std::shared_ptr<Pending>& p) {
   if (auto it = per_host.find(p->host); it != per_host.end() && --it->second == 0) per_host.erase(it);
   boost::system::error_code ec;
   p->timer.cancel();
-  if (p->have < core::kHelloSize || p->ext_have < p->extension.size()) p->sock.close(ec);
+  if (!p->handed) p->sock.close(ec);
 }
 
 void Acceptor::Impl::refuse(const std::shared_ptr<Pending>& p, const Status& why) {
@@ -333,14 +404,17 @@ void Acceptor::Impl::refuse(const std::shared_ptr<Pending>& p, const Status& why
   p->sock.close(ec);
 }
 
-Acceptor::Acceptor(const Config& config, int listen_fd, OnHello on_hello)
-    : impl_(std::make_unique<Impl>(config, listen_fd, std::move(on_hello))) {}
+Acceptor::Acceptor(const Config& config, int listen_fd, OnHello on_hello, int unix_fd,
+                   std::string unix_name)
+    : impl_(std::make_unique<Impl>(config, listen_fd, std::move(on_hello), unix_fd,
+                                   std::move(unix_name))) {}
 
 Acceptor::~Acceptor() = default;
 
 void Acceptor::run() {
   pthread_setname_np(pthread_self(), "slotrpc-accept");
   impl_->arm_accept();
+  impl_->arm_unix_accept();
   for (;;) {
     try {
       impl_->io.run();
@@ -364,6 +438,7 @@ void Acceptor::stop() {
   asio::post(impl_->io, [impl = impl_.get()] {
     boost::system::error_code ec;
     impl->acceptor.close(ec);
+    impl->unix_acceptor.close(ec);
     impl->fd_timer.cancel();
     impl->io.stop();
   });

@@ -40,7 +40,10 @@ struct PendingSession {
   int fd = -1;  // blocking mode unspecified; the receiver owns it
   core::Hello hello;
   std::vector<std::byte> extension;
-  std::string peer;  // "127.0.0.1:40000"
+  std::string peer;  // "127.0.0.1:40000", or "unix:@slotrpc-5000 (pid 12 uid 1000)"
+  // Arrived on the server's Unix domain socket: an shm session, whose
+  // client offer is readable on `fd` already (the acceptor waited for it).
+  bool local = false;
 };
 
 // Writes a HelloReply (status, message, extension) with one non-blocking
@@ -56,8 +59,10 @@ class Acceptor {
   // Accept thread.  Owns the session's fd from here on.
   using OnHello = std::function<void(PendingSession)>;
 
-  // Takes `listen_fd` (a bound, listening TCP socket).
-  Acceptor(const Config& config, int listen_fd, OnHello on_hello);
+  // Takes `listen_fd` (a bound, listening TCP socket, or -1) and
+  // `unix_fd` (a listening Unix domain socket for shm sessions, or -1).
+  Acceptor(const Config& config, int listen_fd, OnHello on_hello, int unix_fd = -1,
+           std::string unix_name = {});
   ~Acceptor();
   Acceptor(const Acceptor&) = delete;
   Acceptor& operator=(const Acceptor&) = delete;

@@ -1,5 +1,6 @@
 #include "slotrpc/channel.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -7,6 +8,7 @@
 #include <array>
 #include <cassert>
 #include <future>
+#include <optional>
 #include <random>
 #include <span>
 #include <thread>
@@ -25,6 +27,9 @@
 #include "transport/verbs/device.h"
 #include "transport/verbs/device_probe.h"
 #include "transport/verbs/verbs_transport.h"
+#include "transport/shm/shm_transport.h"
+
+#include <poll.h>
 
 namespace slotrpc {
 
@@ -127,9 +132,12 @@ struct HandshakeResult {
 
 // Sends our Hello (with the transport's extension) and reads the server's
 // answer.
+// `after_hello` (shm) runs after the Hello is written, before the reply
+// is read: the shm offer follows the Hello.
 Result<HandshakeResult> client_handshake(int fd, const Config& cfg, core::WireTransport propose,
                                          std::span<const std::byte> extension,
-                                         rpc::Deadline deadline) {
+                                         rpc::Deadline deadline,
+                                         const std::function<Status()>& after_hello = {}) {
   std::vector<std::byte> out(core::kHelloSize + extension.size());
   core::Hello hello;
   hello.transport = propose;
@@ -140,6 +148,10 @@ Result<HandshakeResult> client_handshake(int fd, const Config& cfg, core::WireTr
   std::copy(extension.begin(), extension.end(), out.begin() + core::kHelloSize);
   Status st = rpc::write_all(fd, out, deadline);
   if (!st.ok()) return st;
+  if (after_hello) {
+    st = after_hello();
+    if (!st.ok()) return st;
+  }
   std::array<std::byte, core::kHelloSize> buf;
   st = rpc::read_exact(fd, buf, deadline);
   if (!st.ok()) return st;
@@ -164,6 +176,78 @@ Result<HandshakeResult> client_handshake(int fd, const Config& cfg, core::WireTr
   return r;
 }
 
+// --- shm: blocking (off the loop): connects to the server's Unix socket
+// `name`, sends the Hello and our offer, reads the HelloReply and the
+// server's offer, and creates the session on the loop.  `*reached` says
+// whether a server answered there (false: nobody listens, ENOENT or
+// ECONNREFUSED, so auto falls back quietly); `*refused` whether it refused
+// the session in its HelloReply (a limit: that is the answer, no fallback).
+Result<Established> establish_shm(Channel::Impl& impl, const std::string& name,
+                                  rpc::Deadline deadline, bool* reached, bool* refused) {
+  *refused = false;
+  const Config& cfg = impl.config;
+  *reached = false;
+  int err = 0;
+  auto connected = rpc::connect_unix(name, deadline, &err);
+  if (!connected.ok()) {
+    *reached = err != ENOENT && err != ECONNREFUSED;
+    return connected.status();
+  }
+  *reached = true;
+  FdGuard fd{connected.value()};
+  reactor::Reactor& loop = *impl.loop;
+  auto t = on_loop(loop, [&] { return loop.shm(); });
+  if (!t.ok()) return t.status();
+  transport::shm::ShmTransport* shm = t.value();
+  const transport::shm::Geometry g{cfg.slot_count, cfg.slot_size};
+  std::optional<transport::shm::ShmTransport::Offered> offered;
+  auto send_offer = [&]() -> Status {
+    // offer() touches no transport state (it creates our segment and sends
+    // it): safe off the loop.  It owns a duplicate; `fd` reads the reply.
+    const int dup = ::fcntl(fd.fd, F_DUPFD_CLOEXEC, 0);
+    if (dup < 0) return Status(StatusCode::kResourceExhausted, fmt::format("dup: {}", std::strerror(errno)));
+    auto o = shm->offer(dup, g);
+    if (!o.ok()) return o.status();
+    offered = std::move(o).value();
+    return {};
+  };
+  auto hs = client_handshake(fd.fd, cfg, core::WireTransport::kShm, {}, deadline, send_offer);
+  if (!hs.ok()) {
+    *refused = hs.status().message().starts_with("server refused the session");
+    return hs.status();
+  }
+  if (hs->reply.transport != core::WireTransport::kShm || !offered) {
+    return Status(StatusCode::kUnavailable, "the server did not answer with shm on its Unix socket");
+  }
+  // The server's offer follows its reply: wait here, not on the loop.
+  pollfd pfd{fd.fd, POLLIN, 0};
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  if (::poll(&pfd, 1, static_cast<int>(std::max<int64_t>(left.count(), 0))) != 1) {
+    return Status(StatusCode::kUnavailable, "no shm offer from the server in time");
+  }
+  const std::string creds = rpc::peer_credentials(fd.fd);
+  Established e;
+  e.peer = "unix:" + name;
+  const core::ClientSession::Geometry geometry{cfg.slot_count, cfg.slot_size};
+  auto created = on_loop(loop, [&]() -> Result<std::shared_ptr<core::ClientSession>> {
+    auto link = shm->complete(std::move(*offered), std::chrono::milliseconds(0),
+                              fmt::format("shm -> unix:{} ({})", name, creds));
+    if (!link.ok()) return link.status();
+    auto s = core::ClientSession::create(loop, std::move(link.value()), geometry, e.peer);
+    if (!s.ok()) return s.status();
+    s.value()->set_loop_handle(impl.loop);
+    s.value()->set_counters(impl.counters);
+    s.value()->set_peer_features(hs->reply.features);
+    return s;
+  });
+  if (!created.ok()) return created.status();
+  e.session = std::move(created.value());
+  e.kind = TransportKind::kShm;
+  e.note = fmt::format("server {} at unix:{}", creds, name);
+  return e;
+}
+// --- end shm
+
 // Blocking (off the loop): TCP connect, handshake, and the session created
 // on the loop, bounded by connect_timeout_ms.  With verbs possible, the
 // link and the session (whose registered rings the handshake advertises)
@@ -173,10 +257,62 @@ Result<Established> establish(Channel::Impl& impl) {
   auto fail = [&](const Status& st) {
     return Status(st.code(), fmt::format("connect to {}: {}", impl.address, st.message()));
   };
-  auto endpoint = rpc::parse_address(impl.address);
-  if (!endpoint.ok()) return endpoint.status();
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(cfg.connect_timeout_ms);
+  // --- shm first: a unix: address is shm only; with transport=shm, or
+  // auto towards an address of this host, the server's Unix socket
+  // (SLOTRPC_UNIX_PATH, else @slotrpc-<port>).  Abstract names are per
+  // network namespace and the segments travel with SCM_RIGHTS, which only
+  // works within one kernel: a completed shm handshake proves same host.
+  bool reached = false;
+  bool refused = false;
+  if (rpc::is_unix_address(impl.address)) {
+    auto name = rpc::parse_unix_address(impl.address);
+    if (!name.ok()) return name.status();
+    if (cfg.transport == TransportKind::kTcp || cfg.transport == TransportKind::kVerbs) {
+      return Status(StatusCode::kInvalidArgument,
+                    fmt::format("connect to {}: a Unix socket carries only the shm transport, and "
+                                "transport={} was requested", impl.address, to_string(cfg.transport)));
+    }
+    auto est = establish_shm(impl, name.value(), deadline, &reached, &refused);
+    if (!est.ok()) return fail(est.status());
+    est.value().note = "unix: address; " + est.value().note;
+    return est;
+  }
+  auto endpoint = rpc::parse_address(impl.address);
+  if (!endpoint.ok()) return endpoint.status();
+  std::string shm_note;
+  if (cfg.unix_path == "off") {
+    if (cfg.transport == TransportKind::kShm) {
+      return fail(Status(StatusCode::kInvalidArgument,
+                         "transport=shm needs the server's Unix socket, and SLOTRPC_UNIX_PATH=off "
+                         "turns it off"));
+    }
+    if (cfg.transport == TransportKind::kAuto) shm_note = "no shm (SLOTRPC_UNIX_PATH=off); ";
+  } else if (cfg.transport == TransportKind::kShm ||
+             (cfg.transport == TransportKind::kAuto && rpc::is_local_host(endpoint->host))) {
+    const std::string name = cfg.unix_path.empty() ? rpc::default_unix_name(endpoint->port) : cfg.unix_path;
+    auto est = establish_shm(impl, name, deadline, &reached, &refused);
+    if (est.ok()) {
+      est.value().note = fmt::format("{} is on this host; {}", endpoint->host, est.value().note);
+      return est;
+    }
+    if (refused) return fail(est.status());  // the server's answer (a limit), not a reason to fall back
+    if (cfg.transport == TransportKind::kShm) {
+      return fail(Status(StatusCode::kUnavailable,
+                         fmt::format("transport 'shm' was requested (Config.transport / "
+                                     "SLOTRPC_TRANSPORT) but the server's Unix socket unix:{} "
+                                     "cannot be used: {}", name, est.status().message())));
+    }
+    if (reached) {
+      core::log().warn("slotrpc: shm to {} (unix:{}) failed, trying the network: {}", impl.address, name,
+                       est.status().message());
+    }
+    shm_note = fmt::format("no shm ({}); ", est.status().message());
+  } else if (cfg.transport == TransportKind::kAuto) {
+    shm_note = fmt::format("no shm ({} is not an address of this host); ", endpoint->host);
+  }
+  // --- end shm
   auto connected = rpc::connect_tcp(*endpoint, deadline);
   if (!connected.ok()) return connected.status();
   FdGuard fd{connected.value()};
@@ -259,7 +395,7 @@ Result<Established> establish(Channel::Impl& impl) {
     e.session = std::move(vsession);
     e.kind = TransportKind::kVerbs;
     on_loop(loop, [&] {
-      e.note = loop.verbs().ok() ? loop.verbs().value()->device().describe() : "";
+      e.note = shm_note + (loop.verbs().ok() ? loop.verbs().value()->device().describe() : "");
       return 0;
     });
     return e;
@@ -290,7 +426,7 @@ Result<Established> establish(Channel::Impl& impl) {
   if (!created.ok()) return fail(created.status());
   e.session = std::move(created.value());
   e.kind = TransportKind::kTcp;
-  e.note = std::move(note);
+  e.note = shm_note + note;
   return e;
 }
 
@@ -409,7 +545,7 @@ Result<std::unique_ptr<Channel>> Channel::connect_on(const std::string& address,
   auto impl = std::make_shared<Impl>();
   impl->address = address;
   impl->config = *cfg;
-  if (cfg->transport != TransportKind::kTcp) {
+  if (cfg->transport == TransportKind::kAuto || cfg->transport == TransportKind::kVerbs) {
     auto probe = transport::verbs::probe(*cfg);
     if (probe.ok()) {
       impl->verbs_possible = true;

@@ -3,14 +3,20 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <ifaddrs.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <fmt/format.h>
 
+#include <fcntl.h>
+
 #include <cerrno>
+#include <cstddef>
 #include <charconv>
 #include <cstring>
 
@@ -166,6 +172,130 @@ std::string local_name(int fd) {
   socklen_t len = sizeof ss;
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
   return endpoint_name(ss);
+}
+
+// ------------------------------------------------------ Unix domain sockets
+
+namespace {
+
+// sun_path for `name` ("@x" = abstract), or an error naming it.
+Result<std::pair<sockaddr_un, socklen_t>> unix_sockaddr(const std::string& name) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  const bool abstract = !name.empty() && name.front() == '@';
+  if (name.empty() || name.size() >= sizeof a.sun_path) {
+    return Status(StatusCode::kInvalidArgument,
+                  fmt::format("invalid Unix socket name '{}': 1 to {} bytes", name, sizeof a.sun_path - 1));
+  }
+  std::memcpy(a.sun_path, name.data(), name.size());
+  if (abstract) a.sun_path[0] = '\0';
+  // An abstract name's length is part of it: exactly its bytes, no NUL.
+  const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size() + (abstract ? 0 : 1));
+  return std::pair{a, len};
+}
+
+}  // namespace
+
+bool is_unix_address(std::string_view address) { return address.starts_with(kUnixPrefix); }
+
+Result<std::string> parse_unix_address(std::string_view address) {
+  std::string_view name = address.substr(kUnixPrefix.size());
+  if (name.empty() || (name.front() != '/' && name.front() != '@') || name.size() >= sizeof(sockaddr_un::sun_path) ||
+      name.find('\0') != std::string_view::npos) {
+    return Status(StatusCode::kInvalidArgument,
+                  fmt::format("invalid address '{}': expected unix:/absolute/path or unix:@abstract-name "
+                              "(at most {} bytes)", address, sizeof(sockaddr_un::sun_path) - 1));
+  }
+  return std::string(name);
+}
+
+std::string default_unix_name(uint16_t port) { return fmt::format("@slotrpc-{}", port); }
+
+Result<int> connect_unix(const std::string& name, Deadline deadline, int* err) {
+  if (err != nullptr) *err = 0;
+  auto addr = unix_sockaddr(name);
+  if (!addr.ok()) return addr.status();
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return Status(StatusCode::kUnavailable, fmt::format("socket(AF_UNIX): {}", std::strerror(errno)));
+  int r = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr->first), addr->second);
+  if (r != 0 && errno == EAGAIN) {
+    // The listener's backlog is full: wait like a TCP connect would.
+    if (wait_fd(fd, POLLOUT, deadline)) {
+      int e = 0;
+      socklen_t len = sizeof e;
+      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len);
+      r = e == 0 ? 0 : -1;
+      errno = e;
+    } else {
+      errno = ETIMEDOUT;
+    }
+  }
+  if (r != 0) {
+    const int e = errno;
+    ::close(fd);
+    if (err != nullptr) *err = e;
+    return Status(StatusCode::kUnavailable, fmt::format("cannot connect to unix:{}: {}", name, std::strerror(e)));
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+Result<int> listen_unix(const std::string& name) {
+  auto addr = unix_sockaddr(name);
+  if (!addr.ok()) return addr.status();
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status(StatusCode::kUnavailable, fmt::format("socket(AF_UNIX): {}", std::strerror(errno)));
+  if (name.front() == '/') {
+    // A socket file left by a server that died is replaced; anything else
+    // at the path is not ours to remove.
+    struct stat st {};
+    if (::lstat(name.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) ::unlink(name.c_str());
+  }
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr->first), addr->second) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return Status(StatusCode::kUnavailable, fmt::format("cannot listen on unix:{}: {}", name, std::strerror(e)));
+  }
+  return fd;
+}
+
+std::string peer_credentials(int fd) {
+  ucred c{};
+  socklen_t len = sizeof c;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c, &len) != 0) return "pid ? uid ?";
+  return fmt::format("pid {} uid {}", c.pid, c.uid);
+}
+
+bool is_local_host(const std::string& host) {
+  namespace asio = boost::asio;
+  asio::io_context io;
+  boost::system::error_code ec;
+  asio::ip::tcp::resolver resolver(io);
+  auto results = resolver.resolve(host, "0", ec);
+  if (ec) return false;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) list = nullptr;
+  bool local = false;
+  for (const auto& entry : results) {
+    const asio::ip::address a = entry.endpoint().address();
+    if (a.is_loopback()) {
+      local = true;
+      break;
+    }
+    for (ifaddrs* i = list; i != nullptr && !local; i = i->ifa_next) {
+      if (i->ifa_addr == nullptr) continue;
+      if (i->ifa_addr->sa_family == AF_INET && a.is_v4()) {
+        local = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == htonl(a.to_v4().to_uint());
+      } else if (i->ifa_addr->sa_family == AF_INET6 && a.is_v6()) {
+        const auto b = a.to_v6().to_bytes();
+        local = std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr, b.data(), 16) == 0;
+      }
+    }
+    if (local) break;
+  }
+  if (list != nullptr) ::freeifaddrs(list);
+  return local;
 }
 
 }  // namespace slotrpc::rpc

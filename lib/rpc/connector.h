@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <cstddef>
 
 #include "slotrpc/result.h"
 
@@ -33,5 +34,29 @@ Status read_exact(int fd, std::span<std::byte> data, Deadline deadline);
 // "127.0.0.1:5000" for the peer (or local end) of a connected socket.
 std::string peer_name(int fd);
 std::string local_name(int fd);
+
+// Unix domain sockets (the shared-memory transport's rendezvous,
+// docs/design.md "Shared-memory transport").  A socket name is a path, or
+// an abstract name written "@name" (in sun_path: a NUL, then the name).
+inline constexpr std::string_view kUnixPrefix = "unix:";
+bool is_unix_address(std::string_view address);
+// "unix:/run/x.sock" -> "/run/x.sock", "unix:@name" -> "@name"; the error
+// names the address.
+Result<std::string> parse_unix_address(std::string_view address);
+// The abstract name a server listening on TCP `port` also listens on.
+std::string default_unix_name(uint16_t port);
+// Connected, blocking Unix stream socket, or UNAVAILABLE naming the socket
+// and errno; `err` (if given) receives errno (ENOENT, ECONNREFUSED: nobody
+// listens there).
+Result<int> connect_unix(const std::string& name, Deadline deadline, int* err = nullptr);
+// A bound, listening Unix stream socket (a stale socket file at a path is
+// replaced), or UNAVAILABLE naming the socket.
+Result<int> listen_unix(const std::string& name);
+// "pid 1234 uid 1000" of the process at the other end (SO_PEERCRED).
+std::string peer_credentials(int fd);
+// True when `host` resolves to a loopback address or an address of one of
+// this host's interfaces (in this network namespace): a server reached
+// there may be on this host.
+bool is_local_host(const std::string& host);
 
 }  // namespace slotrpc::rpc

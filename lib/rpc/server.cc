@@ -32,6 +32,7 @@
 #include "rpc/runtime_core.h"
 #include "transport/verbs/device.h"
 #include "transport/verbs/verbs_transport.h"
+#include "transport/shm/shm_transport.h"
 
 namespace slotrpc {
 
@@ -59,6 +60,9 @@ struct Server::Impl {
   std::string verbs_note;
 
   uint16_t port = 0;
+  // The Unix domain socket shm sessions arrive on ("@name" or a path), or
+  // empty; a path is removed again by stop().
+  std::string unix_name;
   std::unique_ptr<rpc::Admission> admission;
   std::unique_ptr<rpc::Acceptor> acceptor;
   std::unique_ptr<metrics::HttpServer> metrics_port;  // SLOTRPC_METRICS_ADDRESS
@@ -86,6 +90,13 @@ struct Server::Impl {
                                             const transport::verbs::QpInfo& remote,
                                             std::unique_ptr<core::ServerSession>& out,
                                             uint64_t ring_bytes);
+  // Loop thread: an shm session on the accepted Unix socket `fd`; the
+  // link's own offer is sent after the HelloReply (open_session).
+  Result<std::unique_ptr<core::ServerSession>> open_shm(size_t loop_index, int fd,
+                                                        core::ServerSession::Geometry g,
+                                                        const std::string& peer,
+                                                        uint64_t ring_bytes,
+                                                        transport::shm::ShmLink*& link);
   Result<std::unique_ptr<core::ServerSession>> open_tcp(size_t loop_index, int fd,
                                                         core::ServerSession::Geometry g,
                                                         const std::string& peer,
@@ -202,7 +213,7 @@ Status Server::start(const std::string& listen_address) {
     }
   }
   core::apply_log_level(impl_->config.log_level);
-  if (impl_->config.transport != TransportKind::kTcp) {
+  if (impl_->config.transport == TransportKind::kAuto || impl_->config.transport == TransportKind::kVerbs) {
     auto probe = transport::verbs::probe(impl_->config);
     if (probe.ok()) {
       impl_->verbs_ok = true;
@@ -215,8 +226,33 @@ Status Server::start(const std::string& listen_address) {
       impl_->verbs_note = probe.status().message();
     }
   } else {
-    impl_->verbs_note = "transport=tcp";
+    impl_->verbs_note = fmt::format("transport={}", to_string(impl_->config.transport));
   }
+
+  // --- shm: a unix: address listens there only; a TCP server listens on a
+  // Unix socket too (SLOTRPC_UNIX_PATH, default @slotrpc-<port>) unless
+  // transport=tcp|verbs.
+  const bool shm_off = impl_->config.unix_path == "off";
+  if (shm_off && impl_->config.transport == TransportKind::kShm) {
+    return Status(StatusCode::kInvalidArgument,
+                  "transport=shm needs a Unix socket, and SLOTRPC_UNIX_PATH=off turns it off");
+  }
+  const bool shm_wanted = !shm_off && (impl_->config.transport == TransportKind::kAuto ||
+                                       impl_->config.transport == TransportKind::kShm);
+  if (rpc::is_unix_address(listen_address)) {
+    if (!shm_wanted) {
+      return Status(StatusCode::kInvalidArgument,
+                    fmt::format("cannot listen on {}: a Unix socket carries only the shm transport, "
+                                "and transport={} was requested", listen_address,
+                                to_string(impl_->config.transport)));
+    }
+    auto name = rpc::parse_unix_address(listen_address);
+    if (!name.ok()) return name.status();
+    auto fd = rpc::listen_unix(name.value());
+    if (!fd.ok()) return fd.status();
+    return start_listening(-1, fd.value(), name.value(), listen_address);
+  }
+  // --- end shm
 
   auto endpoint = rpc::parse_address(listen_address);
   if (!endpoint.ok()) return endpoint.status();
@@ -237,12 +273,41 @@ Status Server::start(const std::string& listen_address) {
     return Status(StatusCode::kUnavailable, fmt::format("cannot listen on {}: {}", listen_address, ec.message()));
   }
   impl_->port = acceptor.local_endpoint().port();
+  // --- shm
+  int unix_fd = -1;
+  std::string unix_name;
+  if (shm_wanted) {
+    unix_name = impl_->config.unix_path.empty() ? rpc::default_unix_name(impl_->port)
+                                                : impl_->config.unix_path;
+    auto fd = rpc::listen_unix(unix_name);
+    if (fd.ok()) {
+      unix_fd = fd.value();
+    } else if (!impl_->config.unix_path.empty() || impl_->config.transport == TransportKind::kShm) {
+      return Status(fd.status().code(),
+                    fd.status().message() + (impl_->config.unix_path.empty()
+                                                 ? std::string(" (transport=shm)")
+                                                 : std::string(" (SLOTRPC_UNIX_PATH)")));
+    } else {
+      core::log().warn("slotrpc: server on port {} serves no shm sessions: {}", impl_->port,
+                       fd.status().message());
+      unix_name.clear();
+    }
+  }
+  // --- end shm
+  return start_listening(acceptor.release(), unix_fd, unix_name,
+                         fmt::format("{}:{}", endpoint->host, impl_->port));
+}
+
+Status Server::start_listening(int tcp_fd, int unix_fd, const std::string& unix_name,
+                               const std::string& listen_address) {
+  impl_->unix_name = unix_name;
   impl_->admission = std::make_unique<rpc::Admission>(
       impl_->config.max_sessions, rpc::resolve_ring_budget(impl_->config, impl_->verbs_ok));
   try {
     impl_->acceptor = std::make_unique<rpc::Acceptor>(
-        impl_->config, acceptor.release(),
-        [impl = impl_.get()](rpc::PendingSession p) { impl->on_hello(std::move(p)); });
+        impl_->config, tcp_fd,
+        [impl = impl_.get()](rpc::PendingSession p) { impl->on_hello(std::move(p)); }, unix_fd,
+        unix_name);
   } catch (const std::exception& e) {
     return Status(StatusCode::kUnavailable, fmt::format("cannot listen on {}: {}", listen_address, e.what()));
   }
@@ -274,13 +339,15 @@ Status Server::start(const std::string& listen_address) {
     impl_->metrics_port = std::move(http.value());
   }
   impl_->accept_thread = std::thread([impl = impl_.get()] { impl->acceptor->run(); });
-  const std::string transports =
-      impl_->config.transport == TransportKind::kVerbs ? "verbs only, on " + impl_->verbs_note
+  std::string transports =
+      tcp_fd < 0 ? "shm only"
+      : impl_->config.transport == TransportKind::kVerbs ? "verbs only, on " + impl_->verbs_note
       : impl_->verbs_ok ? "tcp and verbs on " + impl_->verbs_note
                         : "tcp only: " + impl_->verbs_note;
-  core::log().info("slotrpc: server listening on {}:{} ({}; {} event loop(s), up to {} slots of {} "
+  if (tcp_fd >= 0 && !unix_name.empty()) transports += "; shm on unix:" + unix_name;
+  core::log().info("slotrpc: server listening on {} ({}; {} event loop(s), up to {} slots of {} "
                "bytes; at most {} sessions; {})",
-               endpoint->host, impl_->port, transports, n, impl_->config.slot_count,
+               listen_address, transports, n, impl_->config.slot_count,
                impl_->config.slot_size, impl_->config.max_sessions,
                impl_->admission->budget().rule);
   return {};
@@ -295,6 +362,17 @@ void Server::Impl::refuse(rpc::PendingSession& p, StatusCode code, const std::st
 
 void Server::Impl::on_hello(rpc::PendingSession p) {
   const core::Hello& h = p.hello;
+  // --- shm: only on the Unix socket, and only shm there.
+  if (p.local != (h.transport == core::WireTransport::kShm)) {
+    return refuse(p, StatusCode::kUnavailable,
+                  p.local ? "only the shm transport is served on this Unix socket"
+                          : "the shm transport needs the server's Unix socket, not TCP");
+  }
+  if (!p.local && config.transport == TransportKind::kShm) {
+    return refuse(p, StatusCode::kUnavailable,
+                  "this server accepts only the shm transport (SLOTRPC_TRANSPORT=shm)");
+  }
+  // --- end shm
   if (h.transport == core::WireTransport::kTcp && config.transport == TransportKind::kVerbs) {
     return refuse(p, StatusCode::kUnavailable,
                   "this server accepts only the verbs transport (SLOTRPC_TRANSPORT=verbs); the "
@@ -353,8 +431,18 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
   std::unique_ptr<core::ServerSession> session;
   std::vector<std::byte> extension;
   core::WireTransport transport = core::WireTransport::kTcp;
+  transport::shm::ShmLink* shm_link = nullptr;  // owned by the session
   try {
-    if (remote) {
+    if (p.local) {
+      auto s = open_shm(index, p.fd, g, p.peer, ring_bytes, shm_link);
+      if (!s.ok()) {
+        const std::string why = explain_setup_failure(s.status());
+        return fail(why != s.status().message() ? StatusCode::kResourceExhausted : s.status().code(),
+                    "server cannot set up the shm session: " + why);
+      }
+      session = std::move(s.value());
+      transport = core::WireTransport::kShm;
+    } else if (remote) {
       auto ext = open_verbs(index, p.fd, g, p.peer, *remote, session, ring_bytes);
       if (ext.ok()) {
         extension = std::move(ext.value());
@@ -411,10 +499,44 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
     ::close(p.fd);
     return;
   }
+  if (shm_link != nullptr) {
+    // Our offer follows the HelloReply (the client reads them in order).
+    if (Status st = shm_link->send_own_offer(); !st.ok()) {
+      refuse_log.warn(fmt::format("slotrpc: shm handshake with {} failed: {}", p.peer, st.message()));
+      session->close("shm offer not sent: " + st.message());
+    }
+  }
   ::close(p.fd);  // the link works on its own duplicate
   core::log().debug("slotrpc: session with {} on loop {}", p.peer, index);
   core::ServerSession* raw = session.get();
   sessions[index].emplace(raw, std::move(session));
+}
+
+Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_shm(
+    size_t index, int fd, core::ServerSession::Geometry g, const std::string& peer,
+    uint64_t ring_bytes, transport::shm::ShmLink*& raw) {
+  reactor::Reactor& loop = *loops[index];
+  auto t = loop.shm();
+  if (!t.ok()) return t.status();
+  const int link_fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (link_fd < 0) {
+    return Status(StatusCode::kResourceExhausted, fmt::format("dup: {}", std::strerror(errno)));
+  }
+  // The acceptor handed the socket over once the client's offer was
+  // readable: no wait here (timeout 0), the loop never blocks on a peer.
+  auto link = t.value()->accept(link_fd, {g.slot_count, g.slot_size}, std::chrono::milliseconds(0),
+                                fmt::format("shm {}", peer));
+  if (!link.ok()) return link.status();  // accept() has closed link_fd
+  raw = link.value().get();
+  auto session = core::ServerSession::create(loop, std::move(link.value()), g, methods, peer,
+                                             on_closed(index, ring_bytes));
+  if (!session.ok()) {
+    raw = nullptr;
+    return session.status();
+  }
+  session.value()->set_counters(counters[index]);
+  core::log().info("slotrpc: shm session with {} on loop {}", peer, index);
+  return session;
 }
 
 Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_tcp(
@@ -477,6 +599,8 @@ void Server::stop() {
   d.acceptor->stop();
   if (d.accept_thread.joinable()) d.accept_thread.join();
   d.acceptor.reset();
+  if (!d.unix_name.empty() && d.unix_name.front() == '/') ::unlink(d.unix_name.c_str());
+  d.unix_name.clear();
   // The loops are shared and run on.  Each closes this server's sessions;
   // waiting for that task also lets every session the accept thread posted
   // before it stopped open (and be closed) first.

@@ -464,9 +464,35 @@ Result<std::unique_ptr<ShmLink>> ShmTransport::complete(Offered offered,
   if (epoll_fd_.get() < 0) return Status(StatusCode::kInternal, errno_text("epoll_create1", errno));
   auto peer = receive_offer(offered.sock.get(), offered.geometry, timeout);
   if (!peer.ok()) return peer.status();
-  const int sock = offered.sock.get();
-  std::unique_ptr<ShmLink> link(new ShmLink(*this, std::move(offered.sock), std::move(offered.own),
-                                            std::move(peer).value(), std::move(description)));
+  return make_link(std::move(offered.sock), std::move(offered.own), std::move(peer).value(),
+                   std::move(description));
+}
+
+Result<std::unique_ptr<ShmLink>> ShmTransport::accept(int sock, Geometry g,
+                                                      std::chrono::milliseconds timeout,
+                                                      std::string description) {
+  Fd owned(sock);  // ownership is taken even on failure
+  if (epoll_fd_.get() < 0) return Status(StatusCode::kInternal, errno_text("epoll_create1", errno));
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (sock < 0 || ::getsockname(sock, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+      addr.ss_family != AF_UNIX)
+    return Status(StatusCode::kInvalidArgument, "shm: not a Unix domain socket");
+  auto peer = receive_offer(sock, g, timeout);
+  if (!peer.ok()) return peer.status();
+  auto own = create_own_segment(g);
+  if (!own.ok()) return own.status();
+  return make_link(std::move(owned), std::move(own).value(), std::move(peer).value(),
+                   std::move(description));
+}
+
+Status ShmLink::send_own_offer() { return send_offer(sock_.get(), own_); }
+
+Result<std::unique_ptr<ShmLink>> ShmTransport::make_link(Fd sock_fd, OwnSegment own, PeerSegment peer,
+                                                         std::string description) {
+  const int sock = sock_fd.get();
+  std::unique_ptr<ShmLink> link(new ShmLink(*this, std::move(sock_fd), std::move(own),
+                                            std::move(peer), std::move(description)));
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = reinterpret_cast<uintptr_t>(link.get());

@@ -1,7 +1,5 @@
 // Shared-memory transport: slot-ring sessions between two processes on one
-// host, through the segments of shm_segment.h.  Standalone this session:
-// Channel/Server do not create it yet (docs/design.md, "Shared-memory
-// transport", says what the wiring needs).
+// host, through the segments of shm_segment.h.
 //
 // Sending (post): each message becomes one 64-byte Descriptor in our own
 // segment's ring, its sequence word stored last; a batch then stores
@@ -25,6 +23,9 @@
 // Peer death: the Unix socket the segments came over stays open for the
 // link's life; its hang-up (the peer exited or was killed) closes the link
 // after what the peer had published is delivered.
+//
+// Wiring: Reactor::shm() is a loop's transport; Channel connects and Server
+// listens on a Unix domain socket for it (docs/design.md says how).
 //
 // Hot path: post() and poll() are one virtual call per batch; per message
 // no allocation, no lock, no system call (an eventfd write only for a
@@ -76,6 +77,10 @@ class ShmLink final : public Link {
   std::string describe() const override { return description_; }
   LinkStats stats() const override { return stats_; }
   std::span<std::byte> send_slots() override;
+
+  // For a link made by ShmTransport::accept(): sends our offer, after the
+  // HelloReply (the server's order, see accept()).
+  Status send_own_offer();
 
   const ShmLinkStats& shm_stats() const { return shm_stats_; }
   bool down() const { return down_; }
@@ -166,6 +171,15 @@ class ShmTransport final : public Transport {
   Result<std::unique_ptr<ShmLink>> adopt(int sock, Geometry g, std::chrono::milliseconds timeout,
                                          std::string description);
 
+  // The server's order: the client sends its offer right behind its Hello,
+  // and the server answers with its HelloReply first, its own offer after
+  // (ShmLink::send_own_offer()).  So this takes the peer's offer first
+  // (waiting at most `timeout`; the acceptor waits until the socket is
+  // readable, so on a loop this is 0 and never blocks), then creates our
+  // segment and the link.
+  Result<std::unique_ptr<ShmLink>> accept(int sock, Geometry g, std::chrono::milliseconds timeout,
+                                          std::string description);
+
   std::string_view name() const override { return "shm"; }
   size_t poll(std::span<Completion> out) override;
   int wait_fd() const override { return epoll_fd_.get(); }
@@ -180,6 +194,8 @@ class ShmTransport final : public Transport {
   void push(const Completion& c) { ready_.push_back(c); }
   void forget(ShmLink* link);
   void handle_events();
+  Result<std::unique_ptr<ShmLink>> make_link(Fd sock, OwnSegment own, PeerSegment peer,
+                                             std::string description);
 
   Fd epoll_fd_;
   uint32_t peer_timeout_ms_;
