@@ -70,6 +70,11 @@ fi
 grep -q 'libibverbs' "$work/enabled.log" || { cat "$work/enabled.log" >&2; die "-Dverbs=enabled failed without naming libibverbs"; }
 log "-Dverbs=enabled without libibverbs: fails (as it must)"
 
+# A fresh build directory each run (ccache keeps later runs fast); one that
+# is not a Meson build directory is not ours to delete.
+if [[ -e $B && ! -d $B/meson-private && -n $(ls -A "$B") ]]; then
+  die "$B exists and is not a Meson build directory"
+fi
 rm -rf -- "$B"
 meson setup "$B" "$ROOT" "${opts[@]}" -Dverbs=auto > "$work/setup.log" 2>&1 \
   || { cat "$work/setup.log" >&2; die "meson setup -Dverbs=auto failed without libibverbs"; }
