@@ -14,6 +14,13 @@
 // when a Server or Channel decides whether verbs is available.
 #pragma once
 
+// A TCP-only build (-Dverbs=disabled, or auto without libibverbs) declares
+// the names the library uses without <infiniband/verbs.h>: verbs_disabled.h.
+#include "slotrpc_verbs_config.h"  // SLOTRPC_WITH_VERBS 0 or 1 (lib/meson.build)
+#if !SLOTRPC_WITH_VERBS
+#include "transport/verbs/verbs_disabled.h"
+#else
+
 #include <infiniband/verbs.h>
 
 #include <cstdint>
@@ -90,3 +97,5 @@ bool relaxed_ordering_detected(ibv_context* context, const std::string& device);
 bool cached_per_device(const std::string& device, const std::function<bool()>& detect);
 
 }  // namespace slotrpc::transport::verbs
+
+#endif  // SLOTRPC_WITH_VERBS

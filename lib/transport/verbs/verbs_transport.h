@@ -47,6 +47,13 @@
 // core's Link::post and Transport::poll, once per batch.
 #pragma once
 
+// A TCP-only build (-Dverbs=disabled, or auto without libibverbs) declares
+// the names the library uses without <infiniband/verbs.h>: verbs_disabled.h.
+#include "slotrpc_verbs_config.h"  // SLOTRPC_WITH_VERBS 0 or 1 (lib/meson.build)
+#if !SLOTRPC_WITH_VERBS
+#include "transport/verbs/verbs_disabled.h"
+#else
+
 #include <infiniband/verbs.h>
 
 #include <array>
@@ -332,3 +339,5 @@ class VerbsTransport final : public Transport {
 };
 
 }  // namespace slotrpc::transport::verbs
+
+#endif  // SLOTRPC_WITH_VERBS

@@ -1,0 +1,110 @@
+// The verbs transport's interface in a TCP-only build (-Dverbs=disabled, or
+// -Dverbs=auto on a machine without libibverbs): the names the rest of the
+// library uses (lib/rpc/, lib/reactor/, lib/monitor/), declared without
+// <infiniband/verbs.h>, so those files compile unchanged in both builds.
+//
+// verbs_transport.h and device.h include this instead of their own
+// declarations when SLOTRPC_WITH_VERBS is 0.  Their implementation is
+// verbs_disabled.cc: probe() and VerbsTransport::create() fail with
+// kVerbsDisabledMessage, so transport=auto settles on TCP (a Server or
+// Channel asks probe() before it proposes verbs) and transport=verbs fails
+// saying why.  No VerbsTransport, VerbsLink or Device is ever created, so
+// their member functions are declared for the compiler only and abort if
+// reached.
+//
+// The handshake extension (QpInfo, encode/decode, qp_info.cc) is compiled
+// in both builds: it is the wire protocol, and a TCP-only peer still has to
+// read a verbs proposal (to answer it with tcp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "slotrpc/config.h"
+#include "slotrpc/result.h"
+#include "transport/transport.h"
+
+namespace slotrpc::transport::verbs {
+
+// What probe() and VerbsTransport::create() answer in this build.
+inline constexpr const char* kVerbsDisabledMessage =
+    "slotrpc was built without verbs (-Dverbs=disabled or libibverbs not found); "
+    "use SLOTRPC_TRANSPORT=tcp";
+
+// ----------------------------------------------- handshake extension (real)
+inline constexpr size_t kQpInfoSize = 64;
+inline constexpr uint32_t kQpInfoMagic = 0x56505253;  // "SRPV"
+inline constexpr uint16_t kQpInfoVersion = 1;
+
+// As in verbs_transport.h; the GID is its 16 raw bytes (ibv_gid's `raw`).
+struct QpInfo {
+  uint32_t qpn = 0;
+  uint32_t psn = 0;
+  struct {
+    uint8_t raw[16];
+  } gid{};
+  uint16_t lid = 0;
+  uint8_t mtu = 0;
+  uint8_t link_layer = 0;
+  uint64_t ring_addr = 0;
+  uint32_t ring_rkey = 0;
+  uint32_t slot_count = 0;
+  uint32_t slot_size = 0;
+};
+void encode_qp_info(const QpInfo& info, std::byte* out);
+Result<QpInfo> decode_qp_info(std::span<const std::byte> in);
+
+// Bytes of a path MTU code of the extension (enum ibv_mtu: 1 = 256 ..
+// 5 = 4096); 0 for an unknown one.
+uint32_t mtu_bytes(uint32_t mtu);
+
+// ------------------------------------------------------------ stubs
+// Fails with kVerbsDisabledMessage.
+Result<std::string> probe(const Config& config);
+
+class Device {
+ public:
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+  const std::string& name() const;
+  uint8_t port() const;
+  std::string describe() const;
+
+ private:
+  Device() = default;
+};
+
+class VerbsLink : public Link {
+ public:
+  QpInfo local_info() const;
+  Status connect(const QpInfo& peer, int control_fd, const std::string& peer_name);
+
+ private:
+  VerbsLink() = default;
+};
+
+class VerbsTransport : public Transport {
+ public:
+  // Fails with kVerbsDisabledMessage.
+  static Result<std::unique_ptr<VerbsTransport>> create(const Config& config);
+
+  Result<std::unique_ptr<VerbsLink>> create_link(std::string description, uint32_t slot_count);
+  const Device& device() const;
+
+  struct ReceiveQueueInfo {
+    std::string queue;
+    uint32_t capacity = 0;
+    uint32_t posted = 0;
+    uint32_t low_water = 0;
+  };
+  void receive_queues(std::vector<ReceiveQueueInfo>& out) const;
+
+ private:
+  VerbsTransport() = default;
+};
+
+}  // namespace slotrpc::transport::verbs
