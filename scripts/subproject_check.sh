@@ -3,7 +3,8 @@
 # source tree, whose meson.build is README's subproject recipe exactly as
 # README has it (the fenced block after `<!-- recipe:subproject -->`), with
 # this checkout as subprojects/slotrpc (a symbolic link), builds
-# examples/kv with `meson setup` and `meson compile` as README says, then
+# examples/kv with `meson setup` (plus two compile-speed settings, see below)
+# and `meson compile` as README says, then
 # runs its kv_client against its kv_server.
 #
 #   scripts/subproject_check.sh
@@ -49,7 +50,11 @@ recipe subproject > "$src/meson.build"
 ln -s "$ROOT" "$src/subprojects/slotrpc"
 
 log "README's subproject recipe in $src, subprojects/slotrpc -> $ROOT"
-(cd "$src" && meson setup build) > "$work/setup.log" 2>&1 \
+# README's `meson setup build`, plus two settings that change what the
+# compiler does, not what the recipe wires up: no optimisation or debug
+# information (plain), and the library as unity sources.  This checks the
+# wiring; the suite's other builds check the code.
+(cd "$src" && meson setup build --buildtype=plain -Dslotrpc:unity_library=true) > "$work/setup.log" 2>&1 \
   || { cat "$work/setup.log" >&2; die "meson setup of README's subproject recipe failed"; }
 (cd "$src" && meson compile -C build) > "$work/compile.log" 2>&1 \
   || { tail -n 60 "$work/compile.log" >&2; die "meson compile of README's subproject recipe failed"; }

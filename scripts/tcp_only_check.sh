@@ -63,7 +63,7 @@ unset PKG_CONFIG_PATH
 if pkg-config --exists libibverbs; then die "pkg-config still finds libibverbs"; fi
 
 # --- configure -----------------------------------------------------------------------
-opts=(--buildtype=plain -Dtests=true -Dexamples=true -Dbench=false)
+opts=(--buildtype=plain -Dtests=true -Dexamples=true -Dbench=false -Dunity_library=true)
 if meson setup "$work/enabled" "$ROOT" "${opts[@]}" -Dverbs=enabled > "$work/enabled.log" 2>&1; then
   die "-Dverbs=enabled configured without libibverbs"
 fi

@@ -11,6 +11,10 @@
 #      built against it with README's Meson recipe and README's CMake
 #      recipe, exactly as README has them (scripts/consumer_check.sh), and
 #      each built kv_client runs against its kv_server
+#   2c. the TCP-only build (scripts/tcp_only_check.sh: -Dverbs=auto where
+#      pkg-config cannot find libibverbs builds without verbs, says so, and
+#      serves over TCP), and slotrpc as a Meson subproject of a consumer
+#      built with README's subproject recipe (scripts/subproject_check.sh)
 #   3. build-asan/ debug + ASan/UBSan -> meson setup, compile, test
 #   4. build-fuzz/ clang + ASan/UBSan + libFuzzer -> compile only the fuzz
 #      targets (tests/fuzz) and run them, all at once, for FUZZ_SECONDS from
@@ -23,6 +27,10 @@
 # inside a Soft-RoCE qemu VM (tests/rxe/rxe-vm.sh; one boot per run), or
 # directly on this host's RDMA device when one has an ACTIVE port
 # (tests/verbs/run_device_suite.sh decides; see tests/rxe/README.md).
+#
+# Every build compiles the library as unity sources (-Dunity_library=true,
+# see lib/meson.build): a CI run is a one-off build, and that halves the
+# library's compile time.
 #
 # Environment:
 #   SLOTRPC_TEST_SKIP_ASAN=1  skip phase 3 for quick local iteration.
@@ -153,7 +161,7 @@ banner "Installing dependencies"
 
 # --- 2. regular build --------------------------------------------------------
 # The prefix is where phase 2b installs to (inside the build dir: scratch).
-build_and_test build-test --buildtype=debugoptimized --prefix="$ROOT/build-test/prefix"
+build_and_test build-test --buildtype=debugoptimized --prefix="$ROOT/build-test/prefix" -Dunity_library=true
 
 # --- 2b. install check ----------------------------------------------------------
 # What a user of the installed library does, with README's recipes as
@@ -169,6 +177,24 @@ else
   exit 1
 fi
 
+# --- 2c. TCP-only build and Meson subproject use ----------------------------
+# run_check NAME COMMAND...: one more passed check, or stop the suite.
+run_check() {
+  local name=$1; shift
+  if "$@"; then
+    TOTAL_PASSED=$((TOTAL_PASSED + 1))
+  else
+    printf 'test.sh: %s failed\n' "$name" >&2
+    TOTAL_FAILED=$((TOTAL_FAILED + 1))
+    print_summary
+    exit 1
+  fi
+}
+banner "[build-tcp-only] -Dverbs=auto without libibverbs: a TCP-only library, echo over TCP"
+run_check tcp_only_check ./scripts/tcp_only_check.sh "$ROOT/build-tcp-only"
+banner "examples/kv with README's subproject recipe (subprojects/slotrpc -> this checkout)"
+run_check subproject_check ./scripts/subproject_check.sh
+
 # --- 3. sanitizer build ------------------------------------------------------
 # SLOTRPC_TEST_SKIP_ASAN=1 is for local iteration only; CI never sets it.
 if [[ "${SLOTRPC_TEST_SKIP_ASAN:-0}" == 1 ]]; then
@@ -179,7 +205,7 @@ else
   # -Dbench=false: the benchmarks are never run by the suite, and compiling
   # them under the sanitizers only costs time.
   build_and_test build-asan --buildtype=debug \
-    -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false
+    -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false -Dunity_library=true
 fi
 
 # --- 4. fuzzing ---------------------------------------------------------------
@@ -237,7 +263,7 @@ else
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   banner "[build-fuzz] meson setup (clang, ASan/UBSan, libFuzzer)"
   CXX=clang++ meson_setup build-fuzz --buildtype=debugoptimized -Dfuzzing=true \
-    -Db_sanitize=address,undefined -Db_lundef=false
+    -Db_sanitize=address,undefined -Db_lundef=false -Dunity_library=true
   banner "[build-fuzz] meson compile (fuzz targets only)"
   meson compile -C build-fuzz "${FUZZ_TARGETS[@]/#/tests/fuzz/fuzz_}"
   banner "[build-fuzz] ${FUZZ_TARGETS[*]}: ${FUZZ_SECONDS}s each, at the same time"

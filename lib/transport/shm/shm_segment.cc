@@ -14,11 +14,12 @@
 #include <vector>
 
 namespace slotrpc::transport::shm {
-namespace {
 
 std::string errno_text(const char* what, int err) {
   return std::string(what) + ": " + std::strerror(err);
 }
+
+namespace {
 
 size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
 

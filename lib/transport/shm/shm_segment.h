@@ -46,6 +46,9 @@
 
 namespace slotrpc::transport::shm {
 
+// "WHAT: strerror(err)", for the errors of both shm files.
+std::string errno_text(const char* what, int err);
+
 inline constexpr size_t kCacheLine = 64;
 inline constexpr size_t kPage = 4096;
 inline constexpr uint32_t kOfferMagic = 0x314d4853;  // "SHM1"

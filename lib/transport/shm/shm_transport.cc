@@ -17,10 +17,6 @@
 namespace slotrpc::transport::shm {
 namespace {
 
-std::string errno_text(const char* what, int err) {
-  return std::string(what) + ": " + std::strerror(err);
-}
-
 // Words of a segment, read or written as atomics.  The peer's segment is
 // mapped read-only: loads only (an 8-byte load is a plain mov on x86-64 and
 // a plain ldr on aarch64, it never writes).
