@@ -28,9 +28,9 @@
 # directly on this host's RDMA device when one has an ACTIVE port
 # (tests/verbs/run_device_suite.sh decides; see tests/rxe/README.md).
 #
-# Every build compiles the library as unity sources (-Dunity_library=true,
-# see lib/meson.build): a CI run is a one-off build, and that halves the
-# library's compile time.
+# The release, ASan, TCP-only and subproject builds compile the library as
+# unity sources (-Dunity_library=true, see lib/meson.build): a CI run is a
+# one-off build, and that halves the library's compile time.
 #
 # Environment:
 #   SLOTRPC_TEST_SKIP_ASAN=1  skip phase 3 for quick local iteration.
@@ -263,7 +263,7 @@ else
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   banner "[build-fuzz] meson setup (clang, ASan/UBSan, libFuzzer)"
   CXX=clang++ meson_setup build-fuzz --buildtype=debugoptimized -Dfuzzing=true \
-    -Db_sanitize=address,undefined -Db_lundef=false -Dunity_library=true
+    -Db_sanitize=address,undefined -Db_lundef=false
   banner "[build-fuzz] meson compile (fuzz targets only)"
   meson compile -C build-fuzz "${FUZZ_TARGETS[@]/#/tests/fuzz/fuzz_}"
   banner "[build-fuzz] ${FUZZ_TARGETS[*]}: ${FUZZ_SECONDS}s each, at the same time"
