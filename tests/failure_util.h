@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "payloads.h"
 #include "process_util.h"
 
 namespace failure_test {
@@ -45,21 +46,8 @@ using Clock = std::chrono::steady_clock;
 // The echo example's method (examples/echo/echo_service.h).
 constexpr uint32_t kEcho = slotrpc::method_id("slotrpc.examples.Echo.Echo");
 
-inline uint8_t pattern(uint64_t seq, size_t i) { return static_cast<uint8_t>((seq * 37 + i * 11 + 7) & 0xff); }
-
-// slotrpc.examples.EchoRequest { seq: ulong (field 0); payload: [ubyte] (field 1) },
-// written without the example's generated header.
-inline slotrpc::RequestWriter echo_request(uint64_t seq, size_t n) {
-  return [seq, n](flatbuffers::FlatBufferBuilder& fbb) {
-    uint8_t* bytes = nullptr;
-    auto payload = fbb.CreateUninitializedVector(n, &bytes);
-    for (size_t i = 0; i < n; ++i) bytes[i] = pattern(seq, i);
-    const auto start = fbb.StartTable();
-    fbb.AddElement<uint64_t>(4, seq, 0);
-    fbb.AddOffset(6, payload);
-    fbb.Finish(flatbuffers::Offset<void>(fbb.EndTable(start)));
-  };
-}
+// The echo example's request (tests/payloads.h).
+using slotrpc::test_payloads::echo_request;
 
 inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
