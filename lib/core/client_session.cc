@@ -112,6 +112,8 @@ void ClientSession::on_completion_thunk(SessionBase* s, const transport::Complet
                             fmt::format("connection to {} lost: {}", self->peer_,
                                         c.link != nullptr ? c.link->down_reason() : "")));
       break;
+    case transport::Completion::Kind::kBulkDone:
+      break;  // no session starts bulk transfers yet (issue 12)
   }
 }
 

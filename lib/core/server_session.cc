@@ -82,6 +82,8 @@ void ServerSession::on_completion_thunk(SessionBase* s, const transport::Complet
     case transport::Completion::Kind::kLinkDown:
       self->close(c.link != nullptr ? c.link->down_reason() : "link down");
       break;
+    case transport::Completion::Kind::kBulkDone:
+      break;  // no session starts bulk transfers yet (issue 12)
   }
 }
 

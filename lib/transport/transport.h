@@ -71,6 +71,7 @@ struct Completion {
     kMessage,   // `length` bytes now sit at the start of slot `slot`
     kControl,   // `control` holds a 32-byte header
     kLinkDown,  // the link failed or the peer closed; `link->down_reason()`
+    kBulkDone,  // a bulk read, write or revoke `bulk_token` finished with `bulk_status`
   };
   Kind kind = Kind::kMessage;
   uint16_t slot = 0;
@@ -79,7 +80,66 @@ struct Completion {
   void* context = nullptr;  // what the session gave Link::attach
   class Link* link = nullptr;
   std::array<std::byte, core::kHeaderSize> control{};
+  // kBulkDone: the token the core passed to read(), write() or revoke(),
+  // and how it went (a StatusCode; kOk = every byte moved / the range is
+  // unreachable).
+  uint64_t bulk_token = 0;
+  uint16_t bulk_status = 0;
 };
+
+// ---- Bulk transfers (issue 12; docs/design.md, "Bulk payloads") ----------
+//
+// Payloads larger than a slot stay in user memory: the slot carries only
+// descriptors (RemoteSegment), and the bytes move once, peer to peer.  On
+// verbs by RDMA READ / RDMA WRITE through a type-2 memory window that
+// exposes exactly one call's range to one session's queue pair; on TCP the
+// same one-sided operations are emulated on the session's socket, the
+// bytes received straight into the destination (no staging copy).
+//
+// Roles: the side that owns the data *exposes* a range to its peer for the
+// duration of one call and *revokes* it when the call ends; the peer
+// *reads* from or *writes* into the exposed range.  In slotrpc the client
+// exposes (request data the server reads, reply destinations the server
+// writes) and the server reads and writes, so a server never exposes its
+// memory to a client.
+//
+// None of this is on the small-call hot path: slot messages never touch it.
+
+// Where bulk memory comes from: host memory, or device memory exported as
+// a dma-buf (CUDA: cuMemGetHandleForAddressRange(..., DMA_BUF_FD); ROCm:
+// hsa_amd_portable_export_dmabuf), registered with ibv_reg_dmabuf_mr.
+struct BulkSource {
+  std::byte* address = nullptr;  // host pointer, or the device address the dma-buf covers
+  size_t length = 0;
+  int dmabuf_fd = -1;            // >= 0: register through this dma-buf
+  uint64_t dmabuf_offset = 0;    // of `address` inside the dma-buf
+};
+
+// A BulkSource registered in one link's bulk domain (verbs: its protection
+// domain).  Valid for every link of the same domain until deregistered.
+struct BulkRegistration {
+  std::byte* base = nullptr;
+  size_t length = 0;
+  uint32_t lkey = 0;
+  void* handle = nullptr;  // transport-private (struct ibv_mr* for verbs)
+  const void* domain = nullptr;  // Link::bulk_domain() of the registering link
+};
+
+enum class BulkAccess : uint8_t {
+  kRemoteRead = 1,   // the peer may read the range (request data)
+  kRemoteWrite = 2,  // the peer may write the range (reply destination)
+};
+
+// What the peer is given for an exposed range, inside a slot message: it
+// may address [addr, addr + length) with `rkey`, and nothing else.  On
+// verbs addr is the virtual address and rkey the memory window's; on TCP
+// both are opaque values the exposing link checks every access against.
+struct RemoteSegment {
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  uint32_t rkey = 0;
+};
+
 
 // Per-link counters for tests and monitoring; transports fill what applies
 // (TCP leaves the verbs-only ones at 0).
@@ -139,6 +199,57 @@ class Link {
   // default: the NIC or the socket reads any registered memory.
   virtual std::span<std::byte> send_slots() { return {}; }
 
+  // ---- Bulk transfers (see "Bulk transfers" above).  Not hot path. ----
+  //
+  // Defaults: a transport without bulk support refuses every call with
+  // UNIMPLEMENTED, and the core turns that into a clear call status.
+  virtual bool supports_bulk() const { return false; }
+
+  // Links whose bulk registrations are interchangeable return the same
+  // non-null value (verbs: the protection domain; TCP: the transport).
+  // The core's registration cache is keyed by (domain, address range).
+  virtual const void* bulk_domain() const { return nullptr; }
+
+  // Registers memory for bulk transfers (pins it on verbs).  Any thread;
+  // may take milliseconds for large ranges, so the core caches it.
+  virtual Result<BulkRegistration> register_bulk(const BulkSource& source);
+  virtual void deregister_bulk(BulkRegistration& registration);
+
+  // Lets this link's peer (and no one else) access `length` bytes at
+  // `offset` of `registration`, with `access`, until revoke().  On verbs a
+  // type-2 window is bound to this link's queue pair; the bind is ordered
+  // before any message posted afterwards, so the returned segment may go
+  // out in the next slot message at once.
+  virtual Result<RemoteSegment> expose(const BulkRegistration& registration, size_t offset,
+                                       size_t length, BulkAccess access);
+
+  // Ends an exposure: after the range is unreachable, any access by the
+  // peer fails (verbs: remote access error, which also fails the peer's
+  // queue pair, so the hostile or buggy session is lost and no other).
+  // Returns true when the range is already unreachable; false when a
+  // kBulkDone completion with `token` follows once it is (verbs: after the
+  // window's invalidation completed).  The core finishes the call only
+  // then, so memory the user gets back is never still reachable.
+  virtual bool revoke(const RemoteSegment& segment, uint64_t token);
+
+  // One-sided transfers against a segment the peer exposed: read copies
+  // remote [remote_offset, remote_offset + length) into local memory at
+  // `local_offset` of `local`; write copies the other way.  One kBulkDone
+  // completion with `token` follows when every byte has moved (write: the
+  // source may be reused) or the transfer failed.  Large transfers are
+  // chunked and interleaved by the link so that slot messages posted
+  // meanwhile are not stuck behind them.  Ordering: a slot or control
+  // message posted after write() reaches the peer after the written bytes
+  // (a reply never overtakes its data).  Bounds against `remote.length`
+  // and `local.length` are the caller's to check first; a transfer the
+  // peer refuses fails with a non-OK status (and, on verbs, the link).
+  virtual Status read(const BulkRegistration& local, size_t local_offset,
+                      const RemoteSegment& remote, uint64_t remote_offset, size_t length,
+                      uint64_t token);
+  virtual Status write(const BulkRegistration& local, size_t local_offset,
+                       const RemoteSegment& remote, uint64_t remote_offset, size_t length,
+                       uint64_t token);
+
   // Shuts the link down; a kLinkDown completion follows.  Idempotent.
   virtual void close(std::string reason) = 0;
 
@@ -162,6 +273,23 @@ class Link {
  private:
   std::vector<bool> armed_;
 };
+
+inline Result<BulkRegistration> Link::register_bulk(const BulkSource&) {
+  return Status(StatusCode::kUnimplemented, "bulk transfers are not supported on " + describe());
+}
+inline void Link::deregister_bulk(BulkRegistration& registration) { registration = {}; }
+inline Result<RemoteSegment> Link::expose(const BulkRegistration&, size_t, size_t, BulkAccess) {
+  return Status(StatusCode::kUnimplemented, "bulk transfers are not supported on " + describe());
+}
+inline bool Link::revoke(const RemoteSegment&, uint64_t) { return true; }
+inline Status Link::read(const BulkRegistration&, size_t, const RemoteSegment&, uint64_t, size_t,
+                         uint64_t) {
+  return Status(StatusCode::kUnimplemented, "bulk transfers are not supported on " + describe());
+}
+inline Status Link::write(const BulkRegistration&, size_t, const RemoteSegment&, uint64_t,
+                          size_t, uint64_t) {
+  return Status(StatusCode::kUnimplemented, "bulk transfers are not supported on " + describe());
+}
 
 class Transport {
  public:
