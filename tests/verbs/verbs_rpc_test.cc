@@ -477,7 +477,8 @@ TEST_CASE("verbs: shared receive queue and memory windows by default; SLOTRPC_SR
       const bool shared = client_mode != SharedReceiveQueue::kOff;
       CHECK(a->stats().shared_receive_queue == shared);
       CHECK(a->stats().memory_window == shared);
-      for (uint64_t i = 0; i < 200; ++i) {
+      const uint64_t calls = verbs_test::load_calls(200, 50);
+      for (uint64_t i = 0; i < calls; ++i) {
         check_echo(*a, i, i * 37 % 3000);
         check_echo(*b, i + 1000, i * 53 % 3000);
       }
@@ -692,7 +693,8 @@ TEST_CASE("verbs: several sessions on one server, concurrent callers") {
   Config sc = base_config();
   sc.reactor_threads = 2;
   TestServer ts(sc);
-  constexpr int kChannels = 6, kThreads = 3, kCalls = 1000;
+  constexpr int kChannels = 6, kThreads = 3;
+  const int kCalls = static_cast<int>(verbs_test::load_calls(1000));
   std::vector<std::unique_ptr<Channel>> channels;
   for (int i = 0; i < kChannels; ++i) {
     channels.push_back(connect(ts.address));
@@ -889,7 +891,7 @@ TEST_CASE("verbs: peer death -> UNAVAILABLE (process killed; process frozen)") {
 TEST_CASE("verbs: killing either peer mid-run leaves the survivor serving its other sessions") {
   // 0: before the kill; 1: SIGKILL on its way; 2: the killed process reaped.
   std::atomic<int> phase{0};
-  constexpr uint64_t kAfterKill = 3000;  // checked calls issued after the reap, per survivor channel
+  const uint64_t kAfterKill = verbs_test::load_calls(3000);  // checked calls issued after the reap, per survivor channel
 
   SUBCASE("server survives: a client process is killed, the server's other sessions go on") {
     TestServer ts;  // one event loop: the dying session shares it with the survivors
