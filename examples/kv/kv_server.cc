@@ -212,8 +212,12 @@ class Store final : public kv::KVService {
              ++it)
           batch.emplace_back(*it);
       }
-      for (const auto& [key, s] : batch) {
-        if (!writer.Write([&](flatbuffers::FlatBufferBuilder& fbb) { return build_entry(fbb, key, s); }))
+      // Not a structured binding: lambdas cannot capture those before
+      // clang 16 (C++20 allows it; clang 14 and 15 refuse).
+      for (const auto& entry : batch) {
+        if (!writer.Write([&](flatbuffers::FlatBufferBuilder& fbb) {
+              return build_entry(fbb, entry.first, entry.second);
+            }))
           return writer.error();  // the client went away or cancelled
       }
       left -= batch.size();
