@@ -23,6 +23,7 @@
 // the server process inherits.
 #include <CLI/CLI.hpp>
 #include <fcntl.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -234,14 +235,23 @@ int serve_slotrpc(const std::string& host, const std::string& port_file, uint32_
 // sockets spun on (never a sleep in the kernel): no framing, no
 // serialization, no copies beyond the socket's.  What a TCP RPC can approach.
 
+// Spins on a non-blocking socket; after 20 us without progress it yields
+// the CPU between polls (sched_yield, never a sleep), as slotrpc's busy mode
+// does by default (SLOTRPC_BUSY_YIELD_US=20): on a machine with more
+// spinners than cores, a spinner that never yields holds the core its peer
+// needs for a whole time slice, and the "limit" would measure the scheduler.
 bool spin_io(int fd, uint8_t* p, size_t n, bool send_side) {
+  auto idle_since = Clock::now();
   while (n > 0) {
     const ssize_t k = send_side ? ::send(fd, p, n, MSG_NOSIGNAL) : ::recv(fd, p, n, 0);
     if (k > 0) {
       p += k;
       n -= static_cast<size_t>(k);
+      idle_since = Clock::now();
     } else if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
       return false;
+    } else if (Clock::now() - idle_since > std::chrono::microseconds(20)) {
+      sched_yield();
     }
   }
   return true;
