@@ -27,6 +27,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -381,6 +382,8 @@ std::string start_server(ServerProcess& sp, const std::string& system, const std
   sp.pid = ::fork();
   if (sp.pid < 0) return std::string("fork: ") + std::strerror(errno);
   if (sp.pid == 0) {
+    // The server dies with the client, however the client ends.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     ::execv("/proc/self/exe", argv.data());
     std::fprintf(stderr, "slotrpc-bench: exec: %s\n", std::strerror(errno));
     ::_exit(127);

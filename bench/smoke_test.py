@@ -37,7 +37,7 @@ def main():
         print("smoke_test: " + " ".join(cmd), flush=True)
         env = dict(os.environ)
         env.pop("SLOTRPC_TRANSPORT", None)
-        r = subprocess.run(cmd, env=env, timeout=120, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        r = subprocess.run(cmd, env=env, timeout=150, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True)
         print(r.stdout)
         if r.returncode != 0:
