@@ -1,0 +1,811 @@
+// slotrpc-bench: slotrpc beside gRPC and beside the physical limit, in one
+// run on one machine, two processes (this binary re-executes itself as the
+// server, as a user would run a client and a server).
+//
+//   slotrpc-bench --modes latency,throughput --transports tcp,shm,grpc,socket
+//                 --warmup 1000 --calls 20000 --json out.json
+//
+// Systems (--transports): slotrpc over tcp, shm or verbs; grpc (gRPC 1.51 +
+// FlatBuffers, built from the same examples/echo/echo.fbs); socket (a
+// busy-polling TCP ping-pong of the same payloads: the limit a TCP RPC can
+// approach on this host; latency only).  Every system echoes the same
+// EchoRequest { seq, payload } (socket: the raw payload) through the same
+// loop: `outstanding` calls in flight over `channels` connections, each
+// reply re-issuing the next call.
+//
+// latency:    outstanding 1, one channel, each --sizes point: p50, p99,
+//             p99.9, mean, max.  "max" = the largest payload a slot holds.
+// throughput: --throughput-size bytes at each --outstanding over each
+//             --channels: calls/s and MB/s (request payload bytes, 10^6).
+//
+// Each slotrpc figure is printed as a ratio to gRPC's and to the limit's.
+// Poll mode and other slotrpc settings: SLOTRPC_* in the environment, which
+// the server process inherits.
+#include <CLI/CLI.hpp>
+#include <fcntl.h>
+#include <sched.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <arpa/inet.h>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "bench_driver.h"
+#include "echo_service.h"
+#include "slotrpc/slotrpc.h"
+
+namespace bench {
+
+using Clock = std::chrono::steady_clock;
+
+bool write_port_file(const std::string& path, uint16_t port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << port << "\n";
+    if (!out) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+void wait_for_termination() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  int sig = 0;
+  sigwait(&set, &sig);
+}
+
+namespace {
+
+// --- slotrpc ---------------------------------------------------------------
+
+using slotrpc::examples::EchoClient;
+using slotrpc::examples::EchoReply;
+using slotrpc::examples::EchoRequest;
+
+flatbuffers::Offset<EchoRequest> build_request(flatbuffers::FlatBufferBuilder& fbb, uint64_t seq, uint64_t size) {
+  uint8_t* bytes = nullptr;
+  auto payload = fbb.CreateUninitializedVector(size, &bytes);
+  if (size != 0) std::memset(bytes, kFill, size);
+  return slotrpc::examples::CreateEchoRequest(fbb, seq, payload);
+}
+
+// The largest payload whose EchoRequest fits one slot of `slot_size` bytes:
+// built, as the library does, by a builder that owns the slot after its
+// 32-byte header and may not grow (its scratch space, the vtable
+// bookkeeping at the front, shares the slot with the message).
+struct FixedAllocator final : flatbuffers::Allocator {
+  struct Overflow {};
+  explicit FixedAllocator(size_t cap) : mem(cap) {}
+  uint8_t* allocate(size_t size) override {
+    if (size > mem.size()) throw Overflow{};
+    return mem.data();
+  }
+  void deallocate(uint8_t*, size_t) override {}
+  uint8_t* reallocate_downward(uint8_t*, size_t, size_t, size_t, size_t) override { throw Overflow{}; }
+  std::vector<uint8_t> mem;
+};
+
+uint64_t largest_payload(uint32_t slot_size) {
+  FixedAllocator alloc(slot_size - 32);
+  auto fits = [&](uint64_t n) {
+    flatbuffers::FlatBufferBuilder fbb(slot_size - 32, &alloc, false);
+    try {
+      // Twice: a slot's builder is reused (Clear()), and a cleared builder
+      // has a few bytes less room than a fresh one.
+      fbb.Finish(build_request(fbb, 0, n));
+      fbb.Clear();
+      fbb.Finish(build_request(fbb, 1, n));
+      return true;
+    } catch (const FixedAllocator::Overflow&) {
+      return false;
+    }
+  };
+  uint64_t lo = 0, hi = slot_size;  // fits(lo), !fits(hi)
+  while (hi - lo > 1) {
+    const uint64_t mid = (lo + hi) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+class SlotrpcDriver final : public EchoDriver {
+ public:
+  SlotrpcDriver(std::string address, slotrpc::Config cfg) : address_(std::move(address)), cfg_(std::move(cfg)) {}
+
+  slotrpc::Status connect_to(uint32_t channels) {
+    while (channels_.size() < channels) {
+      auto ch = slotrpc::Channel::connect(address_, cfg_);
+      if (!ch.ok()) return ch.status();
+      if ((*ch)->transport() != cfg_.transport) {
+        return slotrpc::Status(slotrpc::StatusCode::kUnavailable,
+                               "connected over " + std::string(slotrpc::to_string((*ch)->transport())));
+      }
+      clients_.push_back(std::make_unique<EchoClient>(**ch));
+      channels_.push_back(std::move(*ch));
+    }
+    return {};
+  }
+  slotrpc::Channel& channel() { return *channels_.front(); }
+
+  Point run(uint64_t size, uint64_t calls, uint64_t outstanding, uint32_t channels,
+            std::atomic<uint64_t>& done) override {
+    Point pt;
+    if (auto st = connect_to(channels); !st.ok()) {
+      pt.failed = calls;
+      pt.first_error = st.to_string();
+      return pt;
+    }
+    // Reply callbacks run on the channels' event loop (all channels share
+    // the default runtime's one loop): they record, check and re-issue.
+    struct State {
+      std::atomic<uint64_t> issued{0}, completed{0};
+      slotrpc::Histogram lat;  // loop only
+      uint64_t failed = 0;
+      std::string first_error;
+      std::mutex mu;
+      std::condition_variable cv;
+      bool finished = false;
+    } s;
+    std::function<void(uint32_t)> issue = [&](uint32_t c) {
+      const uint64_t seq = s.issued.fetch_add(1);
+      if (seq >= calls) return;
+      const auto start = Clock::now();
+      clients_[c]->Echo(
+          [seq, size](flatbuffers::FlatBufferBuilder& fbb) { return build_request(fbb, seq, size); }, {},
+          [&, c, start, size](slotrpc::Reply<EchoReply>&& r) {
+            s.lat.record(static_cast<uint64_t>((Clock::now() - start).count()));
+            std::string err;
+            if (!r.ok()) {
+              err = r.status().to_string();
+            } else if (r->payload() == nullptr || r->payload()->size() != size) {
+              err = "wrong payload size";
+            } else if (size != 0 && (r->payload()->Get(0) != kFill || r->payload()->Get(size - 1) != kFill)) {
+              err = "wrong payload bytes";
+            }
+            if (!err.empty() && s.failed++ == 0) s.first_error = err;
+            done.fetch_add(1, std::memory_order_relaxed);
+            if (s.completed.fetch_add(1) + 1 == calls) {
+              std::lock_guard<std::mutex> lock(s.mu);
+              s.finished = true;
+              s.cv.notify_all();
+              return;
+            }
+            issue(c);
+          });
+    };
+    const auto t0 = Clock::now();
+    for (uint64_t k = 0; k < std::min(outstanding, calls); ++k) issue(static_cast<uint32_t>(k % channels));
+    {
+      std::unique_lock<std::mutex> lock(s.mu);
+      s.cv.wait(lock, [&] { return s.finished; });
+    }
+    pt.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    pt.latency_ns = s.lat;
+    pt.calls = calls;
+    pt.failed = s.failed;
+    pt.first_error = s.first_error;
+    return pt;
+  }
+
+ private:
+  std::string address_;
+  slotrpc::Config cfg_;
+  std::vector<std::unique_ptr<slotrpc::Channel>> channels_;
+  std::vector<std::unique_ptr<EchoClient>> clients_;
+};
+
+int serve_slotrpc(const std::string& host, const std::string& port_file, uint32_t slot_size) {
+  slotrpc::Config cfg;
+  cfg.slot_size = slot_size;  // the most a client may ask for
+  echo::EchoHandler handler;  // outlives the server, which calls it
+  slotrpc::Server server(cfg);
+  if (auto st = server.add_service(handler.definition()); !st.ok()) {
+    std::fprintf(stderr, "slotrpc-bench: %s\n", st.to_string().c_str());
+    return 1;
+  }
+  if (auto st = server.start(host + ":0"); !st.ok()) {
+    std::fprintf(stderr, "slotrpc-bench: %s\n", st.to_string().c_str());
+    return 1;
+  }
+  if (!write_port_file(port_file, server.port())) return 1;
+  wait_for_termination();
+  return 0;
+}
+
+// --- the limit: a busy-polling TCP ping-pong ---------------------------------
+// A 4-byte length and the payload each way, TCP_NODELAY, non-blocking
+// sockets spun on (never a sleep in the kernel): no framing, no
+// serialization, no copies beyond the socket's.  What a TCP RPC can approach.
+
+// Spins on a non-blocking socket; after 20 us without progress it yields
+// the CPU between polls (sched_yield, never a sleep), as slotrpc's busy mode
+// does by default (SLOTRPC_BUSY_YIELD_US=20): on a machine with more
+// spinners than cores, a spinner that never yields holds the core its peer
+// needs for a whole time slice, and the "limit" would measure the scheduler.
+bool spin_io(int fd, uint8_t* p, size_t n, bool send_side) {
+  auto idle_since = Clock::now();
+  while (n > 0) {
+    const ssize_t k = send_side ? ::send(fd, p, n, MSG_NOSIGNAL) : ::recv(fd, p, n, 0);
+    if (k > 0) {
+      p += k;
+      n -= static_cast<size_t>(k);
+      idle_since = Clock::now();
+    } else if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      return false;
+    } else if (Clock::now() - idle_since > std::chrono::microseconds(20)) {
+      sched_yield();
+    }
+  }
+  return true;
+}
+
+void tune_socket(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+int serve_socket(const std::string& host, const std::string& port_file) {
+  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
+  socklen_t len = sizeof addr;
+  if (lfd < 0 || ::bind(lfd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(lfd, 16) != 0 ||
+      ::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    std::fprintf(stderr, "slotrpc-bench: socket server: %s\n", std::strerror(errno));
+    return 1;
+  }
+  if (!write_port_file(port_file, ntohs(addr.sin_port))) return 1;
+  std::thread([lfd] {
+    for (;;) {
+      const int fd = ::accept(lfd, nullptr, nullptr);
+      if (fd < 0) return;
+      tune_socket(fd);
+      std::thread([fd] {
+        std::vector<uint8_t> buf;
+        uint32_t n = 0;
+        while (spin_io(fd, reinterpret_cast<uint8_t*>(&n), 4, false)) {
+          buf.resize(n + 4);
+          std::memcpy(buf.data(), &n, 4);
+          if (!spin_io(fd, buf.data() + 4, n, false) || !spin_io(fd, buf.data(), n + 4, true)) break;
+        }
+        ::close(fd);
+      }).detach();
+    }
+  }).detach();
+  wait_for_termination();
+  return 0;
+}
+
+class SocketDriver final : public EchoDriver {
+ public:
+  SocketDriver(std::string host, uint16_t port) : host_(std::move(host)), port_(port) {}
+  ~SocketDriver() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  Point run(uint64_t size, uint64_t calls, uint64_t, uint32_t, std::atomic<uint64_t>& done) override {
+    Point pt;
+    if (fd_ < 0 && !connect()) {
+      pt.failed = calls;
+      pt.first_error = std::string("connect: ") + std::strerror(errno);
+      return pt;
+    }
+    std::vector<uint8_t> out(size + 4, kFill), in(size + 4);
+    const uint32_t n = static_cast<uint32_t>(size);
+    std::memcpy(out.data(), &n, 4);
+    const auto t0 = Clock::now();
+    for (uint64_t i = 0; i < calls; ++i) {
+      const auto start = Clock::now();
+      const bool ok = spin_io(fd_, out.data(), out.size(), true) && spin_io(fd_, in.data(), in.size(), false);
+      pt.latency_ns.record(static_cast<uint64_t>((Clock::now() - start).count()));
+      if ((!ok || (size != 0 && (in[4] != kFill || in[size + 3] != kFill))) && pt.failed++ == 0) {
+        pt.first_error = ok ? "wrong payload bytes" : std::string("socket: ") + std::strerror(errno);
+      }
+      done.fetch_add(1, std::memory_order_relaxed);
+      if (!ok) break;
+    }
+    pt.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    pt.calls = calls;
+    return pt;
+  }
+
+ private:
+  bool connect() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port_);
+    inet_pton(AF_INET, host_.c_str(), &addr.sin_addr);
+    if (fd_ < 0 || ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return false;
+    tune_socket(fd_);
+    return true;
+  }
+  std::string host_;
+  uint16_t port_;
+  int fd_ = -1;
+};
+
+// --- the server process --------------------------------------------------------
+
+struct ServerProcess {
+  pid_t pid = -1;
+  uint16_t port = 0;
+  std::string port_file;
+
+  ~ServerProcess() {
+    if (pid > 0) {
+      ::kill(pid, SIGTERM);
+      int status = 0;
+      ::waitpid(pid, &status, 0);
+    }
+    if (!port_file.empty()) ::unlink(port_file.c_str());
+  }
+};
+
+// Re-executes this binary as `--serve system` and waits (bounded) for its
+// port file.  Empty string: started; else why not.
+std::string start_server(ServerProcess& sp, const std::string& system, const std::string& host, uint32_t slot_size,
+                         uint64_t max_message) {
+  char tmpl[] = "/tmp/slotrpc-bench-port-XXXXXX";
+  const int fd = ::mkstemp(tmpl);
+  if (fd < 0) return std::string("mkstemp: ") + std::strerror(errno);
+  ::close(fd);
+  ::unlink(tmpl);
+  sp.port_file = tmpl;
+  std::vector<std::string> args = {"slotrpc-bench", "--serve", system, "--port-file", sp.port_file,
+                                   "--address", host, "--slot-size", std::to_string(slot_size),
+                                   "--max-message", std::to_string(max_message)};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  sp.pid = ::fork();
+  if (sp.pid < 0) return std::string("fork: ") + std::strerror(errno);
+  if (sp.pid == 0) {
+    // The server dies with the client, however the client ends.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    ::execv("/proc/self/exe", argv.data());
+    std::fprintf(stderr, "slotrpc-bench: exec: %s\n", std::strerror(errno));
+    ::_exit(127);
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (Clock::now() < deadline) {
+    std::ifstream in(sp.port_file);
+    if (in >> sp.port) return {};
+    int status = 0;
+    if (::waitpid(sp.pid, &status, WNOHANG) == sp.pid) {
+      sp.pid = -1;
+      return "the server process exited early (status " + std::to_string(status) + ")";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling a file; nothing to wait on
+  }
+  return "the server wrote no port file within 30 s";
+}
+
+// --- results -------------------------------------------------------------------
+
+struct Row {
+  std::string mode, system;
+  uint64_t size = 0, outstanding = 1, channels = 1;
+  uint64_t calls = 0, failed = 0;
+  double p50 = 0, p99 = 0, p999 = 0, mean = 0, max = 0;  // microseconds
+  double calls_per_s = 0, mb_per_s = 0;
+  double ratio_grpc = 0, ratio_limit = 0;  // 0: no such figure
+  std::string error;
+};
+
+Row to_row(const std::string& mode, const std::string& system, uint64_t size, uint64_t outstanding,
+           uint64_t channels, const Point& pt) {
+  Row r;
+  r.mode = mode;
+  r.system = system;
+  r.size = size;
+  r.outstanding = outstanding;
+  r.channels = channels;
+  r.calls = pt.calls;
+  r.failed = pt.failed;
+  r.error = pt.first_error;
+  const auto& h = pt.latency_ns;
+  r.p50 = h.quantile(0.50) / 1e3;
+  r.p99 = h.quantile(0.99) / 1e3;
+  r.p999 = h.quantile(0.999) / 1e3;
+  r.mean = h.mean() / 1e3;
+  r.max = h.max() / 1e3;
+  if (pt.seconds > 0) {
+    r.calls_per_s = pt.calls / pt.seconds;
+    r.mb_per_s = r.calls_per_s * double(size) / 1e6;
+  }
+  return r;
+}
+
+// Latency: p50 over the other system's p50 at the same size (lower is
+// better, so < 1 beats it).  Throughput: calls/s over gRPC's at the same
+// point (higher is better).
+void add_ratios(std::vector<Row>& rows) {
+  auto find = [&](const Row& like, const std::string& system) -> const Row* {
+    for (const Row& o : rows) {
+      if (o.system == system && o.mode == like.mode && o.size == like.size && o.outstanding == like.outstanding &&
+          o.channels == like.channels && o.failed == 0 && o.calls > 0)
+        return &o;
+    }
+    return nullptr;
+  };
+  for (Row& r : rows) {
+    if (r.system.rfind("slotrpc-", 0) != 0 || r.failed != 0) continue;
+    const Row* g = find(r, "grpc");
+    const Row* l = find(r, "socket");
+    if (r.mode == "latency") {
+      if (g != nullptr && g->p50 > 0) r.ratio_grpc = r.p50 / g->p50;
+      if (l != nullptr && l->p50 > 0) r.ratio_limit = r.p50 / l->p50;
+    } else {
+      if (g != nullptr && g->calls_per_s > 0) r.ratio_grpc = r.calls_per_s / g->calls_per_s;
+      if (l != nullptr && l->calls_per_s > 0) r.ratio_limit = r.calls_per_s / l->calls_per_s;
+    }
+  }
+}
+
+std::string ratio_text(double v) {
+  if (v == 0) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2fx", v);
+  return buf;
+}
+
+void print_table(const std::vector<Row>& rows, const std::string& mode) {
+  bool any = false;
+  for (const Row& r : rows) any |= r.mode == mode;
+  if (!any) return;
+  if (mode == "latency") {
+    std::printf("\nlatency (one call outstanding, one channel; microseconds; ratios of p50: <1 is faster)\n");
+    std::printf("%-14s %9s %9s %9s %9s %9s %9s %9s %9s %6s\n", "system", "size_B", "p50", "p99", "p99.9", "mean",
+                "max", "vs_grpc", "vs_limit", "failed");
+    for (const Row& r : rows) {
+      if (r.mode != mode) continue;
+      std::printf("%-14s %9llu %9.1f %9.1f %9.1f %9.1f %9.1f %9s %9s %6llu\n", r.system.c_str(),
+                  (unsigned long long)r.size, r.p50, r.p99, r.p999, r.mean, r.max, ratio_text(r.ratio_grpc).c_str(),
+                  ratio_text(r.ratio_limit).c_str(), (unsigned long long)r.failed);
+    }
+  } else {
+    std::printf("\nthroughput (ratio: calls/s over gRPC's at the same point: >1 is faster)\n");
+    std::printf("%-14s %7s %8s %11s %12s %9s %9s %9s %6s\n", "system", "size_B", "channels", "outstanding",
+                "calls_per_s", "MB_per_s", "p50_us", "vs_grpc", "failed");
+    for (const Row& r : rows) {
+      if (r.mode != mode) continue;
+      std::printf("%-14s %7llu %8llu %11llu %12.0f %9.1f %9.1f %9s %6llu\n", r.system.c_str(),
+                  (unsigned long long)r.size, (unsigned long long)r.channels, (unsigned long long)r.outstanding,
+                  r.calls_per_s, r.mb_per_s, r.p50, ratio_text(r.ratio_grpc).c_str(), (unsigned long long)r.failed);
+    }
+  }
+  std::fflush(stdout);
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string json_number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+std::string first_line(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown";
+}
+
+bool write_json(const std::string& path, const std::vector<Row>& rows, const std::map<std::string, std::string>& run) {
+  std::ostringstream o;
+  utsname u{};
+  ::uname(&u);
+  o << "{\n  \"tool\": \"slotrpc-bench\",\n  \"format\": 1,\n";
+  o << "  \"machine\": {\"cpu\": " << json_string(cpu_model())
+    << ", \"hardware_threads\": " << std::thread::hardware_concurrency()
+    << ", \"kernel\": " << json_string(u.release)
+    << ", \"loadavg\": " << json_string(first_line("/proc/loadavg")) << "},\n";
+  o << "  \"run\": {";
+  bool first = true;
+  for (const auto& [k, v] : run) {
+    o << (first ? "" : ", ") << json_string(k) << ": " << json_string(v);
+    first = false;
+  }
+  o << "},\n  \"results\": [";
+  first = true;
+  for (const Row& r : rows) {
+    o << (first ? "\n" : ",\n") << "    {\"mode\": " << json_string(r.mode) << ", \"system\": " << json_string(r.system)
+      << ", \"size\": " << r.size << ", \"outstanding\": " << r.outstanding << ", \"channels\": " << r.channels
+      << ", \"calls\": " << r.calls << ", \"failed\": " << r.failed << ", \"p50_us\": " << json_number(r.p50)
+      << ", \"p99_us\": " << json_number(r.p99) << ", \"p999_us\": " << json_number(r.p999)
+      << ", \"mean_us\": " << json_number(r.mean) << ", \"max_us\": " << json_number(r.max)
+      << ", \"calls_per_s\": " << json_number(r.calls_per_s) << ", \"mb_per_s\": " << json_number(r.mb_per_s)
+      << ", \"ratio_to_grpc\": " << (r.ratio_grpc == 0 ? "null" : json_number(r.ratio_grpc))
+      << ", \"ratio_to_limit\": " << (r.ratio_limit == 0 ? "null" : json_number(r.ratio_limit));
+    if (!r.error.empty()) o << ", \"error\": " << json_string(r.error);
+    o << "}";
+    first = false;
+  }
+  o << "\n  ]\n}\n";
+  std::ofstream out(path);
+  out << o.str();
+  return static_cast<bool>(out);
+}
+
+// Runs one point with a progress line on stderr (rewritten in place, about
+// four times a second) while the driver works on this thread's behalf.
+Point measure(EchoDriver& d, const std::string& label, uint64_t size, uint64_t warmup, uint64_t calls,
+              uint64_t outstanding, uint32_t channels) {
+  std::atomic<uint64_t> done{0};
+  std::atomic<bool> running{true};
+  std::mutex mu;
+  std::condition_variable cv;
+  const uint64_t total = warmup + calls;
+  std::thread progress([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    while (running.load()) {
+      std::fprintf(stderr, "\r%-48s %llu/%llu calls", label.c_str(), (unsigned long long)done.load(),
+                   (unsigned long long)total);
+      cv.wait_for(lock, std::chrono::milliseconds(250), [&] { return !running.load(); });
+    }
+  });
+  if (warmup != 0) d.run(size, warmup, outstanding, channels, done);
+  Point pt = d.run(size, calls, outstanding, channels, done);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    running.store(false);
+  }
+  cv.notify_all();
+  progress.join();
+  std::fprintf(stderr, "\r%-48s %llu/%llu calls, %llu failed\n", label.c_str(), (unsigned long long)done.load(),
+               (unsigned long long)total, (unsigned long long)pt.failed);
+  return pt;
+}
+
+std::string size_text(uint64_t n) {
+  if (n >= (1u << 20) && n % (1u << 20) == 0) return std::to_string(n >> 20) + " MiB";
+  if (n >= 1024 && n % 1024 == 0) return std::to_string(n >> 10) + " KiB";
+  return std::to_string(n) + " B";
+}
+
+}  // namespace
+}  // namespace bench
+
+int main(int argc, char** argv) {
+  using namespace bench;
+  std::vector<std::string> modes = {"latency", "throughput"};
+  std::vector<std::string> systems = {"tcp", "shm", "grpc", "socket"};
+  std::vector<std::string> sizes_text = {"64", "1024", "4096", "65536", "1048576", "max"};
+  std::vector<uint64_t> outstanding = {1, 8, 32, 128};
+  std::vector<uint32_t> channels = {1, 4};
+  uint64_t warmup = 1000, calls = 20000, throughput_calls = 0, throughput_size = 64;
+  uint32_t slot_size = 2u << 20;
+  uint64_t max_message = 0;
+  std::string host = "127.0.0.1", json_path, serve, port_file;
+
+  CLI::App app("slotrpc beside gRPC (same schema, same loop) and a busy-polling socket ping-pong, client and "
+               "server in two processes: latency per payload size, throughput per outstanding calls and channels.",
+               "slotrpc-bench");
+  app.add_option("--modes", modes, "latency, throughput")->delimiter(',')->check(CLI::IsMember({"latency", "throughput"}))
+      ->capture_default_str();
+  app.add_option("--transports", systems, "Systems: tcp, shm, verbs (slotrpc), grpc, socket (the limit)")
+      ->delimiter(',')->check(CLI::IsMember({"tcp", "shm", "verbs", "grpc", "socket"}))->capture_default_str();
+  app.add_option("--sizes", sizes_text, "Latency payload sizes in bytes; 'max' = the largest a slot holds")
+      ->delimiter(',')->capture_default_str();
+  app.add_option("--outstanding", outstanding, "Throughput: calls in flight")->delimiter(',')
+      ->check(CLI::Range(uint64_t{1}, uint64_t{4096}))->capture_default_str();
+  app.add_option("--channels", channels, "Throughput: connections the calls are spread over")->delimiter(',')
+      ->check(CLI::Range(1u, 64u))->capture_default_str();
+  app.add_option("--warmup", warmup, "Uncounted calls before each point")->capture_default_str();
+  app.add_option("--calls", calls, "Counted calls per latency point")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--throughput-calls", throughput_calls, "Counted calls per throughput point (default: --calls)");
+  app.add_option("--throughput-size", throughput_size, "Throughput payload bytes")->capture_default_str();
+  app.add_option("--slot-size", slot_size, "slotrpc slot size of the latency channels (bytes, multiple of 64)")
+      ->check(CLI::Range(4096u, 64u << 20))->capture_default_str();
+  app.add_option("--address", host, "IPv4 address the servers listen on and clients connect to")->capture_default_str();
+  app.add_option("--json", json_path, "Write every figure to this JSON file");
+  app.add_option("--serve", serve, "(internal) run the server of one system")->group("");
+  app.add_option("--port-file", port_file, "(internal) where --serve writes its port")->group("");
+  app.add_option("--max-message", max_message, "(internal) gRPC message-size limit")->group("");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  if (!serve.empty()) {
+    // Block the termination signals before any thread starts, so only
+    // wait_for_termination() receives them.
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    if (serve == "slotrpc") return serve_slotrpc(host, port_file, slot_size);
+    if (serve == "grpc") return serve_grpc(host + ":0", port_file, max_message);
+    if (serve == "socket") return serve_socket(host, port_file);
+    std::fprintf(stderr, "slotrpc-bench: unknown --serve %s\n", serve.c_str());
+    return 2;
+  }
+  if (throughput_calls == 0) throughput_calls = calls;
+  // The library's connection notices would interleave with the tables.
+  ::setenv("SLOTRPC_LOG_LEVEL", "warn", 0);
+  if (slot_size % 64 != 0) {
+    std::fprintf(stderr, "slotrpc-bench: --slot-size %u is not a multiple of 64\n", slot_size);
+    return 2;
+  }
+  const uint64_t largest = largest_payload(slot_size);
+  std::vector<uint64_t> sizes;
+  for (const auto& s : sizes_text) {
+    if (s == "max") {
+      sizes.push_back(largest);
+      continue;
+    }
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+    if (end == s.c_str() || *end != '\0' || v > largest) {
+      std::fprintf(stderr, "slotrpc-bench: --sizes %s: not a size up to %llu (the largest a %u-byte slot holds; "
+                   "raise --slot-size)\n", s.c_str(), (unsigned long long)largest, slot_size);
+      return 2;
+    }
+    sizes.push_back(v);
+  }
+  if (throughput_size > largest_payload(64 * 1024)) {
+    std::fprintf(stderr, "slotrpc-bench: --throughput-size %llu does not fit the default 64 KiB slot\n",
+                 (unsigned long long)throughput_size);
+    return 2;
+  }
+  if (max_message == 0) max_message = std::max<uint64_t>(uint64_t{slot_size} * 2, 4u << 20);
+  if (std::find(systems.begin(), systems.end(), "grpc") != systems.end() && !grpc_available()) {
+    std::fprintf(stderr, "slotrpc-bench: this build has no gRPC (grpc++ was not found at meson setup)\n");
+    return 2;
+  }
+  // --transports chooses the transport of each run; SLOTRPC_TRANSPORT
+  // would override it (the environment wins over Config).
+  if (std::getenv("SLOTRPC_TRANSPORT") != nullptr) {
+    std::fprintf(stderr, "slotrpc-bench: ignoring SLOTRPC_TRANSPORT (--transports chooses)\n");
+    ::unsetenv("SLOTRPC_TRANSPORT");
+  }
+  // The client takes SIGPIPE as an error return, not a death.
+  ::signal(SIGPIPE, SIG_IGN);
+
+  const bool do_latency = std::find(modes.begin(), modes.end(), "latency") != modes.end();
+  const bool do_throughput = std::find(modes.begin(), modes.end(), "throughput") != modes.end();
+  std::vector<Row> rows;
+  std::map<std::string, std::string> run_info = {
+      {"warmup", std::to_string(warmup)},
+      {"calls", std::to_string(calls)},
+      {"throughput_calls", std::to_string(throughput_calls)},
+      {"slot_size", std::to_string(slot_size)},
+      {"largest_payload", std::to_string(largest)},
+      {"address", host},
+  };
+  int rc = 0;
+  // The socket limit first and gRPC next, so slotrpc's rows get their ratios
+  // as soon as they are printed... they are computed at the end anyway; this
+  // order only keeps the table grouped the same way every run.
+  std::vector<std::string> order;
+  for (const char* s : {"socket", "grpc", "tcp", "shm", "verbs"}) {
+    if (std::find(systems.begin(), systems.end(), s) != systems.end()) order.push_back(s);
+  }
+  for (const std::string& sys : order) {
+    const bool is_slotrpc = sys == "tcp" || sys == "shm" || sys == "verbs";
+    const std::string name = is_slotrpc ? "slotrpc-" + sys : sys;
+    ServerProcess server;
+    if (auto err = start_server(server, is_slotrpc ? "slotrpc" : sys, host, slot_size, max_message); !err.empty()) {
+      std::fprintf(stderr, "slotrpc-bench: %s server: %s\n", name.c_str(), err.c_str());
+      rc = 1;
+      continue;
+    }
+    const std::string target = host + ":" + std::to_string(server.port);
+    auto make = [&](bool latency) -> std::unique_ptr<EchoDriver> {
+      if (sys == "socket") return std::make_unique<SocketDriver>(host, server.port);
+      if (sys == "grpc") return make_grpc_driver(target, max_message);
+      slotrpc::Config cfg;
+      cfg.transport = sys == "tcp" ? slotrpc::TransportKind::kTcp
+                    : sys == "shm" ? slotrpc::TransportKind::kShm
+                                   : slotrpc::TransportKind::kVerbs;
+      // Latency channels: slots large enough for the largest size, few of
+      // them (one call is out at a time).  Throughput channels: the default
+      // geometry (64 slots of 64 KiB).
+      if (latency) {
+        cfg.slot_size = slot_size;
+        cfg.slot_count = 8;
+      }
+      auto d = std::make_unique<SlotrpcDriver>(target, cfg);
+      if (auto st = d->connect_to(1); !st.ok()) {
+        std::fprintf(stderr, "slotrpc-bench: %s: %s\n", name.c_str(), st.to_string().c_str());
+        return nullptr;
+      }
+      run_info["poll_mode"] = std::string(slotrpc::to_string(d->channel().config().poll_mode));
+      return d;
+    };
+    auto record = [&](Row row) {
+      if (row.failed != 0) {
+        std::fprintf(stderr, "slotrpc-bench: %s: %llu calls failed, first: %s\n", name.c_str(),
+                     (unsigned long long)row.failed, row.error.c_str());
+        rc = 1;
+      }
+      rows.push_back(std::move(row));
+    };
+    if (do_latency) {
+      auto d = make(true);
+      if (d == nullptr) {
+        rc = 1;
+        continue;
+      }
+      for (uint64_t size : sizes) {
+        const Point pt = measure(*d, "latency " + name + " " + size_text(size), size, warmup, calls, 1, 1);
+        record(to_row("latency", name, size, 1, 1, pt));
+      }
+    }
+    if (do_throughput && sys != "socket") {
+      auto d = make(false);
+      if (d == nullptr) {
+        rc = 1;
+        continue;
+      }
+      for (uint32_t c : channels) {
+        for (uint64_t k : outstanding) {
+          const Point pt = measure(*d, "throughput " + name + " " + std::to_string(c) + " ch " + std::to_string(k) +
+                                           " out", throughput_size, warmup, throughput_calls, k, c);
+          record(to_row("throughput", name, throughput_size, k, c, pt));
+        }
+      }
+    }
+  }
+  add_ratios(rows);
+  utsname u{};
+  ::uname(&u);
+  std::printf("machine: %s, %u hardware threads, kernel %s, load %s\n", cpu_model().c_str(),
+              std::thread::hardware_concurrency(), u.release, first_line("/proc/loadavg").c_str());
+  print_table(rows, "latency");
+  print_table(rows, "throughput");
+  if (!json_path.empty() && !write_json(json_path, rows, run_info)) {
+    std::fprintf(stderr, "slotrpc-bench: cannot write %s\n", json_path.c_str());
+    rc = 1;
+  }
+  return rc;
+}
