@@ -37,6 +37,12 @@ PACKAGES=(
   libcli11-dev
   # Tests
   doctest-dev
+  # Benchmarks (bench/slotrpc-bench, scripts/bench.sh): the gRPC baseline is
+  # built from the same echo.fbs with flatc --cpp --grpc (its generated
+  # header includes protobuf's), and bench/plot draws with gnuplot
+  libgrpc++-dev
+  libprotobuf-dev
+  gnuplot-nox
   # Fuzzing (tests/fuzz, phase 4 of scripts/test.sh): clang, and libFuzzer
   # with the sanitizer runtimes, which Debian ships in libclang-rt-14-dev
   clang
