@@ -348,9 +348,10 @@ TEST_CASE("config: shared receive queue mode and depth") {
   CleanEnv clean;
   CHECK(Config{}.srq == slotrpc::SharedReceiveQueue::kAuto);
   CHECK(Config{}.srq_depth == 16384);
-  for (auto [text, mode] : {std::pair{"off", slotrpc::SharedReceiveQueue::kOff},
+  for (auto [text_, mode] : {std::pair{"off", slotrpc::SharedReceiveQueue::kOff},
                             std::pair{"on", slotrpc::SharedReceiveQueue::kOn},
                             std::pair{"auto", slotrpc::SharedReceiveQueue::kAuto}}) {
+    const char* const text = text_;  // clang < 16: no lambda capture of a binding (CAPTURE)
     EnvVar v("SLOTRPC_SRQ", text);
     EnvVar d("SLOTRPC_SRQ_DEPTH", "64");
     auto c = Config{}.with_environment();
@@ -401,7 +402,8 @@ TEST_CASE("config: verbs device, GID index and relaxed ordering") {
     CHECK(c->relaxed_ordering == slotrpc::RelaxedOrdering::kAuto);
   }
   SUBCASE("auto GID index and the bounds") {
-    for (auto [text, value] : {std::pair{"auto", -1}, std::pair{"0", 0}, std::pair{"255", 255}}) {
+    for (auto [text_, value] : {std::pair{"auto", -1}, std::pair{"0", 0}, std::pair{"255", 255}}) {
+      const char* const text = text_;  // clang < 16: no lambda capture of a binding (CAPTURE)
       Config base;
       base.gid_index = 7;
       EnvVar g("SLOTRPC_GID_INDEX", text);
@@ -498,9 +500,10 @@ TEST_CASE("config: valid environment overrides apply") {
     CHECK(r->slot_count == 16);
   }
   SUBCASE("SLOTRPC_POLL_MODE") {
-    for (auto [name, mode] : {std::pair{"busy", PollMode::kBusy},
+    for (auto [name_, mode] : {std::pair{"busy", PollMode::kBusy},
                               std::pair{"blocking", PollMode::kBlocking},
                               std::pair{"adaptive", PollMode::kAdaptive}}) {
+      const char* const name = name_;  // clang < 16: no lambda capture of a binding (CAPTURE)
       EnvVar v("SLOTRPC_POLL_MODE", name);
       Config c;
       c.poll_mode = mode == PollMode::kBusy ? PollMode::kBlocking : PollMode::kBusy;

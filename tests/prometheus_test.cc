@@ -130,8 +130,9 @@ Parsed check_exposition(const std::string& text) {
     p.samples.push_back(std::move(s));
   }
   // Histograms: per label set, cumulative buckets ending in +Inf == _count.
-  for (const auto& [name, type] : p.types) {
+  for (const auto& [name_, type] : p.types) {
     if (type != "histogram") continue;
+    const std::string& name = name_;  // clang < 16: no lambda capture of a binding (CHECK_MESSAGE)
     std::map<std::map<std::string, std::string>, std::vector<std::pair<std::string, double>>> buckets;
     std::map<std::map<std::string, std::string>, double> counts, sums;
     for (const Sample& s : p.samples) {

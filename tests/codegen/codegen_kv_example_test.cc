@@ -131,7 +131,8 @@ TEST_CASE("examples/kv: --help exits 0 and lists every flag; a bad flag value ex
   for (const auto& [program, flags] :
        {std::pair<const char*, std::vector<std::string>>{KV_SERVER, {"--listen", "--port-file"}},
         std::pair<const char*, std::vector<std::string>>{KV_CLIENT, {"--connect", "--count", "--batch"}}}) {
-    CAPTURE(program);
+    const char* const program_path = program;  // clang < 16: no lambda capture of a binding (CAPTURE)
+    CAPTURE(program_path);
     Child help({program, "--help"}, dir.path, "help");
     CHECK(help.wait(30s) == 0);
     const std::string text = read(help.out);
