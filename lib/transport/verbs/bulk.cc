@@ -23,6 +23,25 @@ bool VerbsLink::supports_bulk() const {
   return (a.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0 && a.max_mw > 0;
 }
 
+namespace {
+
+// Soft-RoCE checks a type-2 window's key, queue pair, access and state, but
+// the range of an access only against the MR under it (rxe_resp.c,
+// check_rkey), not against the window as the IB spec requires (o10-37):
+// there each exposure gets an MR of its own over exactly its range.
+bool checks_window_bounds(const Device& dev) {
+  return dev.name().rfind("rxe", 0) != 0 && dev.attr().vendor_id != 0xffffff;
+}
+
+void release_own_mr(BulkState::Window& w) {
+  if (w.own_mr == nullptr) return;
+  if (ibv_dereg_mr(w.own_mr) != 0)
+    core::log().error("slotrpc: ibv_dereg_mr of an exposure's MR: {}", std::strerror(errno));
+  w.own_mr = nullptr;
+}
+
+}  // namespace
+
 uint64_t VerbsLink::chunk_bytes() const {
   const uint32_t port = owner_.device().max_msg_size();
   return port == 0 ? kBulkChunkBytes : std::min<uint64_t>(kBulkChunkBytes, port);
@@ -136,6 +155,16 @@ Result<RemoteSegment> VerbsLink::expose(const BulkRegistration& registration, si
       return Status(StatusCode::kInvalidArgument,
                     fmt::format("expose: unknown access {}", static_cast<int>(access)));
   }
+  ibv_mr* own_mr = nullptr;
+  if (!checks_window_bounds(owner_.device())) {
+    own_mr = ibv_reg_mr(pd_, registration.base + offset, length,
+                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+    if (own_mr == nullptr)
+      return Status(StatusCode::kResourceExhausted,
+                    fmt::format("ibv_reg_mr of an exposure of {} bytes ({} checks windows only "
+                                "against their MR, so each exposure gets one): {}",
+                                length, owner_.device().name(), std::strerror(errno)));
+  }
   BulkState& b = bulk_state();
   uint32_t index = 0;
   if (!b.free_windows.empty()) {
@@ -143,10 +172,12 @@ Result<RemoteSegment> VerbsLink::expose(const BulkRegistration& registration, si
     b.free_windows.pop_back();
   } else {
     ibv_mw* mw = ibv_alloc_mw(pd_, IBV_MW_TYPE_2);
-    if (mw == nullptr)
+    if (mw == nullptr) {
+      if (own_mr != nullptr) ibv_dereg_mr(own_mr);
       return Status(StatusCode::kResourceExhausted,
                     fmt::format("ibv_alloc_mw (type 2) for exposure {} of {}: {}", b.windows.size() + 1,
                                 description_, std::strerror(errno)));
+    }
     b.windows.push_back(BulkState::Window{mw});
     index = static_cast<uint32_t>(b.windows.size() - 1);
   }
@@ -156,7 +187,8 @@ Result<RemoteSegment> VerbsLink::expose(const BulkRegistration& registration, si
   // reaches nothing.  mw->rkey stays the key the device has now until the
   // invalidation completes (rxe checks it when the bind is posted).
   w.rkey = ibv_inc_rkey(w.mw->rkey);
-  w.mr = static_cast<ibv_mr*>(registration.handle);
+  w.mr = own_mr != nullptr ? own_mr : static_cast<ibv_mr*>(registration.handle);
+  w.own_mr = own_mr;
   w.addr = reinterpret_cast<uintptr_t>(registration.base) + offset;
   w.length = length;
   w.access = flags;
@@ -330,6 +362,7 @@ void VerbsLink::on_bulk_done() {
       b.by_rkey.erase(w.rkey);
       w.mw->rkey = w.rkey;  // what the device holds now; the next bind increments it
       w.state = BulkState::Window::State::kFree;
+      release_own_mr(w);  // unbound now, so it can go
       b.free_windows.push_back(f.index);
       push_bulk_done(w.token, static_cast<uint16_t>(StatusCode::kOk));
       break;
@@ -372,6 +405,7 @@ void VerbsLink::finish_bulk_on_down() {
     // be deregistered while this (dead) session object still exists.
     if (w.mw != nullptr && ibv_dealloc_mw(w.mw) != 0)
       core::log().error("slotrpc: ibv_dealloc_mw ({}): {}", description_, std::strerror(errno));
+    release_own_mr(w);
   }
   bulk_.reset();
 }

@@ -73,6 +73,10 @@ struct BulkState {
     uint64_t length = 0;
     unsigned access = 0;
     uint64_t token = 0;  // kRevoking: the revoke's token
+    // Devices that check a window's range only against its MR (rxe): an MR
+    // over exactly the exposed range, registered for this exposure and
+    // deregistered when its invalidation completes.
+    ibv_mr* own_mr = nullptr;
   };
   std::vector<Window> windows;         // the pool, grown lazily
   std::vector<uint32_t> free_windows;  // indices into windows

@@ -32,8 +32,10 @@ VerbsLink::~VerbsLink() {
   for (Window& w : windows_)
     if (w.mw != nullptr) ibv_dealloc_mw(w.mw);
   if (bulk_)
-    for (BulkState::Window& w : bulk_->windows)
+    for (BulkState::Window& w : bulk_->windows) {
       if (w.mw != nullptr) ibv_dealloc_mw(w.mw);
+      if (w.own_mr != nullptr) ibv_dereg_mr(w.own_mr);
+    }
   if (!mrs_.empty()) {
     core::log().warn("slotrpc: {} destroyed with {} memory region(s) still registered", description_,
                  mrs_.size());
