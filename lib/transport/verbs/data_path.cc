@@ -21,11 +21,11 @@ void VerbsLink::post(std::span<const Outgoing> batch) {
   // The rest waits for completions (or for connect()), in order.
   for (; i < batch.size(); ++i) {
     const Outgoing& o = batch[i];
-    if (backlog_.size() - backlog_head_ >= backlog_limit_) {
+    if (backlog_.size() - backlog_head_ - backlog_bulk_ >= backlog_limit_) {
       return fail(fmt::format(
           "send backlog over budget: {} messages wait and the peer acknowledges none of them "
           "(budget {} for {} slots; it is not reposting receives)",
-          backlog_.size() - backlog_head_, backlog_limit_, created_slots_));
+          backlog_.size() - backlog_head_ - backlog_bulk_, backlog_limit_, created_slots_));
     }
     Pending& p = backlog_.emplace_back();
     p.out = o;
@@ -131,18 +131,39 @@ bool VerbsLink::ring_doorbell(size_t n) {
 void VerbsLink::flush_backlog() {
   flush_queued_ = false;
   if (down_ || !connected_) return;
-  if (backlog_head_ < backlog_.size()) {
-    const size_t n = std::min<size_t>(sq_depth_ - sq_outstanding_, backlog_.size() - backlog_head_);
-    for (size_t j = 0; j < n; ++j) {
-      Pending& p = backlog_[backlog_head_ + j];
+  const size_t room = sq_depth_ - sq_outstanding_;
+  size_t j = 0;
+  // The backlog in order: messages, and the bulk items among them (bulk.h).
+  while (backlog_head_ < backlog_.size() && j < room) {
+    Pending& p = backlog_[backlog_head_];
+    if (p.kind == Pending::Kind::kMessage) {
       if (p.out.lane == Lane::kControl) p.out.data = p.control.data();
       if (!prepare(j, p.out)) return;
+      ++j;
+    } else if (p.kind == Pending::Kind::kWrite) {
+      j += prepare_chunks(j, room, p.bulk);
+      const BulkState::Op& op = bulk_->ops[p.bulk];
+      // Not all posted: the rest after completions, and what was posted
+      // after the write waits behind it (a reply never overtakes its data).
+      if (op.posted < op.length) break;
+      --backlog_bulk_;
+    } else {
+      prepare_window_wr(j, p);
+      ++j;
+      --backlog_bulk_;
     }
-    if (n != 0) {
-      if (!ring_doorbell(n)) return;
-      backlog_head_ += n;
+    ++backlog_head_;
+  }
+  // RDMA READs take the room left: they never hold up a message.
+  if (bulk_ != nullptr) {
+    while (!bulk_->reads.empty() && j < room) {
+      const uint32_t op = bulk_->reads.front();
+      j += prepare_chunks(j, room, op);
+      if (bulk_->ops[op].posted < bulk_->ops[op].length) break;
+      bulk_->reads.pop_front();
     }
   }
+  if (j != 0 && !ring_doorbell(j)) return;
   if (backlog_head_ == backlog_.size()) {
     backlog_.clear();  // keeps capacity
     backlog_head_ = 0;
@@ -151,7 +172,7 @@ void VerbsLink::flush_backlog() {
 
 void VerbsLink::on_send_done(uint32_t retired) {
   sq_outstanding_ -= std::min(retired, sq_outstanding_);
-  if (backlog_head_ < backlog_.size() && !flush_queued_) {
+  if ((backlog_head_ < backlog_.size() || bulk_waiting()) && !flush_queued_) {
     flush_queued_ = true;
     owner_.flush_list_.push_back(this);
   }
@@ -278,7 +299,8 @@ size_t VerbsTransport::process(const ibv_wc* wc, int n, Completion* out) {
       if (buffer != nullptr && link->on_receive(w, buffer, out + k)) ++k;
     } else {
       if ((value & kBindBit) != 0) link->bound_ = true;
-      link->on_send_done(value & ~kBindBit);
+      if ((value & kBulkBit) != 0) link->on_bulk_done();
+      link->on_send_done(value & ~(kBindBit | kBulkBit));
     }
   }
   // Receive buffers go back (one chain per queue) and waiting sends go out

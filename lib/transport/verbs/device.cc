@@ -208,6 +208,7 @@ Result<std::unique_ptr<Device>> Device::open(const Config& config) {
     d->link_layer_ = pa.link_layer;
     d->lid_ = pa.lid;
     d->active_mtu_ = pa.active_mtu;
+    d->max_msg_sz_ = pa.max_msg_sz;
     const bool ethernet = pa.link_layer == IBV_LINK_LAYER_ETHERNET;
 
     std::vector<GidEntry> valid;

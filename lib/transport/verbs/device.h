@@ -51,6 +51,8 @@ class Device {
   uint8_t link_layer() const { return link_layer_; }
   uint16_t lid() const { return lid_; }
   ibv_mtu active_mtu() const { return active_mtu_; }
+  // The port's largest message (one work request), bytes.
+  uint32_t max_msg_size() const { return max_msg_sz_; }
   const ibv_device_attr& attr() const { return attr_; }
   // Config::relaxed_ordering resolved for this device (auto: detected once
   // per device and process).
@@ -71,6 +73,7 @@ class Device {
   uint8_t link_layer_ = IBV_LINK_LAYER_UNSPECIFIED;
   uint16_t lid_ = 0;
   ibv_mtu active_mtu_ = IBV_MTU_1024;
+  uint32_t max_msg_sz_ = 0;
   ibv_device_attr attr_{};
   bool relaxed_ordering_ = false;
 };

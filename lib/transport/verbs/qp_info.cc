@@ -9,7 +9,8 @@ namespace slotrpc::transport::verbs {
 //
 //   0  u32 magic "SRPV"     4 u16 version 1     6 u8 mtu (enum ibv_mtu)
 //   7  u8 link layer        8 u32 qpn          12 u32 psn
-//  16  16 B gid            32 u16 lid          34 u16 zero
+//  16  16 B gid            32 u16 lid          34 u8 max_dest_rd_atomic (0: 1)
+//  35  u8 zero
 //  36  u32 ring rkey       40 u64 ring address
 //  48  u32 slot_count      52 u32 slot_size    56 8 B zero
 
@@ -23,6 +24,7 @@ void encode_qp_info(const QpInfo& info, std::byte* out) {
   put32(out + 12, info.psn);
   std::memcpy(out + 16, info.gid.raw, 16);
   put16(out + 32, info.lid);
+  out[34] = static_cast<std::byte>(info.max_dest_rd_atomic);
   put32(out + 36, info.ring_rkey);
   put64(out + 40, info.ring_addr);
   put32(out + 48, info.slot_count);
@@ -46,6 +48,7 @@ Result<QpInfo> decode_qp_info(std::span<const std::byte> in) {
   info.psn = get32(p + 12);
   std::memcpy(info.gid.raw, p + 16, 16);
   info.lid = get16(p + 32);
+  info.max_dest_rd_atomic = std::to_integer<uint8_t>(p[34]);
   info.ring_rkey = get32(p + 36);
   info.ring_addr = get64(p + 40);
   info.slot_count = get32(p + 48);

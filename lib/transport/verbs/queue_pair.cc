@@ -31,6 +31,11 @@ VerbsLink::~VerbsLink() {
   }
   for (Window& w : windows_)
     if (w.mw != nullptr) ibv_dealloc_mw(w.mw);
+  if (bulk_)
+    for (BulkState::Window& w : bulk_->windows) {
+      if (w.mw != nullptr) ibv_dealloc_mw(w.mw);
+      if (w.own_mr != nullptr) ibv_dereg_mr(w.own_mr);
+    }
   if (!mrs_.empty()) {
     core::log().warn("slotrpc: {} destroyed with {} memory region(s) still registered", description_,
                  mrs_.size());
@@ -163,7 +168,10 @@ Status VerbsLink::setup(uint32_t slot_count) {
   at.qp_state = IBV_QPS_INIT;
   at.pkey_index = 0;
   at.port_num = dev.port();
-  at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+  // REMOTE_READ lets the peer read through a bulk window (expose); the
+  // rings' MRs and windows grant remote write only, so nothing else becomes
+  // readable.
+  at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
   if (const int rc = ibv_modify_qp(qp_, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
                                                  IBV_QP_ACCESS_FLAGS);
       rc != 0) {
@@ -243,6 +251,7 @@ QpInfo VerbsLink::local_info() const {
   info.ring_rkey = ring_.rkey;
   info.slot_count = slot_count_;
   info.slot_size = slot_size_;
+  info.max_dest_rd_atomic = responder_resources();
   return info;
 }
 
@@ -266,7 +275,10 @@ Status VerbsLink::connect(const QpInfo& peer, int control_fd, const std::string&
   at.path_mtu = mtu;
   at.dest_qp_num = peer.qpn;
   at.rq_psn = peer.psn;
-  at.max_dest_rd_atomic = 1;
+  // Bulk reads: the RDMA READs we answer at once, and (RTS below) the ones
+  // we issue at once, never more than the peer answers (0 = an older peer,
+  // which answered one).
+  at.max_dest_rd_atomic = responder_resources();
   at.min_rnr_timer = static_cast<uint8_t>(cfg.min_rnr_timer);
   at.ah_attr.port_num = dev.port();
   at.ah_attr.sl = static_cast<uint8_t>(cfg.service_level);
@@ -296,7 +308,11 @@ Status VerbsLink::connect(const QpInfo& peer, int control_fd, const std::string&
   at.retry_cnt = static_cast<uint8_t>(cfg.retry_count);
   at.rnr_retry = static_cast<uint8_t>(cfg.rnr_retry);
   at.sq_psn = psn_;
-  at.max_rd_atomic = 1;
+  max_rd_atomic_ = static_cast<uint8_t>(std::clamp<int>(
+      std::min<int>({std::max<int>(peer.max_dest_rd_atomic, 1), dev.attr().max_qp_init_rd_atom,
+                     kMaxReadsInFlight}),
+      1, kMaxReadsInFlight));
+  at.max_rd_atomic = max_rd_atomic_;
   if (const int rc = ibv_modify_qp(qp_, &at, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
                                                  IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
                                                  IBV_QP_MAX_QP_RD_ATOMIC);

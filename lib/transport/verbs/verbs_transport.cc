@@ -22,6 +22,13 @@ void VerbsLink::on_control_fd(uint32_t events) {
 
 void VerbsLink::fail_from_wc(const ibv_wc& wc) {
   const bool recv = (wc.wr_id & kRecvBit) != 0;
+  // A bulk request the peer refused (a revoked or foreign window, a range
+  // or access it does not grant): its transfer ends with INVALID_ARGUMENT,
+  // the others with UNAVAILABLE (finish_bulk_on_down).
+  if (!recv && (wc.wr_id & kBulkBit) != 0)
+    fail_bulk_front(static_cast<uint16_t>(wc.status == IBV_WC_REM_ACCESS_ERR
+                                              ? StatusCode::kInvalidArgument
+                                              : StatusCode::kUnavailable));
   fail(fmt::format("{} completion failed: {} (status {}, vendor error 0x{:x}){}",
                    recv ? "receive" : "send", ibv_wc_status_str(wc.status),
                    static_cast<int>(wc.status), wc.vendor_err,
@@ -42,6 +49,9 @@ void VerbsLink::fail(std::string reason) {
     at.qp_state = IBV_QPS_ERR;
     ibv_modify_qp(qp_, &at, IBV_QP_STATE);
   }
+  // Bulk transfers and revokes in progress end first: their kBulkDone
+  // completions come before the kLinkDown.
+  finish_bulk_on_down();
   if (fd_ >= 0) {
     if (in_epoll_) ::epoll_ctl(owner_.epoll_fd_, EPOLL_CTL_DEL, fd_, nullptr);
     in_epoll_ = false;
@@ -51,6 +61,7 @@ void VerbsLink::fail(std::string reason) {
   }
   backlog_.clear();
   backlog_head_ = 0;
+  backlog_bulk_ = 0;
   Completion c;
   c.kind = Completion::Kind::kLinkDown;
   c.context = context_;

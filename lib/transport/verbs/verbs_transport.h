@@ -67,6 +67,7 @@
 
 #include "slotrpc/config.h"
 #include "transport/transport.h"
+#include "transport/verbs/bulk.h"
 #include "transport/verbs/device.h"
 #include "transport/verbs/receive_queue.h"
 #include "transport/verbs/registered_buffer.h"
@@ -89,6 +90,9 @@ struct QpInfo {
   uint32_t ring_rkey = 0;
   uint32_t slot_count = 0;
   uint32_t slot_size = 0;
+  // RDMA READs the sender answers at once (its max_dest_rd_atomic); 0 from
+  // a peer that predates bulk transfers, which answered one.
+  uint8_t max_dest_rd_atomic = 0;
 };
 void encode_qp_info(const QpInfo& info, std::byte* out);  // kQpInfoSize bytes
 Result<QpInfo> decode_qp_info(std::span<const std::byte> in);
@@ -108,6 +112,25 @@ class VerbsLink final : public Link {
   void close(std::string reason) override;
   std::string describe() const override { return description_; }
   LinkStats stats() const override;
+
+  // Bulk transfers (bulk.h, bulk.cc): type-2 windows per exposure, chunked
+  // RDMA READ / WRITE.  Loop thread, except register_bulk/deregister_bulk.
+  bool supports_bulk() const override;
+  const void* bulk_domain() const override { return pd_; }
+  Result<BulkRegistration> register_bulk(const BulkSource& source) override;
+  void deregister_bulk(BulkRegistration& registration) override;
+  Result<RemoteSegment> expose(const BulkRegistration& registration, size_t offset, size_t length,
+                               BulkAccess access) override;
+  bool revoke(const RemoteSegment& segment, uint64_t token) override;
+  Status read(const BulkRegistration& local, size_t local_offset, const RemoteSegment& remote,
+              uint64_t remote_offset, size_t length, uint64_t token) override;
+  Status write(const BulkRegistration& local, size_t local_offset, const RemoteSegment& remote,
+               uint64_t remote_offset, size_t length, uint64_t token) override;
+  // The negotiated max_rd_atomic (after connect) and the chunk size.
+  uint32_t max_reads_in_flight() const { return max_rd_atomic_; }
+  uint64_t chunk_bytes() const;
+  // Windows the link has allocated so far (its pool), for tests.
+  size_t bulk_windows() const { return bulk_ ? bulk_->windows.size() : 0; }
 
   // After attach(): what the peer needs to reach this link.
   QpInfo local_info() const;
@@ -148,6 +171,11 @@ class VerbsLink final : public Link {
   struct Pending {
     Outgoing out;
     std::array<std::byte, core::kHeaderSize> control;  // control lane: the copied header
+    // A bulk item keeps its place among the messages: a window's bind or
+    // invalidation (`bulk` = window), or a write whose chunks are not all
+    // posted yet (`bulk` = op; it stays at the head until they are).
+    enum class Kind : uint8_t { kMessage, kBind, kInvalidate, kWrite } kind = Kind::kMessage;
+    uint32_t bulk = 0;
   };
 
   struct Window {  // a type-2 memory window over a kRemoteWrite region
@@ -166,6 +194,21 @@ class VerbsLink final : public Link {
   void on_send_done(uint32_t retired);
   void on_control_fd(uint32_t events);
   void fail_from_wc(const ibv_wc& wc);
+  // bulk.cc
+  BulkState& bulk_state();
+  void queue_bulk(Pending::Kind kind, uint32_t index);
+  void prepare_window_wr(size_t i, const Pending& p);  // a bind or an invalidation
+  // Fills wr_[j..room) with chunks of `op`; how many.
+  size_t prepare_chunks(size_t j, size_t room, uint32_t op);
+  Status start_transfer(bool write, const BulkRegistration& local, size_t local_offset,
+                        const RemoteSegment& remote, uint64_t remote_offset, size_t length,
+                        uint64_t token);
+  void push_bulk_done(uint64_t token, uint16_t status);
+  uint8_t responder_resources() const;  // RDMA READs this side answers at once
+  void on_bulk_done();                  // a successful signaled bulk request
+  void fail_bulk_front(uint16_t code);  // the failed request was a bulk one
+  void finish_bulk_on_down();           // fail(): every pending op ends
+  bool bulk_waiting() const { return bulk_ != nullptr && !bulk_->reads.empty(); }
   void fail(std::string reason);
   bool owns_region(const MemoryRegion& r) const;
 
@@ -200,6 +243,7 @@ class VerbsLink final : public Link {
 
   std::vector<Pending> backlog_;  // waits for send-queue room (or for connect)
   size_t backlog_head_ = 0;
+  size_t backlog_bulk_ = 0;  // bulk items among them (not in backlog_limit_)
   // Most messages that may wait in the backlog (setup(): 5 x slots + 64, what
   // a peer that follows the credit rules can ever leave unacknowledged).
   // More means the peer takes none of our sends (it stopped reposting
@@ -230,6 +274,8 @@ class VerbsLink final : public Link {
   std::vector<Window> windows_;
   Window ring_window_{};       // the receive ring's, of windows_ (shared PD mode)
   bool bound_ = false;         // the bind completed
+  uint8_t max_rd_atomic_ = 1;  // connect(): RDMA READs this side may have in flight
+  std::unique_ptr<BulkState> bulk_;  // the first bulk call creates it
   LinkStats stats_;
 };
 
