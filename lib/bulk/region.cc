@@ -11,8 +11,14 @@ Result<transport::BulkRegistration> Region::in_domain_of(transport::Link& link) 
     return Status(StatusCode::kInvalidArgument, "bulk memory: released region");
   std::lock_guard<std::mutex> lock(mu_);
   const void* domain = link.bulk_domain();
-  for (const Held& h : held_)
-    if (h.domain == domain) return h.lease.registration;
+  for (auto it = held_.begin(); it != held_.end(); ++it) {
+    if (it->domain != domain) continue;
+    // The domain may have lost its last link since (its registrations
+    // were dropped then; a new domain can even reuse the address).
+    if (RegistrationCache::instance().alive(it->lease.entry)) return it->lease.registration;
+    held_.erase(it);
+    break;
+  }
   auto lease = RegistrationCache::instance().acquire(link, source);
   if (!lease.ok()) return lease.status();
   held_.push_back(Held{domain, lease.value()});

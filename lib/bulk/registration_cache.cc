@@ -115,6 +115,13 @@ void RegistrationCache::drop_range(const std::byte* base, size_t length) {
   }
 }
 
+bool RegistrationCache::alive(uint64_t entry) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Entry& e : entries_)
+    if (e.id == entry) return true;
+  return false;
+}
+
 size_t RegistrationCache::entries() const {
   std::lock_guard<std::mutex> lock(mu_);
   return entries_.size();

@@ -63,6 +63,10 @@ class RegistrationCache {
   // Drops idle entries that overlap [base, base + length) in every domain.
   void drop_range(const std::byte* base, size_t length);
 
+  // False once the entry is gone (its domain's last link went down): a
+  // holder must acquire again.
+  bool alive(uint64_t entry) const;
+
   // For tests.
   size_t entries() const;
 

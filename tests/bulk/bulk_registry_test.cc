@@ -90,6 +90,15 @@ TEST_CASE("a region registers once per domain, at first use, and never after rel
   REQUIRE(r3.ok());
   CHECK(b.registered == 1);
 
+  // The domain's last link goes down: its registration is dropped, and a
+  // later use registers again (never the dead registration).
+  cache.link_down(b);
+  CHECK(b.deregistered == 1);
+  cache.link_up(b);
+  auto r5 = mr.impl()->in_domain_of(b);
+  REQUIRE(r5.ok());
+  CHECK(b.registered == 2);
+
   slotrpc::MemoryRegion copy = mr;
   copy.release();
   CHECK_FALSE(mr.valid());
@@ -104,7 +113,7 @@ TEST_CASE("a region registers once per domain, at first use, and never after rel
   // Released, then the domains' last links went down: every registration
   // was deregistered exactly once.
   CHECK(a1.deregistered + a2.deregistered == 1);
-  CHECK(b.deregistered == 1);
+  CHECK(b.deregistered == 2);
 }
 
 TEST_CASE("an unregistered span is registered once and served from the cache after") {
