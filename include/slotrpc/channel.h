@@ -25,10 +25,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "slotrpc/call.h"
 #include "slotrpc/config.h"
+#include "slotrpc/memory.h"
 #include "slotrpc/future.h"
 #include "slotrpc/metrics.h"
 #include "slotrpc/reply.h"
@@ -161,6 +163,14 @@ class SLOTRPC_API Channel {
   }
 
   TransportKind transport() const;
+
+  // Bulk payloads (issue 12, slotrpc/memory.h): a handle on memory the user
+  // owns, for bulk attachments of calls.  Checks the range, registers
+  // lazily in each transport domain the region is used in.  Any thread.
+  // UNIMPLEMENTED on a shared-memory channel (shm has no bulk path yet).
+  // A dma-buf region is device (GPU) memory; TCP refuses it at use.
+  Result<MemoryRegion> register_memory(std::span<std::byte> memory);
+  Result<MemoryRegion> register_memory(const DmaBuf& device_memory);
   const std::string& peer() const;
   const Config& config() const;  // after environment overrides
   uint32_t slot_count() const;

@@ -13,9 +13,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "slotrpc/config.h"
+#include "slotrpc/memory.h"
 #include "slotrpc/metrics.h"
 #include "slotrpc/runtime.h"
 #include "slotrpc/service.h"
@@ -49,6 +51,13 @@ class SLOTRPC_API Server {
 
   uint16_t port() const;            // after start()
   const Config& config() const;     // after start(): with environment overrides
+
+  // Bulk payloads (issue 12, slotrpc/memory.h): a handle on memory the user
+  // owns, for bulk attachments of calls.  Checks the range, registers
+  // lazily in each transport domain the region is used in.  Any thread.
+  // A dma-buf region is device (GPU) memory; TCP refuses it at use.
+  Result<MemoryRegion> register_memory(std::span<std::byte> memory);
+  Result<MemoryRegion> register_memory(const DmaBuf& device_memory);
   size_t session_count() const;     // open sessions, for tests and monitoring
 
   // Counters and histograms of every event loop, added up, with the

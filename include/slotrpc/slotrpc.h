@@ -7,6 +7,7 @@
 #include "slotrpc/fiber.h"
 #include "slotrpc/future.h"
 #include "slotrpc/histogram.h"
+#include "slotrpc/memory.h"
 #include "slotrpc/metrics.h"
 #include "slotrpc/reply.h"
 #include "slotrpc/result.h"

@@ -1,5 +1,7 @@
 #include "slotrpc/channel.h"
 
+#include "bulk/region.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -748,6 +750,23 @@ Future<RawReply> Channel::call(uint32_t method_id, RequestWriter writer, CallOpt
 }
 
 TransportKind Channel::transport() const { return impl_->kind.load(); }
+
+Result<MemoryRegion> Channel::register_memory(std::span<std::byte> memory) {
+  if (transport() == TransportKind::kShm)
+    return Status(StatusCode::kUnimplemented,
+                  "register_memory: bulk transfers are not supported on shm (same-host shared "
+                  "memory) yet; use SLOTRPC_TRANSPORT=tcp or verbs for bulk payloads");
+  return bulk::make_region(transport::BulkSource{memory.data(), memory.size()});
+}
+
+Result<MemoryRegion> Channel::register_memory(const DmaBuf& m) {
+  if (transport() == TransportKind::kShm)
+    return Status(StatusCode::kUnimplemented,
+                  "register_memory: bulk transfers are not supported on shm (same-host shared "
+                  "memory) yet; use SLOTRPC_TRANSPORT=verbs for device memory");
+  if (m.fd < 0) return Status(StatusCode::kInvalidArgument, "register_memory: dma-buf fd < 0");
+  return bulk::make_region(transport::BulkSource{m.address, m.length, m.fd, m.offset});
+}
 const std::string& Channel::peer() const { return impl_->peer; }
 const Config& Channel::config() const { return impl_->config; }
 uint32_t Channel::slot_count() const { return impl_->config.slot_count; }

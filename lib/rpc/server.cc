@@ -1,5 +1,7 @@
 #include "slotrpc/server.h"
 
+#include "bulk/region.h"
+
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -681,6 +683,15 @@ MetricsSnapshot Server::metrics() const {
 }
 
 uint16_t Server::port() const { return impl_->port; }
+
+Result<MemoryRegion> Server::register_memory(std::span<std::byte> memory) {
+  return bulk::make_region(transport::BulkSource{memory.data(), memory.size()});
+}
+
+Result<MemoryRegion> Server::register_memory(const DmaBuf& m) {
+  if (m.fd < 0) return Status(StatusCode::kInvalidArgument, "register_memory: dma-buf fd < 0");
+  return bulk::make_region(transport::BulkSource{m.address, m.length, m.fd, m.offset});
+}
 uint16_t Server::metrics_port() const { return impl_->metrics_port ? impl_->metrics_port->port() : 0; }
 const Config& Server::config() const { return impl_->config; }
 size_t Server::session_count() const { return impl_->session_count.load(); }

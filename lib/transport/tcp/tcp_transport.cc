@@ -197,12 +197,25 @@ void TcpLink::flush_pending() {
     while (left > 0) {
       PendingWrite& w = pending_[pending_head_];
       const uint32_t rest = w.head_len + w.body_len - w.sent;
-      if (left >= rest) {
-        left -= rest;
-        ++pending_head_;
+      const uint32_t take = left >= rest ? rest : static_cast<uint32_t>(left);
+      if (w.bulk_body) {
+        // Body bytes of this write: the part of [sent, sent + take) past the head.
+        const uint32_t from = std::max(w.sent, w.head_len);
+        const uint32_t to = w.sent + take;
+        if (to > from) bulk_queued_ -= to - from;
+      }
+      left -= take;
+      if (take == rest) {
+        const OnSent on_sent = w.on_sent;
+        const uint64_t token = w.token;
+        ++pending_head_;  // w may move below: serve_chunk_sent() appends
+        if (on_sent == OnSent::kWriteDone) {
+          bulk_done(token, StatusCode::kOk);
+        } else if (on_sent == OnSent::kServeChunk) {
+          serve_chunk_sent();
+        }
       } else {
-        w.sent += static_cast<uint32_t>(left);
-        left = 0;
+        w.sent += take;
       }
     }
     // A short write means the socket buffer is full: another call would
@@ -233,11 +246,15 @@ void TcpLink::after_output_change(bool progress) {
   }
   // Hysteresis: stop reading above the budget, resume only at half of it,
   // so a peer draining slowly does not toggle EPOLLIN on every write.
-  if (reading_ && queued_bytes_ > budget_bytes_) {
+  // Bulk bodies are left out: this side's own writes, or one chunk per read
+  // the peer asked for (bounded by kMaxBulkReads), never what a peer can
+  // multiply by not reading.
+  const uint64_t budgeted = queued_bytes_ - bulk_queued_;
+  if (reading_ && budgeted > budget_bytes_) {
     reading_ = false;
     core::log().debug("tcp link {}: {} bytes queued for a peer that is not reading (budget {}): "
                   "reading from it paused", description_, queued_bytes_, budget_bytes_);
-  } else if (!reading_ && queued_bytes_ <= budget_bytes_ / 2) {
+  } else if (!reading_ && budgeted <= budget_bytes_ / 2) {
     reading_ = true;
   }
   update_epoll_interest();
@@ -272,8 +289,12 @@ void TcpLink::on_readable(bool drain_all) {
     // Completions not yet taken by poll() are memory a peer can grow too:
     // leave the rest in the socket (level-triggered epoll comes back).
     if (!drain_all && owner_.backlog() >= TcpTransport::kReadyLimit) return;
-    const bool direct = in_body_ && !body_control_ && staging_end_ == 0 &&
-                        body_len_ - body_got_ >= TcpTransport::kDirectReadThreshold;
+    // Slot bodies and bulk data (unless it is being discarded after a
+    // revoke: body_dest_ null) go straight to their memory.
+    const bool direct = in_body_ && staging_end_ == 0 && body_dest_ != nullptr &&
+                        (rx_ == Rx::kBulkData ||
+                         (rx_ == Rx::kSlot &&
+                          body_len_ - body_got_ >= TcpTransport::kDirectReadThreshold));
     std::byte* dst;
     size_t room;
     if (direct) {
@@ -284,6 +305,15 @@ void TcpLink::on_readable(bool drain_all) {
     } else {
       dst = staging_.get() + staging_end_;
       room = TcpTransport::kStagingBytes - staging_end_;
+      // While bulk data may arrive, never read past the current frame: a
+      // read-ahead would pull the start of a bulk chunk into staging and
+      // cost it a copy.  (Two recv calls per frame then, only while this
+      // link has reads outstanding or ranges exposed.)
+      if (reads_requested_ != 0 || !exposures_.empty()) {
+        const size_t frame_left = in_body_ ? body_len_ - body_got_
+                                           : kPrefixSize + core::kHeaderSize - staging_end_;
+        room = std::min(room, frame_left);
+      }
     }
     const ssize_t n = ::recv(fd, dst, room, MSG_DONTWAIT);
     if (n == 0) {
@@ -302,7 +332,7 @@ void TcpLink::on_readable(bool drain_all) {
     }
     if (direct) {
       body_got_ += static_cast<uint32_t>(n);
-      if (body_got_ == body_len_) finish_frame();
+      if (body_got_ == body_len_ && !finish_frame()) return;
     } else {
       staging_end_ += static_cast<size_t>(n);
       if (!parse_staging()) return;
@@ -324,10 +354,11 @@ bool TcpLink::parse_staging() {
       if (!begin_frame(word, imm)) return false;
     } else {
       const size_t take = std::min<size_t>(avail, body_len_ - body_got_);
-      std::memcpy(body_dest_ + body_got_, base + staging_begin_, take);
+      // body_dest_ null: write data for a range revoked meanwhile, dropped.
+      if (body_dest_ != nullptr) std::memcpy(body_dest_ + body_got_, base + staging_begin_, take);
       staging_begin_ += take;
       body_got_ += static_cast<uint32_t>(take);
-      if (body_got_ == body_len_) finish_frame();
+      if (body_got_ == body_len_ && !finish_frame()) return false;
     }
   }
   // Whatever is left is under 8 bytes of a prefix: move it to the front so
@@ -345,6 +376,23 @@ bool TcpLink::begin_frame(uint32_t word, uint32_t imm) {
   if (!attached_) {
     fail("frame arrived before the link was attached");
     return false;
+  }
+  if ((word & TcpTransport::kBulkMarker) == TcpTransport::kBulkMarker) {
+    const uint32_t type = word & ~TcpTransport::kBulkMarker;
+    if (type < TcpTransport::kBulkReadRequest || type > TcpTransport::kBulkWriteData || imm != 0) {
+      fail("bulk frame of unknown type " + std::to_string(type) + " (imm " + std::to_string(imm) +
+           ")");
+      return false;
+    }
+    rx_ = Rx::kBulkHead;
+    bulk_type_ = type;
+    body_dest_ = bulk_head_.data();
+    in_body_ = true;
+    body_control_ = false;
+    body_len_ = core::kHeaderSize;
+    body_got_ = 0;
+    body_imm_ = 0;
+    return true;
   }
   if (len == 0) {
     fail("peer sent a frame with an empty body");
@@ -378,13 +426,38 @@ bool TcpLink::begin_frame(uint32_t word, uint32_t imm) {
   }
   in_body_ = true;
   body_control_ = control;
+  rx_ = control ? Rx::kControl : Rx::kSlot;
   body_len_ = len;
   body_got_ = 0;
   body_imm_ = imm;
   return true;
 }
 
-void TcpLink::finish_frame() {
+bool TcpLink::finish_frame() {
+  if (rx_ == Rx::kBulkHead || rx_ == Rx::kBulkData) {
+    const Rx was = rx_;
+    in_body_ = false;
+    body_len_ = 0;
+    body_got_ = 0;
+    body_dest_ = nullptr;
+    rx_ = Rx::kSlot;
+    if (was == Rx::kBulkHead) return on_bulk_header();
+    if (bulk_type_ == TcpTransport::kBulkReadData) {
+      // The chunk is in place; the read is done once every byte is.
+      for (auto it = reads_.begin(); it != reads_.end() && it->requested; ++it) {
+        if (it->tag != bulk_read_tag_) continue;
+        if (it->got == it->length) {
+          const uint64_t token = it->token;
+          reads_.erase(it);
+          --reads_requested_;
+          bulk_done(token, StatusCode::kOk);
+          request_reads();
+        }
+        break;
+      }
+    }
+    return !down_;
+  }
   Completion c;
   c.kind = body_control_ ? Completion::Kind::kControl : Completion::Kind::kMessage;
   c.slot = body_control_ ? 0 : core::imm_slot(body_imm_);
@@ -398,6 +471,7 @@ void TcpLink::finish_frame() {
   body_len_ = 0;
   body_got_ = 0;
   body_dest_ = nullptr;
+  return true;
 }
 
 void TcpLink::close(std::string reason) { fail(std::move(reason)); }
@@ -416,6 +490,9 @@ void TcpLink::fail(std::string reason) {
   socket_.close(ec);
   // Nothing can be delivered any more; the credit protocol's memory is the
   // core's to reclaim once it sees kLinkDown.
+  std::vector<uint64_t> failed_writes;
+  for (size_t i = pending_head_; i < pending_.size(); ++i)
+    if (pending_[i].on_sent == OnSent::kWriteDone) failed_writes.push_back(pending_[i].token);
   pending_.clear();
   pending_head_ = 0;
   queued_bytes_ = 0;
@@ -423,11 +500,352 @@ void TcpLink::fail(std::string reason) {
   want_write_ = false;
   in_body_ = false;
   staging_begin_ = staging_end_ = 0;
+  // Every bulk operation ends before kLinkDown: reads and writes failed (the
+  // link's down_reason() says why), revokes waiting for a chunk done (the
+  // socket is closed, nothing reaches the memory any more).  Writes: the
+  // kWriteDone entries were in pending_, collected before it was cleared.
+  for (const ReadOp& r : reads_) bulk_done(r.token, StatusCode::kUnavailable);
+  reads_.clear();
+  reads_requested_ = 0;
+  for (const uint64_t token : failed_writes) bulk_done(token, StatusCode::kUnavailable);
+  for (const ServeJob& j : serves_)
+    if (j.revoked) bulk_done(j.revoke_token, StatusCode::kOk);
+  serves_.clear();
+  serve_in_flight_ = false;
+  bulk_queued_ = 0;
   Completion c;
   c.kind = Completion::Kind::kLinkDown;
   c.context = context_;
   c.link = this;
   owner_.push_completion(c);
+}
+
+// ------------------------------------------------------------ TcpLink bulk
+//
+// Bulk header (32 bytes, little-endian), docs/protocol.md "TCP bulk frames":
+//   u32 rkey  u32 status  u64 tag  u64 addr  u64 length
+
+namespace {
+
+struct BulkHeader {
+  uint32_t rkey = 0;
+  uint32_t status = 0;
+  uint64_t tag = 0;
+  uint64_t addr = 0;
+  uint64_t length = 0;
+};
+
+void store_u64_le(std::byte* p, uint64_t v) {
+  store_u32_le(p, static_cast<uint32_t>(v));
+  store_u32_le(p + 4, static_cast<uint32_t>(v >> 32));
+}
+uint64_t load_u64_le(const std::byte* p) {
+  return uint64_t{load_u32_le(p)} | uint64_t{load_u32_le(p + 4)} << 32;
+}
+
+// One object for every TCP link of the process: see bulk_domain().
+const char tcp_bulk_domain = 0;
+
+}  // namespace
+
+const void* TcpLink::bulk_domain() const { return &tcp_bulk_domain; }
+
+Result<BulkRegistration> TcpLink::register_bulk(const BulkSource& source) {
+  if (source.dmabuf_fd >= 0)
+    return Status(StatusCode::kUnimplemented,
+                  "tcp cannot send from or receive into dma-buf (device) memory: copy it to host "
+                  "memory first, or use verbs");
+  if (source.address == nullptr || source.length == 0)
+    return Status(StatusCode::kInvalidArgument, "bulk memory is empty");
+  // Nothing to pin: sendmsg and recv reach any host memory.
+  BulkRegistration r;
+  r.base = source.address;
+  r.length = source.length;
+  r.domain = bulk_domain();
+  return r;
+}
+
+void TcpLink::deregister_bulk(BulkRegistration& registration) { registration = {}; }
+
+Result<RemoteSegment> TcpLink::expose(const BulkRegistration& registration, size_t offset,
+                                      size_t length, BulkAccess access) {
+  if (registration.domain != bulk_domain() || registration.base == nullptr)
+    return Status(StatusCode::kInvalidArgument, "expose: not a tcp bulk registration");
+  if (length == 0 || offset > registration.length || length > registration.length - offset)
+    return Status(StatusCode::kInvalidArgument,
+                  "expose: " + std::to_string(length) + " bytes at offset " +
+                      std::to_string(offset) + " are outside a registration of " +
+                      std::to_string(registration.length));
+  if (access != BulkAccess::kRemoteRead && access != BulkAccess::kRemoteWrite)
+    return Status(StatusCode::kInvalidArgument, "expose: unknown access");
+  if (down_) return Status(StatusCode::kUnavailable, "expose: link down: " + down_reason_);
+  // Keys count up and are never reused, so a key the peer kept after a
+  // revoke can never name another exposure.  2^32 exposures on one link
+  // (one per bulk segment of a call) end its bulk use rather than wrap.
+  if (last_rkey_ == UINT32_MAX)
+    return Status(StatusCode::kResourceExhausted, "expose: the link has used every rkey");
+  const uint32_t rkey = ++last_rkey_;
+  exposures_.emplace(rkey, Exposure{registration.base + offset, length, access});
+  // addr is opaque on TCP: the peer addresses the range from 0.
+  return RemoteSegment{0, length, rkey};
+}
+
+bool TcpLink::revoke(const RemoteSegment& segment, uint64_t token) {
+  if (exposures_.erase(segment.rkey) == 0) return true;
+  if (down_) return true;
+  // Write data being received into the range right now: the rest of the
+  // chunk is dropped (the next chunk names a revoked key and fails the link).
+  if (in_body_ && rx_ == Rx::kBulkData && bulk_type_ == TcpTransport::kBulkWriteData &&
+      bulk_write_rkey_ == segment.rkey)
+    body_dest_ = nullptr;
+  // Reads served from the range: the ones not started end with an error
+  // frame now; the one with a chunk in the kernel's hands (sendmsg may
+  // still read that memory) ends once the chunk is out, and so does the
+  // revoke.
+  bool done = true;
+  for (size_t i = 0; i < serves_.size();) {
+    ServeJob& j = serves_[i];
+    if (j.rkey != segment.rkey) {
+      ++i;
+      continue;
+    }
+    if (i == 0 && serve_in_flight_) {
+      j.revoked = true;
+      j.revoke_token = token;
+      done = false;
+      ++i;
+      continue;
+    }
+    enqueue_bulk(TcpTransport::kBulkReadData, 0, static_cast<uint32_t>(StatusCode::kUnavailable),
+                 j.tag, j.sent, 0, nullptr, 0);
+    serves_.erase(serves_.begin() + static_cast<ptrdiff_t>(i));
+  }
+  flush_pending();
+  return done || down_;
+}
+
+Status TcpLink::read(const BulkRegistration& local, size_t local_offset, const RemoteSegment& remote,
+                     uint64_t remote_offset, size_t length, uint64_t token) {
+  if (local.domain != bulk_domain() || local.base == nullptr)
+    return Status(StatusCode::kInvalidArgument, "read: not a tcp bulk registration");
+  if (length == 0 || local_offset > local.length || length > local.length - local_offset ||
+      remote_offset > remote.length || length > remote.length - remote_offset)
+    return Status(StatusCode::kInvalidArgument, "read: " + std::to_string(length) +
+                                                    " bytes outside the local or remote range");
+  if (!attached_) return Status(StatusCode::kInvalidArgument, "read: link not attached");
+  if (down_) return Status(StatusCode::kUnavailable, "read: link down: " + down_reason_);
+  ReadOp op;
+  op.token = token;
+  op.tag = next_read_tag_++;
+  op.dest = local.base + local_offset;
+  op.length = length;
+  op.rkey = remote.rkey;
+  op.addr = remote.addr + remote_offset;
+  reads_.push_back(op);
+  request_reads();
+  flush_pending();
+  return Status::ok_status();
+}
+
+Status TcpLink::write(const BulkRegistration& local, size_t local_offset,
+                      const RemoteSegment& remote, uint64_t remote_offset, size_t length,
+                      uint64_t token) {
+  if (local.domain != bulk_domain() || local.base == nullptr)
+    return Status(StatusCode::kInvalidArgument, "write: not a tcp bulk registration");
+  if (length == 0 || local_offset > local.length || length > local.length - local_offset ||
+      remote_offset > remote.length || length > remote.length - remote_offset)
+    return Status(StatusCode::kInvalidArgument, "write: " + std::to_string(length) +
+                                                    " bytes outside the local or remote range");
+  if (!attached_) return Status(StatusCode::kInvalidArgument, "write: link not attached");
+  if (down_) return Status(StatusCode::kUnavailable, "write: link down: " + down_reason_);
+  // Every chunk is queued now, in order with slot frames: one posted after
+  // write() follows the data (a reply never overtakes its bytes).  Nothing
+  // is copied: each entry points into the caller's memory.
+  const std::byte* src = local.base + local_offset;
+  uint64_t done = 0;
+  while (done < length) {
+    const uint32_t n =
+        static_cast<uint32_t>(std::min<uint64_t>(length - done, TcpTransport::kBulkChunkBytes));
+    enqueue_bulk(TcpTransport::kBulkWriteData, remote.rkey, 0, 0,
+                 remote.addr + remote_offset + done, n, src + done, n);
+    done += n;
+  }
+  pending_.back().on_sent = OnSent::kWriteDone;
+  pending_.back().token = token;
+  flush_pending();
+  return Status::ok_status();
+}
+
+void TcpLink::enqueue_bulk(uint32_t type, uint32_t rkey, uint32_t status, uint64_t tag,
+                           uint64_t addr, uint64_t length, const std::byte* body,
+                           uint32_t body_len) {
+  PendingWrite& w = pending_.emplace_back();
+  std::byte* h = w.head.data();
+  store_u32_le(h, TcpTransport::kBulkMarker | type);
+  store_u32_le(h + 4, 0);
+  store_u32_le(h + 8, rkey);
+  store_u32_le(h + 12, status);
+  store_u64_le(h + 16, tag);
+  store_u64_le(h + 24, addr);
+  store_u64_le(h + 32, length);
+  w.head_len = kPrefixSize + core::kHeaderSize;
+  w.body = body;
+  w.body_len = body_len;
+  w.sent = 0;
+  w.bulk_body = body_len != 0;
+  queued_bytes_ += w.head_len + w.body_len;
+  bulk_queued_ += w.body_len;
+}
+
+void TcpLink::request_reads() {
+  for (size_t i = reads_requested_; i < reads_.size() && reads_requested_ < TcpTransport::kMaxBulkReads;
+       ++i) {
+    ReadOp& r = reads_[i];
+    enqueue_bulk(TcpTransport::kBulkReadRequest, r.rkey, 0, r.tag, r.addr, r.length, nullptr, 0);
+    r.requested = true;
+    ++reads_requested_;
+  }
+}
+
+void TcpLink::serve_next() {
+  if (serve_in_flight_ || serves_.empty() || down_) return;
+  ServeJob& j = serves_.front();
+  const uint32_t n =
+      static_cast<uint32_t>(std::min<uint64_t>(j.length - j.sent, TcpTransport::kBulkChunkBytes));
+  enqueue_bulk(TcpTransport::kBulkReadData, 0, 0, j.tag, j.sent, n, j.src + j.sent, n);
+  pending_.back().on_sent = OnSent::kServeChunk;
+  j.sent += n;
+  serve_in_flight_ = true;
+}
+
+void TcpLink::serve_chunk_sent() {
+  serve_in_flight_ = false;
+  ServeJob j = serves_.front();
+  serves_.pop_front();
+  if (j.revoked) {
+    // The memory is ours again only now that the kernel has the chunk.
+    if (j.sent < j.length)
+      enqueue_bulk(TcpTransport::kBulkReadData, 0, static_cast<uint32_t>(StatusCode::kUnavailable),
+                   j.tag, j.sent, 0, nullptr, 0);
+    bulk_done(j.revoke_token, StatusCode::kOk);
+  } else if (j.sent < j.length) {
+    serves_.push_back(j);  // round robin between the peer's reads
+  }
+  serve_next();
+}
+
+void TcpLink::bulk_done(uint64_t token, StatusCode code) {
+  Completion c;
+  c.kind = Completion::Kind::kBulkDone;
+  c.context = context_;
+  c.link = this;
+  c.bulk_token = token;
+  c.bulk_status = static_cast<uint16_t>(code);
+  owner_.push_completion(c);
+}
+
+bool TcpLink::on_bulk_header() {
+  BulkHeader h;
+  const std::byte* p = bulk_head_.data();
+  h.rkey = load_u32_le(p);
+  h.status = load_u32_le(p + 4);
+  h.tag = load_u64_le(p + 8);
+  h.addr = load_u64_le(p + 16);
+  h.length = load_u64_le(p + 24);
+  // Checks the peer's access against an exposure; every failure fails the
+  // link before a byte moves (verbs: a remote access error).
+  auto check = [&](BulkAccess want, const char* what) -> Exposure* {
+    auto it = exposures_.find(h.rkey);
+    if (it == exposures_.end()) {
+      fail(std::string("peer ") + what + " through rkey " + std::to_string(h.rkey) +
+           (h.rkey != 0 && h.rkey <= last_rkey_ ? ", which was revoked" : ", which was never exposed"));
+      return nullptr;
+    }
+    Exposure& e = it->second;
+    if (e.access != want) {
+      fail(std::string("peer ") + what + " through rkey " + std::to_string(h.rkey) +
+           ", exposed for " + (e.access == BulkAccess::kRemoteRead ? "reading" : "writing") + " only");
+      return nullptr;
+    }
+    if (h.length == 0 || h.addr > e.length || h.length > e.length - h.addr) {
+      fail(std::string("peer ") + what + " " + std::to_string(h.length) + " bytes at " +
+           std::to_string(h.addr) + " of rkey " + std::to_string(h.rkey) + ", which exposes " +
+           std::to_string(e.length));
+      return nullptr;
+    }
+    return &e;
+  };
+  switch (bulk_type_) {
+    case TcpTransport::kBulkReadRequest: {
+      Exposure* e = check(BulkAccess::kRemoteRead, "read");
+      if (e == nullptr) return false;
+      if (serves_.size() >= TcpTransport::kMaxBulkReads) {
+        fail("peer has more than " + std::to_string(TcpTransport::kMaxBulkReads) +
+             " bulk reads outstanding");
+        return false;
+      }
+      serves_.push_back(ServeJob{h.tag, h.rkey, e->base + h.addr, h.length, 0, false, 0});
+      serve_next();
+      flush_pending();
+      return !down_;
+    }
+    case TcpTransport::kBulkReadData: {
+      auto it = reads_.begin();
+      while (it != reads_.end() && it->requested && it->tag != h.tag) ++it;
+      if (it == reads_.end() || !it->requested) {
+        fail("peer sent read data for unknown read " + std::to_string(h.tag));
+        return false;
+      }
+      if (h.status != 0) {
+        // The peer revoked the range while serving it (its call ended).
+        if (h.length != 0) {
+          fail("peer sent a failed read with data");
+          return false;
+        }
+        const uint64_t token = it->token;
+        reads_.erase(it);
+        --reads_requested_;
+        bulk_done(token, is_known_status_code(static_cast<uint16_t>(h.status))
+                             ? static_cast<StatusCode>(h.status)
+                             : StatusCode::kUnavailable);
+        request_reads();
+        flush_pending();
+        return !down_;
+      }
+      if (h.addr != it->got || h.length == 0 || h.length > TcpTransport::kBulkChunkBytes ||
+          h.length > it->length - it->got) {
+        fail("peer sent read data " + std::to_string(h.addr) + "+" + std::to_string(h.length) +
+             " out of order or beyond read " + std::to_string(h.tag) + " of " +
+             std::to_string(it->length) + " bytes");
+        return false;
+      }
+      rx_ = Rx::kBulkData;
+      bulk_read_tag_ = h.tag;
+      body_dest_ = it->dest + it->got;
+      it->got += h.length;
+      break;
+    }
+    case TcpTransport::kBulkWriteData: {
+      if (h.length > TcpTransport::kBulkChunkBytes) {
+        fail("peer sent a write chunk of " + std::to_string(h.length) + " bytes");
+        return false;
+      }
+      Exposure* e = check(BulkAccess::kRemoteWrite, "wrote");
+      if (e == nullptr) return false;
+      rx_ = Rx::kBulkData;
+      bulk_write_rkey_ = h.rkey;
+      body_dest_ = e->base + h.addr;
+      break;
+    }
+    default:
+      fail("bulk frame of unknown type");
+      return false;
+  }
+  in_body_ = true;
+  body_control_ = false;
+  body_len_ = static_cast<uint32_t>(h.length);
+  body_got_ = 0;
+  return true;
 }
 
 // ----------------------------------------------------------- TcpTransport

@@ -26,6 +26,27 @@
 //   * Completions read but not yet polled: reading stops for this poll once
 //     kReadyLimit are queued, so the queue holds at most kReadyLimit plus
 //     one staging buffer's worth of frames.
+//
+// Bulk transfers (issue 12; transport.h "Bulk transfers", docs/protocol.md
+// "TCP bulk frames"): one-sided reads and writes are emulated on the same
+// socket with three more frame types.  The exposing side keeps a table of
+// exposed ranges (rkey -> range, access) and checks every request against
+// it before a byte moves; a request the table refuses fails the link, as a
+// remote access error fails a queue pair on verbs.  Bulk bytes are never
+// staged: read data and write data go out with sendmsg straight from the
+// user's memory and are received with recv straight into the destination.
+// A transfer is cut into kBulkChunkBytes frames; a read the peer asked for
+// is served one chunk at a time (the next chunk is queued only once the
+// previous one is in the kernel), so slot frames posted meanwhile go out
+// between two chunks.  A write's chunks are queued at once: a slot frame
+// posted after write() must follow the written bytes (transport.h).
+//
+// Bounds on bulk state: a link has at most kMaxBulkReads read requests
+// outstanding at its peer (more wait locally) and serves at most that many
+// for its peer (one more fails the link); bulk bodies do not count against
+// the output budget (they are this side's own writes, or one chunk per
+// served read), but they do keep the drain clock running, so a peer that
+// stops reading them is closed after peer_timeout_ms like any other.
 #pragma once
 
 #include <sys/epoll.h>
@@ -33,6 +54,8 @@
 
 #include <array>
 #include <chrono>
+#include <deque>
+#include <unordered_map>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <memory>
@@ -68,6 +91,24 @@ class TcpLink final : public Link {
   uint64_t output_budget() const { return budget_bytes_; }
   bool reading() const { return reading_; }
 
+  // ---- Bulk transfers (not hot path; see the file comment) ----
+  bool supports_bulk() const override { return true; }
+  // Sockets reach any host memory: a registration is valid on every TCP
+  // link of the process, so all of them share one domain.
+  const void* bulk_domain() const override;
+  Result<BulkRegistration> register_bulk(const BulkSource& source) override;
+  void deregister_bulk(BulkRegistration& registration) override;
+  Result<RemoteSegment> expose(const BulkRegistration& registration, size_t offset, size_t length,
+                               BulkAccess access) override;
+  bool revoke(const RemoteSegment& segment, uint64_t token) override;
+  Status read(const BulkRegistration& local, size_t local_offset, const RemoteSegment& remote,
+              uint64_t remote_offset, size_t length, uint64_t token) override;
+  Status write(const BulkRegistration& local, size_t local_offset, const RemoteSegment& remote,
+               uint64_t remote_offset, size_t length, uint64_t token) override;
+  // For tests: ranges currently exposed to the peer, reads not finished.
+  size_t exposures() const { return exposures_.size(); }
+  size_t bulk_reads() const { return reads_.size(); }
+
  private:
   friend class TcpTransport;
   TcpLink(TcpTransport& owner, boost::asio::ip::tcp::socket socket, std::string description);
@@ -86,7 +127,19 @@ class TcpLink final : public Link {
   // Receive state machine helpers; return false once the link has failed.
   bool parse_staging();
   bool begin_frame(uint32_t word, uint32_t imm);
-  void finish_frame();
+  // False once the link has failed (a bulk frame the table refused).
+  bool finish_frame();
+  // Bulk helpers.
+  bool on_bulk_header();
+  void enqueue_bulk(uint32_t type, uint32_t rkey, uint32_t status, uint64_t tag, uint64_t addr,
+                    uint64_t length, const std::byte* body, uint32_t body_len);
+  void request_reads();   // sends READ_REQs up to kMaxBulkReads outstanding
+  void serve_next();      // queues the next chunk of a read the peer asked for
+  void serve_chunk_sent();
+  void bulk_done(uint64_t token, StatusCode code);
+
+  // What happens when a PendingWrite has been handed to the kernel.
+  enum class OnSent : uint8_t { kNothing, kServeChunk, kWriteDone };
 
   struct PendingWrite {
     // The 8-byte prefix, followed (control lane) by the 32-byte body, so a
@@ -96,6 +149,37 @@ class TcpLink final : public Link {
     const std::byte* body = nullptr;   // slot lane body, not copied
     uint32_t body_len = 0;
     uint32_t sent = 0;  // bytes of head + body already written
+    OnSent on_sent = OnSent::kNothing;
+    bool bulk_body = false;  // body is bulk data (not counted in the budget)
+    uint64_t token = 0;      // kWriteDone: the write's token
+  };
+
+  // A range exposed to the peer (expose() .. revoke()).
+  struct Exposure {
+    std::byte* base = nullptr;
+    uint64_t length = 0;
+    BulkAccess access = BulkAccess::kRemoteRead;
+  };
+  // A read this side asked for: the peer's READ_DATA lands at dest.
+  struct ReadOp {
+    uint64_t token = 0;
+    uint64_t tag = 0;
+    std::byte* dest = nullptr;
+    uint64_t length = 0;
+    uint64_t got = 0;
+    uint32_t rkey = 0;
+    uint64_t addr = 0;
+    bool requested = false;
+  };
+  // A read the peer asked for, served from an exposure.
+  struct ServeJob {
+    uint64_t tag = 0;
+    uint32_t rkey = 0;
+    const std::byte* src = nullptr;
+    uint64_t length = 0;
+    uint64_t sent = 0;            // bytes queued so far
+    bool revoked = false;         // abort after the chunk in flight
+    uint64_t revoke_token = 0;    // kBulkDone for revoke() once that chunk is out
   };
 
   TcpTransport& owner_;
@@ -135,12 +219,29 @@ class TcpLink final : public Link {
   size_t staging_begin_ = 0;
   size_t staging_end_ = 0;
   bool in_body_ = false;
+  // What the frame being received is; body_control_ mirrors kControl.
+  enum class Rx : uint8_t { kSlot, kControl, kBulkHead, kBulkData };
+  Rx rx_ = Rx::kSlot;
+  uint32_t bulk_type_ = 0;       // of the bulk frame being received
+  uint64_t bulk_read_tag_ = 0;   // kBulkData of a READ_DATA: its read
+  uint32_t bulk_write_rkey_ = 0; // kBulkData of a WRITE_DATA: its exposure
+  std::array<std::byte, core::kHeaderSize> bulk_head_{};
   uint32_t body_len_ = 0;
   uint32_t body_got_ = 0;
   uint32_t body_imm_ = 0;
   bool body_control_ = false;
   std::byte* body_dest_ = nullptr;  // slot memory or control_body_
   std::array<std::byte, core::kHeaderSize> control_body_{};
+
+  // Bulk state (see the file comment for its bounds).
+  std::unordered_map<uint32_t, Exposure> exposures_;
+  uint32_t last_rkey_ = 0;        // rkeys are never reused: a revoked key stays invalid
+  std::deque<ReadOp> reads_;      // FIFO; the first `requested` ones are at the peer
+  size_t reads_requested_ = 0;
+  uint64_t next_read_tag_ = 1;
+  std::deque<ServeJob> serves_;   // round robin, one chunk in flight at a time
+  bool serve_in_flight_ = false;  // serves_.front() has a chunk in pending_
+  uint64_t bulk_queued_ = 0;      // bulk body bytes of pending_ (in queued_bytes_ too)
 };
 
 class TcpTransport final : public Transport {
@@ -162,6 +263,20 @@ class TcpTransport final : public Transport {
   static constexpr size_t kStagingBytes = 256 * 1024;
   static constexpr uint32_t kDirectReadThreshold = 16 * 1024;
   static constexpr uint32_t kControlLaneBit = 0x8000'0000u;
+
+  // Bulk frames (docs/protocol.md, "TCP bulk frames"): prefix word
+  // kBulkMarker | type, imm 0, a 32-byte bulk header, data (READ_DATA,
+  // WRITE_DATA).  Control frames never have bit 30 set (their length is
+  // 32), slot frames never bit 31.
+  static constexpr uint32_t kBulkMarker = 0xC000'0000u;
+  static constexpr uint32_t kBulkReadRequest = 1;
+  static constexpr uint32_t kBulkReadData = 2;
+  static constexpr uint32_t kBulkWriteData = 3;
+  // The one tuning constant of TCP bulk: bytes per data frame.  Slot frames
+  // posted during a served read wait for at most one chunk.
+  static constexpr uint32_t kBulkChunkBytes = 1024 * 1024;
+  // Read requests a link has outstanding at its peer, and serves for it.
+  static constexpr size_t kMaxBulkReads = 16;
 
   // Wire bytes of one control frame (8-byte prefix + 32-byte header).
   static constexpr uint64_t kControlFrameBytes = 8 + core::kHeaderSize;

@@ -1,0 +1,319 @@
+// TcpLink's bulk operations (issue 12, transport.h "Bulk transfers") over
+// real loopback connections, both ends in this thread: each test pumps the
+// transports' poll() until a condition holds, with a generous deadline.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <doctest/doctest.h>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/wire_format.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace {
+
+using namespace slotrpc;
+using namespace slotrpc::transport;
+using CKind = Completion::Kind;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr auto kTimeout = 60s;  // "does not hang", sanitized builds included
+constexpr uint32_t kSlots = 8;
+constexpr uint32_t kSlotSize = 4096;
+
+std::pair<int, int> loopback_pair() {
+  int lst = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(lst >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(lst, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(lst, 4) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(lst, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  int c = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(c >= 0);
+  REQUIRE(::connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  int s = ::accept4(lst, nullptr, nullptr, SOCK_CLOEXEC);
+  REQUIRE(s >= 0);
+  ::close(lst);
+  return {c, s};
+}
+
+// One end of a link: its receive ring and every completion it produced.
+struct End {
+  std::unique_ptr<TcpLink> link;
+  std::vector<std::byte> ring;
+  std::vector<Completion> got;
+
+  void start(TcpTransport& t, int fd, const char* name) {
+    auto r = t.adopt(fd, name);
+    REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+    link = std::move(r).value();
+    ring.assign(size_t{kSlots} * kSlotSize, std::byte{0});
+    auto reg = link->register_memory(ring, Access::kRemoteWrite);
+    REQUIRE(reg.ok());
+    REQUIRE(link->attach(reg.value(), MemoryRegion{}, kSlots, kSlotSize, this).ok());
+  }
+  const Completion* find(CKind kind, uint64_t token = 0) const {
+    for (const Completion& c : got)
+      if (c.kind == kind && (kind != CKind::kBulkDone || c.bulk_token == token)) return &c;
+    return nullptr;
+  }
+  bool down() const { return find(CKind::kLinkDown) != nullptr; }
+};
+
+// Two transports (two "processes") and any number of links between them.
+struct World {
+  TcpTransport a, b;
+  std::vector<std::unique_ptr<End>> as, bs;  // as[i] <-> bs[i]
+
+  std::pair<End*, End*> connect() {
+    auto [c, s] = loopback_pair();
+    as.push_back(std::make_unique<End>());
+    bs.push_back(std::make_unique<End>());
+    as.back()->start(a, c, "a");
+    bs.back()->start(b, s, "b");
+    return {as.back().get(), bs.back().get()};
+  }
+  void poll_one(TcpTransport& t) {
+    std::array<Completion, 16> buf;
+    const size_t n = t.poll(buf);
+    for (size_t i = 0; i < n; ++i) static_cast<End*>(buf[i].context)->got.push_back(buf[i]);
+  }
+  bool pump_until(const std::function<bool()>& done) {
+    const auto deadline = Clock::now() + kTimeout;
+    while (!done()) {
+      if (Clock::now() > deadline) return false;
+      poll_one(a);
+      poll_one(b);
+    }
+    return true;
+  }
+};
+
+std::vector<std::byte> pattern(size_t n, uint32_t seed) {
+  std::vector<std::byte> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    v[i] = static_cast<std::byte>(x >> 24);
+  }
+  return v;
+}
+
+BulkRegistration reg(Link& l, std::vector<std::byte>& mem) {
+  auto r = l.register_bulk(BulkSource{mem.data(), mem.size()});
+  REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+  return r.value();
+}
+
+// Every byte, and where the first difference is if any.
+void check_equal(const std::vector<std::byte>& got, const std::vector<std::byte>& want) {
+  REQUIRE(got.size() == want.size());
+  const auto mm = std::mismatch(got.begin(), got.end(), want.begin());
+  CHECK_MESSAGE(mm.first == got.end(),
+                "first difference at byte " << (mm.first - got.begin()) << " of " << got.size());
+}
+
+void ok_done(End& e, uint64_t token) {
+  const Completion* c = e.find(CKind::kBulkDone, token);
+  REQUIRE(c != nullptr);
+  CHECK(c->bulk_status == 0);
+}
+
+TEST_CASE("read pulls an exposed range into local memory, every byte") {
+  for (size_t size : {size_t{1} << 20, (size_t{64} << 20) + 1}) {
+    CAPTURE(size);
+    World w;
+    auto [owner, reader] = w.connect();
+    std::vector<std::byte> src = pattern(size, 1);
+    std::vector<std::byte> dst(size, std::byte{0});
+    BulkRegistration sreg = reg(*owner->link, src);
+    BulkRegistration dreg = reg(*reader->link, dst);
+    auto seg = owner->link->expose(sreg, 0, size, BulkAccess::kRemoteRead);
+    REQUIRE(seg.ok());
+    REQUIRE(reader->link->read(dreg, 0, seg.value(), 0, size, 7).ok());
+    REQUIRE(w.pump_until([&] { return reader->find(CKind::kBulkDone, 7) || reader->down(); }));
+    ok_done(*reader, 7);
+    check_equal(dst, src);
+    CHECK(owner->link->revoke(seg.value(), 8));
+    CHECK(owner->link->exposures() == 0);
+    CHECK_FALSE(owner->down());
+  }
+}
+
+TEST_CASE("write pushes local memory into an exposed range; a slot frame posted after it follows the bytes") {
+  for (size_t size : {size_t{1} << 20, (size_t{64} << 20) + 1}) {
+    CAPTURE(size);
+    World w;
+    auto [owner, writer] = w.connect();
+    std::vector<std::byte> src = pattern(size, 2);
+    // The exposure is offset into a larger buffer: guard bytes either side
+    // must stay untouched.
+    std::vector<std::byte> dst(size + 200, std::byte{0x5A});
+    BulkRegistration sreg = reg(*writer->link, src);
+    BulkRegistration dreg = reg(*owner->link, dst);
+    auto seg = owner->link->expose(dreg, 100, size, BulkAccess::kRemoteWrite);
+    REQUIRE(seg.ok());
+    owner->link->arm(3);
+    REQUIRE(writer->link->write(sreg, 0, seg.value(), 0, size, 9).ok());
+    // The "reply": its arrival means every written byte is in place.
+    std::vector<std::byte> msg(64, std::byte{0x11});
+    Outgoing o{msg.data(), 64, core::make_imm(3, 1), Lane::kSlot};
+    writer->link->post({&o, 1});
+    bool checked = false;
+    REQUIRE(w.pump_until([&] {
+      if (!checked && owner->find(CKind::kMessage)) {
+        checked = true;
+        std::vector<std::byte> mid(dst.begin() + 100, dst.begin() + 100 + static_cast<ptrdiff_t>(size));
+        check_equal(mid, src);
+      }
+      return (checked && writer->find(CKind::kBulkDone, 9)) || owner->down() || writer->down();
+    }));
+    ok_done(*writer, 9);
+    for (size_t i = 0; i < 100; ++i) REQUIRE(dst[i] == std::byte{0x5A});
+    for (size_t i = 100 + size; i < dst.size(); ++i) REQUIRE(dst[i] == std::byte{0x5A});
+  }
+}
+
+// A violation fails the link it came through, and nothing else: a second
+// link between the same two transports still moves data afterwards.
+void expect_violation(World& w, End& owner, End& peer, const char* reason_part) {
+  REQUIRE(w.pump_until([&] { return owner.down() && peer.down(); }));
+  CHECK_MESSAGE(owner.link->down_reason().find(reason_part) != std::string::npos,
+                owner.link->down_reason());
+  auto [o2, p2] = w.connect();
+  std::vector<std::byte> src = pattern(300000, 5), dst(300000);
+  BulkRegistration sreg = reg(*o2->link, src), dreg = reg(*p2->link, dst);
+  auto seg = o2->link->expose(sreg, 0, src.size(), BulkAccess::kRemoteRead);
+  REQUIRE(seg.ok());
+  REQUIRE(p2->link->read(dreg, 0, seg.value(), 0, src.size(), 1).ok());
+  REQUIRE(w.pump_until([&] { return p2->find(CKind::kBulkDone, 1) || p2->down(); }));
+  ok_done(*p2, 1);
+  check_equal(dst, src);
+}
+
+TEST_CASE("a revoked key, the wrong access or a range beyond the exposure fail that link only") {
+  World w;
+  auto [owner, peer] = w.connect();
+  std::vector<std::byte> mem = pattern(1 << 20, 3), local(2 << 20, std::byte{0});
+  const std::vector<std::byte> before = mem;
+  BulkRegistration oreg = reg(*owner->link, mem), preg = reg(*peer->link, local);
+
+  SUBCASE("revoked key") {
+    auto seg = owner->link->expose(oreg, 0, mem.size(), BulkAccess::kRemoteRead);
+    REQUIRE(seg.ok());
+    CHECK(owner->link->revoke(seg.value(), 1));
+    REQUIRE(peer->link->read(preg, 0, seg.value(), 0, 4096, 2).ok());
+    expect_violation(w, *owner, *peer, "revoked");
+    // The read ended (failed) before the link did.
+    const Completion* d = peer->find(CKind::kBulkDone, 2);
+    REQUIRE(d != nullptr);
+    CHECK(d->bulk_status != 0);
+  }
+  SUBCASE("write through a read-only exposure") {
+    auto seg = owner->link->expose(oreg, 0, mem.size(), BulkAccess::kRemoteRead);
+    REQUIRE(seg.ok());
+    REQUIRE(peer->link->write(preg, 0, seg.value(), 0, 4096, 2).ok());
+    expect_violation(w, *owner, *peer, "reading only");
+    check_equal(mem, before);
+  }
+  SUBCASE("read through a write-only exposure") {
+    auto seg = owner->link->expose(oreg, 0, mem.size(), BulkAccess::kRemoteWrite);
+    REQUIRE(seg.ok());
+    REQUIRE(peer->link->read(preg, 0, seg.value(), 0, 4096, 2).ok());
+    expect_violation(w, *owner, *peer, "writing only");
+  }
+  SUBCASE("beyond the exposed range") {
+    auto seg = owner->link->expose(oreg, 4096, 8192, BulkAccess::kRemoteWrite);
+    REQUIRE(seg.ok());
+    RemoteSegment forged = seg.value();
+    forged.length = 1 << 20;  // the peer claims more than it was given
+    REQUIRE(peer->link->write(preg, 0, forged, 4096, 8192, 2).ok());
+    expect_violation(w, *owner, *peer, "which exposes 8192");
+    check_equal(mem, before);
+  }
+  SUBCASE("a key never exposed") {
+    REQUIRE(peer->link->read(preg, 0, RemoteSegment{0, 4096, 77}, 0, 4096, 2).ok());
+    expect_violation(w, *owner, *peer, "never exposed");
+  }
+}
+
+TEST_CASE("slot frames posted while a large read is served go out between its chunks") {
+  World w;
+  auto [owner, reader] = w.connect();
+  const size_t size = size_t{64} << 20;
+  std::vector<std::byte> src = pattern(size, 4), dst(size);
+  BulkRegistration sreg = reg(*owner->link, src), dreg = reg(*reader->link, dst);
+  auto seg = owner->link->expose(sreg, 0, size, BulkAccess::kRemoteRead);
+  REQUIRE(seg.ok());
+  REQUIRE(reader->link->read(dreg, 0, seg.value(), 0, size, 5).ok());
+  // Until the owner has begun serving (its output is queued), then a slot
+  // frame: with every chunk queued up front it would arrive after the data.
+  REQUIRE(w.pump_until([&] { return owner->link->queued_bytes() > 0 || reader->down(); }));
+  std::vector<std::byte> msg(64, std::byte{0x22});
+  reader->link->arm(1);
+  Outgoing o{msg.data(), 64, core::make_imm(1, 1), Lane::kSlot};
+  owner->link->post({&o, 1});
+  REQUIRE(w.pump_until([&] { return reader->find(CKind::kBulkDone, 5) || reader->down(); }));
+  ok_done(*reader, 5);
+  size_t msg_at = ~size_t{0}, done_at = ~size_t{0};
+  for (size_t i = 0; i < reader->got.size(); ++i) {
+    if (reader->got[i].kind == CKind::kMessage && msg_at == ~size_t{0}) msg_at = i;
+    if (reader->got[i].kind == CKind::kBulkDone) done_at = i;
+  }
+  REQUIRE(msg_at != ~size_t{0});
+  CHECK(msg_at < done_at);
+  check_equal(dst, src);
+}
+
+TEST_CASE("revoke during a served read: the reader's read fails, the link goes on") {
+  World w;
+  auto [owner, reader] = w.connect();
+  const size_t size = size_t{16} << 20;
+  std::vector<std::byte> src = pattern(size, 6), dst(size);
+  BulkRegistration sreg = reg(*owner->link, src), dreg = reg(*reader->link, dst);
+  auto seg = owner->link->expose(sreg, 0, size, BulkAccess::kRemoteRead);
+  REQUIRE(seg.ok());
+  REQUIRE(reader->link->read(dreg, 0, seg.value(), 0, size, 5).ok());
+  REQUIRE(w.pump_until([&] { return owner->link->queued_bytes() > 0 || owner->down(); }));
+  if (!owner->link->revoke(seg.value(), 6))
+    REQUIRE(w.pump_until([&] { return owner->find(CKind::kBulkDone, 6) || owner->down(); }));
+  REQUIRE(w.pump_until([&] { return reader->find(CKind::kBulkDone, 5) || reader->down(); }));
+  const Completion* d = reader->find(CKind::kBulkDone, 5);
+  REQUIRE(d != nullptr);
+  CHECK(d->bulk_status == static_cast<uint16_t>(StatusCode::kUnavailable));
+  CHECK_FALSE(owner->down());
+  CHECK_FALSE(reader->down());
+  // The same link still carries slot frames.
+  owner->link->arm(2);
+  std::vector<std::byte> msg(64, std::byte{0x33});
+  Outgoing o{msg.data(), 64, core::make_imm(2, 1), Lane::kSlot};
+  reader->link->post({&o, 1});
+  REQUIRE(w.pump_until([&] { return owner->find(CKind::kMessage) || owner->down(); }));
+  CHECK_FALSE(owner->down());
+}
+
+TEST_CASE("dma-buf memory is refused on tcp with a message that says so") {
+  World w;
+  auto [a, b] = w.connect();
+  std::vector<std::byte> mem(4096);
+  auto r = a->link->register_bulk(BulkSource{mem.data(), mem.size(), 3, 0});
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == StatusCode::kUnimplemented);
+  CHECK(r.status().message().find("dma-buf") != std::string::npos);
+  CHECK(a->link->supports_bulk());
+  CHECK(a->link->bulk_domain() == b->link->bulk_domain());
+}
+
+}  // namespace
