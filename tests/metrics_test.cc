@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/wire_format.h"
+#include "env_var.h"
 #include "rpc/admin/admin.h"
 
 namespace {
@@ -325,4 +326,58 @@ TEST_CASE("metrics: a user service cannot take slotrpc.Admin's method id") {
   const Status st = server.add_service(std::move(clash));
   REQUIRE_FALSE(st.ok());
   CHECK(st.message().find("slotrpc.Admin.Metrics") != std::string::npos);
+}
+
+TEST_CASE("metrics: shm sessions and traffic count under their own transport label") {
+  // The suite runs with SLOTRPC_UNIX_PATH=off (tcp); here the server also
+  // listens on its Unix socket and the channel must take shm.
+  slotrpc::test::EnvVar unix_path("SLOTRPC_UNIX_PATH", std::nullopt);
+  slotrpc::test::EnvVar transport("SLOTRPC_TRANSPORT", std::string("shm"));
+  Fixture f;
+  constexpr uint64_t kCalls = 200;
+  {
+    auto ch = Channel::connect(f.address()).value();
+    REQUIRE(ch->transport() == slotrpc::TransportKind::kShm);
+    std::atomic<uint64_t> done{0}, ok{0};
+    for (uint64_t seq = 0; seq < kCalls; ++seq) {
+      ch->call(
+          kEcho,
+          [seq](flatbuffers::FlatBufferBuilder& fbb) {
+            // Over the 40 bytes that travel inside an shm descriptor: the
+            // message goes through the slot, built there (no copy).
+            std::vector<uint8_t> body(100, static_cast<uint8_t>(seq));
+            fbb.PushFlatBuffer(body.data(), body.size());
+          },
+          {},
+          [&](RawReply&& r) {
+            if (r.ok()) ++ok;
+            r.release();
+            ++done;
+          });
+      REQUIRE(wait_until([&] { return done.load() == seq + 1; }));
+    }
+    REQUIRE(ok.load() == kCalls);
+    for (const MetricsSnapshot& m : {ch->metrics(), f.server.metrics()}) {
+      const auto* shm = find_transport(m, "shm");
+      REQUIRE(shm != nullptr);
+      CHECK(shm->sessions == 1);
+      CHECK(shm->slot_sends == kCalls);  // requests (client) or replies (server)
+      // Built in the shared segment, read by the peer in place: on both
+      // sides, requests and replies alike.
+      CHECK(shm->noninline_sends == kCalls);
+      CHECK(shm->completions_per_poll.sum >= kCalls);
+      // Nothing of it under tcp.
+      const auto* tcp = find_transport(m, "tcp");
+      REQUIRE(tcp != nullptr);
+      CHECK(tcp->sessions == 0);
+      CHECK(tcp->slot_sends == 0);
+    }
+  }
+  // Closed: the server keeps what the link sent, still under shm.
+  REQUIRE(wait_until([&] { return f.server.session_count() == 0; }));
+  const MetricsSnapshot after = f.server.metrics();
+  const auto* shm = find_transport(after, "shm");
+  REQUIRE(shm != nullptr);
+  CHECK(shm->sessions == 0);
+  CHECK(shm->slot_sends == kCalls);
 }

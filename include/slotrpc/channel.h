@@ -188,7 +188,9 @@ class SLOTRPC_API Channel {
     uint64_t messages_sent = 0;
     // Verbs transport (0 on TCP): messages posted inline (header + payload
     // <= max_inline) and read by the NIC from the send slot; ibv_post_send
-    // calls; the queue pair's real max_inline_data.
+    // calls; the queue pair's real max_inline_data.  Shared memory: slot
+    // messages sent inside the descriptor (<= 40 bytes) and read by the
+    // peer in place from the send slot (no copy).
     uint64_t inline_sends = 0;
     uint64_t noninline_sends = 0;
     uint64_t doorbells = 0;

@@ -106,7 +106,7 @@ struct MethodMetrics {
   HistogramSnapshot latency_us;
 };
 
-// One transport kind ("tcp", "verbs"), summed over the loops and their
+// One transport kind ("tcp", "verbs", "shm"), summed over the loops and their
 // sessions, open and closed (LinkStats in lib/transport/transport.h).
 struct TransportMetrics {
   std::string transport;

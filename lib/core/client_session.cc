@@ -50,7 +50,10 @@ ClientSession::ClientSession(reactor::Reactor& loop, std::unique_ptr<transport::
       link_(std::move(link)),
       geometry_(g),
       peer_(std::move(peer)),
-      send_ring_(g.slot_count, g.slot_size),
+      // In the link's shared memory when it has some (shm): requests and
+      // replies are built where the peer reads them (core/slot_ring.h).
+      // link_ is declared, so initialised, before send_ring_.
+      send_ring_(g.slot_count, g.slot_size, link_ ? link_->send_slots() : std::span<std::byte>{}),
       recv_ring_(g.slot_count, g.slot_size),
       slots_(g.slot_count),
       outbox_(g.slot_count),

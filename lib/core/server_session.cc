@@ -20,7 +20,10 @@ ServerSession::ServerSession(reactor::Reactor& loop, std::unique_ptr<transport::
       peer_(std::move(peer)),
       on_closed_(std::move(on_closed)),
       recv_ring_(g.slot_count, g.slot_size),
-      send_ring_(g.slot_count, g.slot_size),
+      // In the link's shared memory when it has some (shm): requests and
+      // replies are built where the peer reads them (core/slot_ring.h).
+      // link_ is declared, so initialised, before send_ring_.
+      send_ring_(g.slot_count, g.slot_size, link_ ? link_->send_slots() : std::span<std::byte>{}),
       slots_(g.slot_count),
       in_owner_(g.slot_count, -1),
       in_next_(g.slot_count, -1),

@@ -18,9 +18,20 @@ LoopReading read_loop(reactor::Reactor& loop, const std::vector<const transport:
   r.client_queued = client_queued;
   for (const transport::Link* link : links) {
     if (link == nullptr) continue;
-    const bool verbs = link->describe().rfind("verbs", 0) == 0;
-    LoopCounters::add(verbs ? r.verbs_live : r.tcp_live, link->stats());
-    ++(verbs ? r.verbs_sessions : r.tcp_sessions);
+    switch (LoopCounters::kind_of(*link)) {
+      case LoopCounters::Kind::kVerbs:
+        LoopCounters::add(r.verbs_live, link->stats());
+        ++r.verbs_sessions;
+        break;
+      case LoopCounters::Kind::kShm:
+        LoopCounters::add(r.shm_live, link->stats());
+        ++r.shm_sessions;
+        break;
+      case LoopCounters::Kind::kTcp:
+        LoopCounters::add(r.tcp_live, link->stats());
+        ++r.tcp_sessions;
+        break;
+    }
   }
   if (monitor::Monitor* m = loop.monitor()) m->fill(r.monitor);
   return r;
@@ -33,6 +44,7 @@ LoopReading read_loop(reactor::Reactor& loop, const LoopCounters& owner,
   LoopCounters mine = owner;
   mine.tcp.completions_per_poll = shared.tcp.completions_per_poll;
   mine.verbs.completions_per_poll = shared.verbs.completions_per_poll;
+  mine.shm.completions_per_poll = shared.shm.completions_per_poll;
   r.counters = std::move(mine);
   return r;
 }
@@ -70,10 +82,14 @@ void Collector::add(const LoopReading& r) {
   LoopCounters::add(tcp_, r.tcp_live);
   LoopCounters::add(verbs_, r.counters.verbs.retired);
   LoopCounters::add(verbs_, r.verbs_live);
+  LoopCounters::add(shm_, r.counters.shm.retired);
+  LoopCounters::add(shm_, r.shm_live);
   tcp_sessions_ += r.tcp_sessions;
   verbs_sessions_ += r.verbs_sessions;
+  shm_sessions_ += r.shm_sessions;
   tcp_polls_.merge(r.counters.tcp.completions_per_poll);
   verbs_polls_.merge(r.counters.verbs.completions_per_poll);
+  shm_polls_.merge(r.counters.shm.completions_per_poll);
   const MetricsSnapshot& m = r.monitor;
   out_.hw_counters.insert(out_.hw_counters.end(), m.hw_counters.begin(), m.hw_counters.end());
   for (const std::string& a : m.hw_counters_absent) {
@@ -122,6 +138,10 @@ MetricsSnapshot Collector::finish(const Namer& name) {
   out.transports.push_back(transport("tcp", tcp_, tcp_sessions_, tcp_polls_));
   if (verbs_sessions_ != 0 || verbs_.slot_sends != 0 || verbs_polls_.count() != 0) {
     out.transports.push_back(transport("verbs", verbs_, verbs_sessions_, verbs_polls_));
+  }
+  // Like verbs, only once it was used: a TCP-only process shows tcp alone.
+  if (shm_sessions_ != 0 || shm_.slot_sends != 0 || shm_polls_.count() != 0) {
+    out.transports.push_back(transport("shm", shm_, shm_sessions_, shm_polls_));
   }
   *this = Collector();
   return out;

@@ -23,8 +23,8 @@ namespace slotrpc::metrics {
 
 struct LoopReading {
   LoopCounters counters;
-  transport::LinkStats tcp_live, verbs_live;  // open links
-  uint64_t tcp_sessions = 0, verbs_sessions = 0;
+  transport::LinkStats tcp_live, verbs_live, shm_live;  // open links
+  uint64_t tcp_sessions = 0, verbs_sessions = 0, shm_sessions = 0;
   uint64_t client_queued = 0;
   MetricsSnapshot monitor;  // the monitor's part (hardware, receive pools)
 };
@@ -55,9 +55,9 @@ class Collector {
  private:
   MetricsSnapshot out_;
   std::map<std::pair<bool, uint32_t>, MethodCounters> methods_;  // (client?, id)
-  transport::LinkStats tcp_, verbs_;
-  uint64_t tcp_sessions_ = 0, verbs_sessions_ = 0;
-  Histogram tcp_polls_, verbs_polls_;
+  transport::LinkStats tcp_, verbs_, shm_;
+  uint64_t tcp_sessions_ = 0, verbs_sessions_ = 0, shm_sessions_ = 0;
+  Histogram tcp_polls_, verbs_polls_, shm_polls_;
 };
 
 // Process-wide: the names clients learnt for method ids (generated clients

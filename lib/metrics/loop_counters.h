@@ -57,11 +57,21 @@ struct LoopCounters {
   SideCounters client;
   TransportTotals tcp;
   TransportTotals verbs;
+  TransportTotals shm;  // shared memory (lib/transport/shm): its own label
+
+  enum class Kind { kTcp, kVerbs, kShm };
+  // A link's transport by its description ("verbs ...", "shm ...",
+  // anything else is TCP).  Cold path only.
+  static Kind kind_of(const transport::Link& link) {
+    const std::string d = link.describe();
+    if (d.rfind("verbs", 0) == 0) return Kind::kVerbs;
+    if (d.rfind("shm", 0) == 0) return Kind::kShm;
+    return Kind::kTcp;
+  }
+  TransportTotals& totals(Kind k) { return k == Kind::kVerbs ? verbs : k == Kind::kShm ? shm : tcp; }
 
   // Cold path: a session is dropping its link.
-  void retire_link(const transport::Link& link) {
-    add(link.describe().rfind("verbs", 0) == 0 ? verbs.retired : tcp.retired, link.stats());
-  }
+  void retire_link(const transport::Link& link) { add(totals(kind_of(link)).retired, link.stats()); }
   static void add(transport::LinkStats& into, const transport::LinkStats& s) {
     into.slot_sends += s.slot_sends;
     into.control_sends += s.control_sends;

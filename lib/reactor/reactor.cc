@@ -283,8 +283,7 @@ bool Reactor::run_turn() {
     return n > 0;
   };
   if (verbs_) worked |= deliver(verbs_->poll(completions_), counters_.verbs.completions_per_poll);
-  // shm's batch sizes are not exported yet (lib/metrics has tcp and verbs).
-  if (shm_) worked |= deliver(shm_->poll(completions_), shm_completions_per_poll_);
+  if (shm_) worked |= deliver(shm_->poll(completions_), counters_.shm.completions_per_poll);
   worked |= deliver(tcp_.poll(completions_), counters_.tcp.completions_per_poll);
 
   if (timers_.live() != 0) {

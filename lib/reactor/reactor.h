@@ -171,7 +171,6 @@ class Reactor {
   transport::TcpTransport tcp_;
   std::unique_ptr<transport::verbs::VerbsTransport> verbs_;  // lazily, see verbs()
   std::unique_ptr<transport::shm::ShmTransport> shm_;        // lazily, see shm()
-  Histogram shm_completions_per_poll_;
   std::unique_ptr<monitor::Monitor> monitor_;  // with verbs_ (lib/monitor/)
   std::shared_ptr<monitor::SampleHook> monitor_hook_;
   // add_monitor_hook()'s holders; monitor_hook_ fans out to them.

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <thread>
 
+#include "core/slot_ring.h"
 #include "shm_test_util.h"
 
 using namespace shm_test;
@@ -549,4 +550,35 @@ TEST_CASE("shm: slot messages up to kInlineMax bytes travel in the descriptor, l
     CHECK(a.link->shm_stats().inline_sends == inline_before + (len <= kInlineMax ? 1 : 0));
     ++slot;
   }
+}
+
+TEST_CASE("shm: a SlotRing over send_slots() is sent in place and outlives its link") {
+  // core::SlotRing maps the link's data area a second time; ShmLink must
+  // recognise that mapping (register_memory) and send from it without a
+  // copy, and the ring must stay writable after the link is gone (a client
+  // stream's writer may build in it after its session closed).
+  End a, b;
+  connect(a, b, kSmall);
+  core::SlotRing ring(kSmall.slot_count, kSmall.slot_size, a.link->send_slots());
+  REQUIRE(ring.placed());
+  CHECK(ring.slot(0) != a.link->send_slots().data());  // its own mapping
+  REQUIRE(ring.register_with(*a.link, transport::Access::kLocalSend).ok());
+  a.attach(kSmall);
+  b.attach(kSmall);
+  constexpr uint32_t kLen = 200;  // past kInlineMax: through the slot
+  std::byte* msg = ring.slot(3) + kSmall.slot_size - kLen;  // at the slot's end, as FlatBuffers build
+  for (uint32_t i = 0; i < kLen; ++i) msg[i] = std::byte(uint8_t(i * 13 + 5));
+  const Outgoing o{msg, kLen, core::make_imm(3, 1), Lane::kSlot};
+  a.link->post({&o, 1});
+  REQUIRE(pump_until({&b}, [&] { return !b.got.empty(); }));
+  REQUIRE(b.got.back().kind == CKind::kMessage);
+  REQUIRE(b.got.back().length == kLen);
+  CHECK(std::memcmp(b.slot(3), msg, kLen) == 0);
+  CHECK(a.link->shm_stats().in_place_sends == 1);
+  CHECK(a.link->shm_stats().copied_sends == 0);
+  CHECK(a.link->stats().noninline_sends == 1);
+  ring.deregister();
+  a.link.reset();
+  msg[0] = std::byte{1};  // still mapped: no fault
+  CHECK(msg[0] == std::byte{1});
 }

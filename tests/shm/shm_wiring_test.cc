@@ -126,6 +126,28 @@ TEST_CASE("auto: a server on this host is reached over shm, and calls run over i
   CHECK_FALSE(stats.closed);
 }
 
+TEST_CASE("zero copy: requests over shm are built in the shared segment, post() copies none") {
+  // The session's send ring maps the link's send_slots() (core/slot_ring.h):
+  // the link counts a slot message read by the peer in place as a
+  // noninline send; one copied into the segment (or sent from a private
+  // ring) is not counted, so this fails if the copy comes back.
+  DefaultTransportEnv env;
+  TestServer ts;
+  auto ch = Channel::connect(ts.address);
+  REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
+  REQUIRE((*ch)->transport() == TransportKind::kShm);
+  constexpr uint64_t kCalls = 20;
+  for (uint64_t seq = 1; seq <= kCalls; ++seq) {
+    auto f = (*ch)->call_typed<Pong>(kEcho, ping_bytes(seq, 4000));  // past the descriptor's 40 bytes
+    REQUIRE_MESSAGE(f.wait_for(10s), "call " << seq << " did not complete");
+    const std::string err = pong_error(f.get(), seq, 4000);
+    REQUIRE_MESSAGE(err.empty(), err);  // the server's replies, built in its segment, arrive intact
+  }
+  const auto stats = (*ch)->stats();
+  CHECK(stats.noninline_sends == kCalls);
+  CHECK(stats.inline_sends == 0);
+}
+
 TEST_CASE("every poll mode answers over shm (blocking: a sleeping loop is woken by the eventfd)") {
   DefaultTransportEnv env;
   for (PollMode mode : {PollMode::kBusy, PollMode::kAdaptive, PollMode::kBlocking}) {

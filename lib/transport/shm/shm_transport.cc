@@ -63,14 +63,33 @@ ShmLink::~ShmLink() {
   owner_.forget(this);
 }
 
-Result<MemoryRegion> ShmLink::register_memory(std::span<std::byte> memory, Access) {
+Result<MemoryRegion> ShmLink::register_memory(std::span<std::byte> memory, Access access) {
+  // A send ring that maps our data area a second time (core::SlotRing over
+  // send_slots()) is recorded, so post() sends from it in place.  The probe
+  // proves it is the same pages, not just a claim: a byte stored through
+  // the ring must show in our own mapping.  The ring is fresh (nothing was
+  // built or sent yet), and the byte is put back.
+  if (access == Access::kLocalSend && memory.size() == size_t{slot_count_} * slot_size_ &&
+      !memory.empty()) {
+    std::byte* const area = own_.map.base() + own_.layout.data_offset;
+    volatile std::byte* const mine = area;
+    volatile std::byte* const theirs = memory.data();
+    const std::byte old = *theirs;
+    *theirs = ~old;
+    const bool same = *mine == ~old;
+    *theirs = old;
+    if (same) send_alias_ = memory.data();
+  }
   MemoryRegion r;
   r.base = memory.data();
   r.length = memory.size();
   return r;
 }
 
-void ShmLink::deregister(MemoryRegion& region) { region = MemoryRegion{}; }
+void ShmLink::deregister(MemoryRegion& region) {
+  if (region.base == send_alias_) send_alias_ = nullptr;
+  region = MemoryRegion{};
+}
 
 Status ShmLink::attach(const MemoryRegion& receive_ring, const MemoryRegion& /*send_ring*/,
                        uint32_t slot_count, uint32_t slot_size, void* context) {
@@ -167,11 +186,17 @@ bool ShmLink::write_descriptor(const Outgoing& o, const std::byte* source) {
     d.lane = static_cast<uint32_t>(DescLane::kInline);
     std::memcpy(d.payload, source, o.length);
     ++shm_stats_.inline_sends;
+    ++stats_.inline_sends;
   } else {
     d.lane = static_cast<uint32_t>(DescLane::kSlot);
     const uint16_t slot = core::imm_slot(o.imm);
     std::byte* const area = own_.map.base() + own_.layout.data_offset;
     std::byte* const base = area + size_t{slot} * slot_size_;
+    const size_t ring_bytes = size_t{slot_count_} * slot_size_;
+    // Built in the session's send ring mapped over our data area: the
+    // same byte under our own mapping's address.
+    if (send_alias_ != nullptr && source >= send_alias_ && source < send_alias_ + ring_bytes)
+      source = area + (source - send_alias_);
     if (source >= base && source < base + slot_size_) {
       // Built in place: the peer reads it where it is.
       if (size_t(source - base) + o.length > slot_size_) {
@@ -180,7 +205,8 @@ bool ShmLink::write_descriptor(const Outgoing& o, const std::byte* source) {
       }
       d.offset = static_cast<uint32_t>(source - base);
       ++shm_stats_.in_place_sends;
-    } else if (source >= area && source < area + size_t{slot_count_} * slot_size_) {
+      ++stats_.noninline_sends;  // LinkStats' meaning on shm: read by the peer in place
+    } else if (source >= area && source < area + ring_bytes) {
       fail("post: message built in another slot than " + std::to_string(slot));
       return false;
     } else {

@@ -5,9 +5,14 @@
 // segment's ring, its sequence word stored last; a batch then stores
 // `head` once (for a peer about to sleep).  A slot message of up to
 // kInlineMax bytes goes inside the descriptor: one cache line per hop.  A
-// larger one built in place in our segment's data area
-// (Link::send_slots(): a session that places its send ring there) is sent
-// with no copy at all; one built elsewhere is copied into the slot once.
+// larger one built in place in our segment's data area is sent with no copy
+// at all: the sessions' send rings are a second mapping of it
+// (core::SlotRing over Link::send_slots(), recognised in register_memory);
+// one built elsewhere is copied into the slot once.  LinkStats counts the
+// descriptor-inline ones as inline_sends and the in-place ones as
+// noninline_sends (verbs' meanings, "read from the send slot").  ShmLink
+// gives send_slots() from its creation, before attach(): the sessions map
+// their rings in their constructors.
 // If the peer announced it is going to sleep, its eventfd is written.
 //
 // Receiving (poll): the busy poller reads the sequence word of the peer's
@@ -117,6 +122,10 @@ class ShmLink final : public Link {
   std::string description_;
   void* context_ = nullptr;
   MemoryRegion ring_{};  // the session's receive ring (private memory)
+  // The session's send ring when it maps our data area (register_memory):
+  // messages built there are sent in place.  Our own pages, sealed against
+  // the peer's writes (shm_segment.cc), so nothing read back is the peer's.
+  std::byte* send_alias_ = nullptr;
   bool attached_ = false;
   bool down_ = false;
   bool peer_gone_ = false;  // the socket hung up; fail once the ring is drained

@@ -922,7 +922,10 @@ size_t TcpTransport::poll(std::span<Completion> out) {
   size_t got = drain(out);
   // Already-queued work comes first; reading more before the consumer has
   // taken it would only grow the queue.
-  if (got == out.size() || epoll_fd_ < 0) return got;
+  // No link, nothing to wait for: a loop that only serves shm sessions
+  // must not pay an epoll_wait system call per turn for an empty set (it
+  // was most of such a loop's time, docs/benchmarks.md).
+  if (got == out.size() || epoll_fd_ < 0 || live_links_ == 0) return got;
 
   if (event_head_ == event_count_) {
     const int n = ::epoll_wait(epoll_fd_, events_, TcpTransport::kMaxEvents, 0);
