@@ -54,6 +54,7 @@ struct QpInfo {
   uint32_t ring_rkey = 0;
   uint32_t slot_count = 0;
   uint32_t slot_size = 0;
+  uint8_t max_dest_rd_atomic = 0;
 };
 void encode_qp_info(const QpInfo& info, std::byte* out);
 Result<QpInfo> decode_qp_info(std::span<const std::byte> in);
