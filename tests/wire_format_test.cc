@@ -311,9 +311,24 @@ TEST_CASE("wire_format: validate_header rejects each bad input") {
     h.flags = 0x80;
     CHECK(check(h) == HeaderError::kBadKind);
     // A valid kind plus an unknown bit is still refused.
-    h.flags = static_cast<uint8_t>(Kind::kRequest) | 0x40;
+    h.flags = static_cast<uint8_t>(Kind::kRequest) | 0x80;
     CHECK(check(h) == HeaderError::kBadKind);
     h.flags = static_cast<uint8_t>(Kind::kReply) | 0x80;
+    CHECK(check(h) == HeaderError::kBadKind);
+  }
+  SUBCASE("the bulk flag on requests and replies only") {
+    Header h = good_header();
+    h.flags = static_cast<uint8_t>(Kind::kRequest) | slotrpc::core::kFlagBulk;
+    CHECK(check(h) == HeaderError::kOk);
+    h.flags = static_cast<uint8_t>(Kind::kReply) | slotrpc::core::kFlagBulk;
+    CHECK(check(h) == HeaderError::kOk);
+    for (Kind k : {Kind::kError, Kind::kStreamMessage, Kind::kClientMessage, Kind::kCancel}) {
+      h.flags = static_cast<uint8_t>(k) | slotrpc::core::kFlagBulk;
+      CHECK(check(h) == HeaderError::kBadKind);
+    }
+    // Not with the stream flags on a reply.
+    h.flags = static_cast<uint8_t>(Kind::kReply) | slotrpc::core::kFlagBulk |
+              slotrpc::core::kFlagServerStream;
     CHECK(check(h) == HeaderError::kBadKind);
   }
   SUBCASE("payload_len != received - 32") {

@@ -7,7 +7,10 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
+#include <vector>
 
+#include "slotrpc/memory.h"
 #include "slotrpc/reply.h"
 
 namespace slotrpc {
@@ -26,6 +29,37 @@ using RequestWriter = std::function<void(flatbuffers::FlatBufferBuilder&)>;
 // RawReply (move it) to read it later; drop it to free its slot at once.
 using ReplySink = std::function<void(RawReply&&)>;
 
+// One bulk attachment (issue 12; docs/design.md, "Bulk payloads"):
+// `length` bytes at `offset` of a registered region, or of memory not
+// registered beforehand (`region` empty, `address` set), which the
+// registration cache registers at its first use and keeps for the next.
+// The bytes stay where they are: the slot carries only a descriptor, and
+// the peer reads or writes the range once, NIC to NIC on verbs.  The
+// memory must stay valid until the call has completed.
+struct BulkSegment {
+  MemoryRegion region;
+  std::byte* address = nullptr;  // unregistered memory (when `region` is empty)
+  size_t offset = 0;             // into `region`
+  size_t length = 0;
+
+  static BulkSegment of(const MemoryRegion& region, size_t offset, size_t length) {
+    BulkSegment s;
+    s.region = region;
+    s.offset = offset;
+    s.length = length;
+    return s;
+  }
+  static BulkSegment of(std::span<std::byte> memory) {
+    BulkSegment s;
+    s.address = memory.data();
+    s.length = memory.size();
+    return s;
+  }
+};
+
+// At most this many bulk segments per call and direction.
+inline constexpr size_t kMaxBulkSegments = 16;
+
 struct CallOptions {
   // Absolute deadline; none by default.  A call still unanswered then fails
   // with DEADLINE_EXCEEDED (whether it was queued or sent), and the server
@@ -41,6 +75,37 @@ struct CallOptions {
   // code sets `idempotent`).  0 = never retry.
   uint32_t max_retries = 0;
   bool idempotent = false;
+
+  // Bulk attachments of a unary call (issue 12).  `send_bulk` offers
+  // request data the handler pulls with ServerCall::read_bulk(i);
+  // `receive_bulk` offers destinations the handler fills with
+  // ServerCall::write_bulk(i) before it replies (RawReply::bulk_received
+  // says how much landed).  Exposed to this call's server only, and only
+  // until the call completes (reply, error, cancel, deadline, lost
+  // session); the call completes only once the ranges are unreachable.
+  // At most kMaxBulkSegments each; the sum of all lengths at most
+  // Config::max_bulk_bytes (SLOTRPC_MAX_BULK_BYTES).
+  std::vector<BulkSegment> send_segments;
+  std::vector<BulkSegment> receive_segments;
+
+  CallOptions& send_bulk(const MemoryRegion& region, size_t offset, size_t length) {
+    send_segments.push_back(BulkSegment::of(region, offset, length));
+    return *this;
+  }
+  // Read-only to the server; const only in spirit for the registration.
+  CallOptions& send_bulk(std::span<const std::byte> memory) {
+    send_segments.push_back(BulkSegment::of(
+        std::span<std::byte>(const_cast<std::byte*>(memory.data()), memory.size())));
+    return *this;
+  }
+  CallOptions& receive_bulk(const MemoryRegion& region, size_t offset, size_t length) {
+    receive_segments.push_back(BulkSegment::of(region, offset, length));
+    return *this;
+  }
+  CallOptions& receive_bulk(std::span<std::byte> memory) {
+    receive_segments.push_back(BulkSegment::of(memory));
+    return *this;
+  }
 
   static CallOptions with_timeout(std::chrono::nanoseconds timeout) {
     CallOptions o;

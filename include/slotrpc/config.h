@@ -86,6 +86,11 @@ struct SLOTRPC_API Config {
   // sessions of a server.  0 = auto: a quarter of physical memory, and no
   // more than RLIMIT_MEMLOCK when verbs is possible and that is finite.
   uint64_t max_ring_memory = 0;
+  // SLOTRPC_MAX_BULK_BYTES: bulk bytes one call may carry (the sum of its
+  // send and receive segments).  A client refuses a larger call before it
+  // is sent; a server refuses a request that offers more, with
+  // RESOURCE_EXHAUSTED, and serves the session's other calls on.
+  uint64_t max_bulk_bytes = 4ull << 30;
   uint32_t max_pending_handshakes = 1024;         // SLOTRPC_MAX_PENDING_HANDSHAKES
   uint32_t max_pending_handshakes_per_host = 256; // SLOTRPC_MAX_PENDING_HANDSHAKES_PER_HOST
 

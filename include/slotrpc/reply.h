@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <utility>
+#include <vector>
 
 #include "slotrpc/status.h"
 
@@ -45,6 +46,7 @@ class RawReply {
       owner_ = std::move(o.owner_);
       slot_ = o.slot_;
       generation_ = o.generation_;
+      bulk_received_ = std::move(o.bulk_received_);
       o.payload_ = {};
     }
     return *this;
@@ -59,6 +61,13 @@ class RawReply {
   std::span<const std::byte> payload() const { return payload_; }
   const uint8_t* data() const { return reinterpret_cast<const uint8_t*>(payload_.data()); }
   size_t size() const { return payload_.size(); }
+
+  // Bulk calls (CallOptions::receive_bulk): how many bytes the handler
+  // wrote into receive segment i (the end of the furthest write_bulk), 0
+  // for a segment it did not write.  Kept after release().
+  uint64_t bulk_received(size_t i) const { return i < bulk_received_.size() ? bulk_received_[i] : 0; }
+  // Internal (the client session fills it from the reply's descriptor block).
+  void set_bulk_received(std::vector<uint64_t> lengths) { bulk_received_ = std::move(lengths); }
 
   // Gives the slot back now; payload() is empty afterwards.
   void release() {
@@ -75,6 +84,7 @@ class RawReply {
   std::shared_ptr<detail::ReplyOwner> owner_;
   uint16_t slot_ = 0;
   uint32_t generation_ = 0;
+  std::vector<uint64_t> bulk_received_;  // empty unless the call had receive segments
 };
 
 // A RawReply whose payload passed flatbuffers::Verifier for T.
@@ -100,6 +110,7 @@ class Reply {
   const T* operator->() const { return message_; }
   const T& operator*() const { return *message_; }
   const RawReply& raw() const { return raw_; }
+  uint64_t bulk_received(size_t i) const { return raw_.bulk_received(i); }
   void release() {
     message_ = nullptr;
     raw_.release();

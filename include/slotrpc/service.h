@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "slotrpc/call.h"
 #include "slotrpc/status.h"
 #include "slotrpc/stream.h"
 #include "slotrpc/typed.h"
@@ -34,6 +35,24 @@ namespace slotrpc {
 namespace core {
 class ServerSession;
 }
+
+namespace detail {
+// A call's bulk attachments, as the server session serves them
+// (lib/bulk/server_bulk.h).  Not hot path: only calls with bulk segments
+// reach it, and each operation moves at least a slot's worth of bytes.
+class ServerBulk {
+ public:
+  virtual size_t count(bool incoming) const = 0;
+  virtual uint64_t length(bool incoming, size_t i) const = 0;
+  // Moves `local.length` bytes between `local` and segment i at `offset`:
+  // pulls request data (incoming) or pushes reply data (outgoing), on the
+  // handler's fiber, which waits until every byte has moved.
+  virtual Status transfer(bool incoming, size_t i, const BulkSegment& local, uint64_t offset) = 0;
+
+ protected:
+  ~ServerBulk() = default;
+};
+}  // namespace detail
 
 // Method ids: FNV-1a (32 bit) of the fully qualified method name,
 // "<namespace>.<Service>.<Method>", so separately built binaries agree
@@ -72,9 +91,50 @@ class ServerCall {
   // Client-streaming and bidi calls only: where the client's messages come from.
   detail::InboundStream* inbound() const { return inbound_; }
 
+  // Bulk attachments (issue 12; CallOptions::send_bulk / receive_bulk).
+  // Incoming segment i holds bulk_in(i) bytes of request data; outgoing
+  // segment i is a client buffer of bulk_out(i) bytes for reply data.
+  size_t bulk_in_count() const { return bulk_ ? bulk_->count(true) : 0; }
+  uint64_t bulk_in(size_t i) const { return bulk_ ? bulk_->length(true, i) : 0; }
+  size_t bulk_out_count() const { return bulk_ ? bulk_->count(false) : 0; }
+  uint64_t bulk_out(size_t i) const { return bulk_ ? bulk_->length(false, i) : 0; }
+
+  // Pulls dest.size() bytes of incoming segment i, from `offset`, into
+  // `dest` (RDMA READ on verbs, straight into `dest`; recv into it on TCP).
+  // Suspends only this handler's fiber.  INVALID_ARGUMENT for a range
+  // beyond the segment or an index out of range; UNAVAILABLE if the
+  // session is lost meanwhile; a memory region form avoids the
+  // registration cache lookup.
+  Status read_bulk(size_t i, std::span<std::byte> dest, uint64_t offset = 0) {
+    return bulk_op(true, i, BulkSegment::of(dest), offset);
+  }
+  Status read_bulk(size_t i, const MemoryRegion& dest, size_t dest_offset, size_t length,
+                   uint64_t offset = 0) {
+    return bulk_op(true, i, BulkSegment::of(dest, dest_offset, length), offset);
+  }
+  // Pushes `src` into outgoing segment i at `offset` (RDMA WRITE on
+  // verbs), before the reply: the reply never overtakes its data.  Returns
+  // once `src` may be reused.  INVALID_ARGUMENT when the client's
+  // destination is too small (it says how large it is).
+  Status write_bulk(size_t i, std::span<const std::byte> src, uint64_t offset = 0) {
+    return bulk_op(false, i,
+                   BulkSegment::of(std::span<std::byte>(const_cast<std::byte*>(src.data()), src.size())),
+                   offset);
+  }
+  Status write_bulk(size_t i, const MemoryRegion& src, size_t src_offset, size_t length,
+                    uint64_t offset = 0) {
+    return bulk_op(false, i, BulkSegment::of(src, src_offset, length), offset);
+  }
+
  private:
   friend class core::ServerSession;
   ServerCall() = default;
+  Status bulk_op(bool incoming, size_t i, const BulkSegment& local, uint64_t offset) {
+    if (bulk_ == nullptr)
+      return Status(StatusCode::kInvalidArgument, "this call carries no bulk segments");
+    return bulk_->transfer(incoming, i, local, offset);
+  }
+  detail::ServerBulk* bulk_ = nullptr;
   detail::StreamWriterImpl* stream_ = nullptr;
   detail::InboundStream* inbound_ = nullptr;
   std::span<const std::byte> request_;

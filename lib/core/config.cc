@@ -79,7 +79,7 @@ std::span<const std::string_view> named_settings() {
       "SLOTRPC_POLL_MODE", "SLOTRPC_TRANSPORT",  "SLOTRPC_LOG_LEVEL",
       "SLOTRPC_DEVICE",    "SLOTRPC_GID_INDEX", "SLOTRPC_RELAXED_ORDERING",
       "SLOTRPC_SRQ",       "SLOTRPC_MAX_RING_MEMORY", "SLOTRPC_METRICS_ADDRESS",
-      "SLOTRPC_UNIX_PATH",
+      "SLOTRPC_UNIX_PATH", "SLOTRPC_MAX_BULK_BYTES",
   };
   return kNames;
 }
@@ -297,6 +297,11 @@ Status Config::validate() const {
                         std::to_string(max_ring_memory),
                         "0 (auto) or " + ring_memory_allowed().substr(8));
   }
+  if (max_bulk_bytes < 1 || max_bulk_bytes > kMaxBulkBytesLimit) {
+    return out_of_range("Config.max_bulk_bytes (SLOTRPC_MAX_BULK_BYTES)",
+                        std::to_string(max_bulk_bytes),
+                        fmt::format("a whole number of bytes from 1 to {}", kMaxBulkBytesLimit));
+  }
   return {};
 }
 
@@ -348,6 +353,11 @@ Result<Config> Config::with_environment() const {
     auto v = parse_ring_memory("SLOTRPC_MAX_RING_MEMORY", text);
     if (!v.ok()) return v.status();
     out.max_ring_memory = v.value();
+  }
+  if (const char* text = std::getenv("SLOTRPC_MAX_BULK_BYTES")) {
+    auto v = parse_uint("SLOTRPC_MAX_BULK_BYTES", text, 1, kMaxBulkBytesLimit);
+    if (!v.ok()) return v.status();
+    out.max_bulk_bytes = v.value();
   }
   if (const char* text = std::getenv("SLOTRPC_METRICS_ADDRESS")) {
     if (Status st = check_metrics_address("SLOTRPC_METRICS_ADDRESS", text); !st.ok()) return st;

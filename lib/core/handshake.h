@@ -26,7 +26,8 @@ inline constexpr uint32_t kMaxHandshakeMessage = 1024;
 // server predating the field sends 0 there; the client then does not use
 // what the server lacks (docs/protocol.md, "Versions and features").
 inline constexpr uint16_t kFeatureClientStreams = 0x0001;  // client and bidi streaming
-inline constexpr uint16_t kKnownFeatures = kFeatureClientStreams;
+inline constexpr uint16_t kFeatureBulk = 0x0002;           // bulk descriptors (kFlagBulk)
+inline constexpr uint16_t kKnownFeatures = kFeatureClientStreams | kFeatureBulk;
 
 // kShm: only on a Unix domain socket, where the client's shm offer follows
 // its Hello and the server's follows its HelloReply (docs/protocol.md).

@@ -47,4 +47,7 @@ inline constexpr uint32_t kSlotSizeAlign = 64;
 inline constexpr uint64_t kMinRingMemory = 8192;
 inline constexpr uint64_t kMaxRingMemory = 1ull << 50;
 
+// SLOTRPC_MAX_BULK_BYTES: bulk bytes one call may carry, both directions.
+inline constexpr uint64_t kMaxBulkBytesLimit = 1ull << 48;
+
 }  // namespace slotrpc::core

@@ -22,7 +22,9 @@ bool is_valid_kind(uint8_t flags) {
   const uint8_t f = flags & ~kKindMask;
   if (k == 0 || k > kMaxKind) return false;
   if ((f & ~kKnownFlags) != 0) return false;
-  // The stream flags belong to requests only.
+  // The stream flags belong to requests only; the bulk flag to requests
+  // and replies.
+  if (f == kFlagBulk && static_cast<Kind>(k) == Kind::kReply) return true;
   return f == 0 || static_cast<Kind>(k) == Kind::kRequest;
 }
 

@@ -42,7 +42,11 @@ inline constexpr uint8_t kFlagServerStream = 0x10;
 // On a kRequest: the client writes a stream of messages (client streaming;
 // with kFlagServerStream too, bidi).
 inline constexpr uint8_t kFlagClientStream = 0x20;
-inline constexpr uint8_t kKnownFlags = kFlagServerStream | kFlagClientStream;
+// On a kRequest or an OK kReply (protocol feature kFeatureBulk): the
+// payload starts with a bulk descriptor block (lib/bulk/descriptors.h,
+// docs/protocol.md "Bulk descriptors"), the FlatBuffer follows it.
+inline constexpr uint8_t kFlagBulk = 0x40;
+inline constexpr uint8_t kKnownFlags = kFlagServerStream | kFlagClientStream | kFlagBulk;
 
 struct Header {
   uint16_t magic = kWireMagic;
@@ -59,6 +63,7 @@ struct Header {
   Kind kind() const { return static_cast<Kind>(flags & kKindMask); }
   bool server_stream() const { return (flags & kFlagServerStream) != 0; }
   bool client_stream() const { return (flags & kFlagClientStream) != 0; }
+  bool bulk() const { return (flags & kFlagBulk) != 0; }
 };
 
 // Writes `h` into `out[0..32)`.
