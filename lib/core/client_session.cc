@@ -6,6 +6,7 @@
 #include <string_view>
 #include <utility>
 
+#include "bulk/registration_cache.h"
 #include "core/handshake.h"
 #include "core/logging.h"
 
@@ -90,6 +91,9 @@ Result<std::shared_ptr<ClientSession>> ClientSession::create(reactor::Reactor& l
     s->link_.reset();
     return st;
   }
+  // The registration cache deregisters bulk memory through a live link of
+  // its domain (lib/bulk/registration_cache.h).
+  bulk::RegistrationCache::instance().link_up(*s->link_);
   s->arm_keepalive();
   return s;
 }
@@ -116,7 +120,8 @@ void ClientSession::on_completion_thunk(SessionBase* s, const transport::Complet
                                         c.link != nullptr ? c.link->down_reason() : "")));
       break;
     case transport::Completion::Kind::kBulkDone:
-      break;  // no session starts bulk transfers yet (issue 12)
+      self->on_bulk_done(c.bulk_token);  // a bulk call's revoke
+      break;
   }
 }
 
@@ -159,6 +164,19 @@ void ClientSession::submit(PendingCall* call) {
                                    fmt::format("the server at {} does not support client or bidi "
                                                "streaming (it predates the feature)",
                                                peer_)));
+  }
+  if (!call->send_bulk.empty() || !call->receive_bulk.empty()) {
+    if (call->stream || call->client_stream) {
+      return fail_later(call, Status(StatusCode::kInvalidArgument,
+                                     "bulk segments (CallOptions::send_bulk / receive_bulk) are for "
+                                     "unary calls"));
+    }
+    if ((peer_features_ & kFeatureBulk) == 0) {
+      return fail_later(call, Status(StatusCode::kUnimplemented,
+                                     fmt::format("the server at {} does not support bulk segments "
+                                                 "(it predates the feature)",
+                                                 peer_)));
+    }
   }
   if (call->deadline && *call->deadline <= Clock::now()) {
     return fail_later(call, Status(StatusCode::kDeadlineExceeded, "deadline passed before the call was sent"));
@@ -231,6 +249,28 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
     // pump_queue (inside a reply or a release, which may be the caller's).
     return fail_later(call, std::move(error));
   }
+  size_t block_bytes = 0;
+  if (!call->send_bulk.empty() || !call->receive_bulk.empty()) {
+    Status st = expose_bulk(call, b, &block_bytes);
+    if (!st.ok()) {
+      b.recover();
+      free_.push_back(slot);
+      loop_.timers().cancel(call->timer);
+      call->timer = 0;
+      // Whatever was exposed before the failure is revoked before the
+      // caller learns; completion never runs on this stack either way.
+      if (call->exposure) {
+        call->revokes_pending = call->exposure->revoke(*link_, call->request_id);
+        if (call->revokes_pending > 0) {
+          call->held = RawReply(std::move(st));
+          revoking_.push_back(call);
+          return;
+        }
+        call->exposure->release();
+      }
+      return fail_later(call, std::move(st));
+    }
+  }
 
   ++s.generation;
   s.state = SlotState::kInFlight;
@@ -241,16 +281,18 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
 
   Header h;
   h.flags = static_cast<uint8_t>(Kind::kRequest) | (call->stream ? kFlagServerStream : 0) |
-            (call->client_stream ? kFlagClientStream : 0);
+            (call->client_stream ? kFlagClientStream : 0) | (block_bytes != 0 ? kFlagBulk : 0);
   h.method_id = call->method_id;
   h.request_id = call->request_id;
-  h.payload_len = b.is_finished() ? b.GetSize() : 0;
+  const uint32_t flatbuffer_len = b.is_finished() ? b.GetSize() : 0;
+  h.payload_len = flatbuffer_len + static_cast<uint32_t>(block_bytes);
   h.slot = slot;
   h.generation = s.generation;
   h.timeout_us = remaining_us(call->deadline, Clock::now());
   // An empty payload may leave the builder without memory: put the header
-  // at the start of the slot then.
-  std::byte* msg = h.payload_len == 0 ? b.slot() : b.message_begin();
+  // at the start of the slot then.  A bulk block sits between the header
+  // and the FlatBuffer (expose_bulk wrote it there).
+  std::byte* msg = flatbuffer_len == 0 ? b.slot() : b.message_begin() - block_bytes;
   encode_header(h, msg);
 
   if (call->counters != nullptr) call->counters->calls.bytes_out += kHeaderSize + h.payload_len;
@@ -413,7 +455,66 @@ void ClientSession::abort_call(uint16_t slot, Status status, uint16_t wire_statu
   loop_.timers().cancel(call->timer);
   call->timer = 0;
   send_control(Kind::kCancel, slot, s.generation, s.request_id, 0, wire_status);
+  if (call->exposure) return end_call(call, RawReply(std::move(status)));
   fail(call, std::move(status));
+}
+
+// A bulk call ends: the peer loses access to its memory first (on verbs
+// the windows' invalidations are posted now and the call completes with
+// their kBulkDone).  Calls without bulk segments finish at once.
+void ClientSession::end_call(PendingCall* call, RawReply reply) {
+  if (call->exposure) {
+    if (!closed_ && link_) {
+      call->revokes_pending = call->exposure->revoke(*link_, call->request_id);
+      if (call->revokes_pending > 0) {
+        call->held = std::move(reply);
+        revoking_.push_back(call);
+        return;
+      }
+    }
+    call->exposure->release();
+  }
+  finish(call, std::move(reply));
+}
+
+void ClientSession::on_bulk_done(uint64_t token) {
+  for (size_t i = 0; i < revoking_.size(); ++i) {
+    PendingCall* call = revoking_[i];
+    if (call->request_id != token) continue;
+    if (--call->revokes_pending != 0) return;
+    revoking_.erase(revoking_.begin() + static_cast<std::ptrdiff_t>(i));
+    call->exposure->release();
+    return finish(call, std::move(call->held));
+  }
+}
+
+// Registers and exposes the call's segments and writes their descriptors
+// between the header and the FlatBuffer; `*block_bytes` is the block's
+// size.  Nothing is exposed when a check fails.
+Status ClientSession::expose_bulk(PendingCall* call, SlotBuilder& b, size_t* block_bytes) {
+  if (call->send_bulk.size() > kMaxBulkSegments || call->receive_bulk.size() > kMaxBulkSegments) {
+    return Status(StatusCode::kInvalidArgument,
+                  fmt::format("{} send and {} receive bulk segments: at most {} each",
+                              call->send_bulk.size(), call->receive_bulk.size(), kMaxBulkSegments));
+  }
+  const size_t block = bulk::request_block_bytes(call->send_bulk.size(), call->receive_bulk.size());
+  const size_t flatbuffer_len = b.is_finished() ? b.GetSize() : 0;
+  if (flatbuffer_len + block > b.payload_capacity()) {
+    return Status(StatusCode::kResourceExhausted,
+                  fmt::format("request of {} bytes plus its {}-byte bulk block does not fit a slot "
+                              "({} bytes of payload)",
+                              flatbuffer_len, block, b.payload_capacity()));
+  }
+  bulk::RequestBlock descriptors;
+  call->exposure = std::make_unique<bulk::CallExposure>();
+  Status st = call->exposure->expose(*link_, call->send_bulk, call->receive_bulk, max_bulk_bytes_,
+                                     descriptors);
+  if (!st.ok()) return st;
+  std::byte* at = flatbuffer_len == 0 ? b.slot() + kHeaderSize
+                                      : reinterpret_cast<std::byte*>(b.GetBufferPointer()) - block;
+  bulk::encode_request_block(descriptors, at);
+  *block_bytes = block;
+  return {};
 }
 
 void ClientSession::end_out(PendingCall* call, const Status& status) {
@@ -478,6 +579,13 @@ void ClientSession::on_message(const transport::Completion& c) {
   PendingCall* call = s.call;
   s.call = nullptr;
   loop_.timers().cancel(call->timer);
+  if (h.bulk() && (call->exposure == nullptr || h.kind() != Kind::kReply)) {
+    // The session goes first (its link's close makes every exposure
+    // unreachable), then the caller learns.
+    protocol_error(fmt::format("reply in slot {} carries a bulk block, but its call has no bulk segments",
+                               h.slot));
+    return complete(call, Status(StatusCode::kUnavailable, "the server sent a bulk block the call did not ask for"));
+  }
   if (call->deadline && *call->deadline <= Clock::now()) {
     // The deadline passed before this turn got to the reply: the loop ran
     // late (descheduled, or an application callback held it), and this
@@ -488,6 +596,7 @@ void ClientSession::on_message(const transport::Completion& c) {
     ++late_replies_dropped_;
     end_stream(h.slot);
     free_slot(h.slot);
+    if (call->exposure) return end_call(call, RawReply(deadline_exceeded(*call)));
     return fail(call, deadline_exceeded(*call));
   }
   if (call->stream) {
@@ -501,15 +610,31 @@ void ClientSession::on_message(const transport::Completion& c) {
     free_slot(h.slot);
     return fail(call, std::move(status));
   }
-  const std::span<const std::byte> payload(bytes + kHeaderSize, h.payload_len);
+  std::span<const std::byte> payload(bytes + kHeaderSize, h.payload_len);
   if (call->client_stream) end_stream(h.slot);  // the reply ends the client's writes too
   if (h.kind() == Kind::kError) {
     std::string message(reinterpret_cast<const char*>(payload.data()), payload.size());
     free_slot(h.slot);
-    return finish(call, RawReply(Status(static_cast<StatusCode>(h.status), std::move(message))));
+    return end_call(call, RawReply(Status(static_cast<StatusCode>(h.status), std::move(message))));
+  }
+  std::vector<uint64_t> received;
+  if (h.bulk()) {
+    // How much the handler wrote into each receive segment, checked
+    // against what the call offered.
+    const std::vector<uint64_t>& lengths = call->exposure->receive_lengths();
+    std::array<uint64_t, kMaxBulkSegments> written{};
+    size_t block = 0;
+    if (Status st = bulk::decode_reply_block(payload, lengths, written, &block); !st.ok()) {
+      protocol_error(st.message());
+      return complete(call, Status(StatusCode::kUnavailable, "the server sent a malformed reply: " + st.message()));
+    }
+    received.assign(written.begin(), written.begin() + static_cast<std::ptrdiff_t>(lengths.size()));
+    payload = payload.subspan(block);
   }
   s.state = SlotState::kHeld;  // until the application drops the reply
-  finish(call, RawReply(Status(), payload, shared_from_this(), h.slot, h.generation));
+  RawReply reply(Status(), payload, shared_from_this(), h.slot, h.generation);
+  if (!received.empty()) reply.set_bulk_received(std::move(received));
+  end_call(call, std::move(reply));
 }
 
 void ClientSession::on_stream_message(const Header& h, const std::byte* bytes) {
@@ -722,6 +847,12 @@ void ClientSession::shutdown(Status status) {
   outbox_.clear();
   loop_.forget(this);
   link_->close(status.message());
+  // Closed: no bulk range is reachable any more (verbs: the queue pair is
+  // in the error state and its windows are gone), so bulk calls waiting
+  // for their revokes complete below, and the domain's registrations may go.
+  std::vector<PendingCall*> revoked;
+  revoked.swap(revoking_);
+  bulk::RegistrationCache::instance().link_down(*link_);
   // One pass: take every outstanding call out of the session first, then
   // complete them.  Callbacks that issue new calls find the session closed
   // and get posted failures (submit), so nothing here re-enters the loop
@@ -753,6 +884,10 @@ void ClientSession::shutdown(Status status) {
   owner_counters().retire_link(*link_);
   link_.reset();
   for (PendingCall* call : dying) complete(call, status);
+  for (PendingCall* call : revoked) {
+    call->exposure->release();
+    finish(call, std::move(call->held));
+  }
 }
 
 // The liveness timer fires when something is due (core/liveness.h): the

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "bulk/call_exposure.h"
 #include "core/liveness.h"
 #include "core/out_stream.h"
 #include "core/outbox.h"
@@ -65,6 +66,15 @@ struct PendingCall {
   std::shared_ptr<OutStream> out;
   std::optional<Clock::time_point> deadline;
   uint64_t request_id = 0;
+  // Bulk attachments (unary calls; lib/bulk/call_exposure.h): the
+  // segments from CallOptions, their exposure once the call is sent, and
+  // the call's outcome while its revokes complete (the caller learns it
+  // only once the peer can reach none of the memory).
+  std::vector<BulkSegment> send_bulk;
+  std::vector<BulkSegment> receive_bulk;
+  std::unique_ptr<bulk::CallExposure> exposure;
+  uint32_t revokes_pending = 0;
+  RawReply held;
   // Metrics, set by ClientSession::submit on the loop: the loop's client
   // counters and this method's entry there, and when the call was submitted.
   metrics::SideCounters* counters = nullptr;
@@ -86,6 +96,8 @@ class ClientSession final : public SessionBase,
   // servers and channels sharing a loop each report only their own calls.
   // Shared: the session may outlive its owner (a RawReply still held).
   void set_counters(std::shared_ptr<metrics::LoopCounters> counters) { owner_counters_ = std::move(counters); }
+  // Loop thread, right after create(): the owner's Config::max_bulk_bytes.
+  void set_max_bulk_bytes(uint64_t bytes) { max_bulk_bytes_ = bytes; }
   struct Geometry {
     uint32_t slot_count;
     uint32_t slot_size;
@@ -212,6 +224,11 @@ class ClientSession final : public SessionBase,
   void abort_call(uint16_t slot, Status status, uint16_t wire_status);
   static void end_out(PendingCall* call, const Status& status);
   void protocol_error(std::string reason);
+  // Bulk calls: ends `call` with `reply` once its exposures are revoked
+  // (at once when there are none, or they are unreachable already).
+  void end_call(PendingCall* call, RawReply reply);
+  Status expose_bulk(PendingCall* call, SlotBuilder& b, size_t* block_bytes);
+  void on_bulk_done(uint64_t token);
   void flush();
   void enqueue(PendingCall* call);
   void dequeue(PendingCall* call);
@@ -238,6 +255,10 @@ class ClientSession final : public SessionBase,
   uint64_t late_replies_dropped_ = 0;
   uint64_t messages_sent_ = 0;
   uint16_t peer_features_ = 0;
+  uint64_t max_bulk_bytes_ = 4ull << 30;
+  // Bulk calls that ended and wait for their revokes (kBulkDone with the
+  // call's request id).  Few at a time; searched linearly (cold path).
+  std::vector<PendingCall*> revoking_;
 
   Outbox outbox_;
   // Replies released on other threads, (slot << 32 | generation), and the

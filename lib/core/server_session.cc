@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "bulk/descriptors.h"
+#include "bulk/registration_cache.h"
 #include "core/logging.h"
 
 namespace slotrpc::core {
@@ -29,6 +31,7 @@ ServerSession::ServerSession(reactor::Reactor& loop, std::unique_ptr<transport::
       in_next_(g.slot_count, -1),
       in_generation_(g.slot_count, 0),
       in_len_(g.slot_count, 0),
+      bulk_(g.slot_count),
       granted_to_(g.slot_count, -1),
       grant_generation_(g.slot_count, 0),
       outbox_(g.slot_count),
@@ -59,6 +62,9 @@ Result<std::unique_ptr<ServerSession>> ServerSession::create(
                           g.slot_size, static_cast<SessionBase*>(s.get()));
   if (!st.ok()) return st;
   for (uint32_t i = 0; i < g.slot_count; ++i) s->link_->arm(static_cast<uint16_t>(i));
+  // The registration cache deregisters the handlers' bulk memory through a
+  // live link of its domain (lib/bulk/registration_cache.h).
+  bulk::RegistrationCache::instance().link_up(*s->link_);
   s->arm_keepalive();
   return s;
 }
@@ -70,6 +76,7 @@ ServerSession::~ServerSession() {
   // The rings were registered through the link: deregister them first.
   send_ring_.deregister();
   recv_ring_.deregister();
+  if (link_) bulk::RegistrationCache::instance().link_down(*link_);
   link_.reset();
 }
 
@@ -85,8 +92,13 @@ void ServerSession::on_completion_thunk(SessionBase* s, const transport::Complet
     case transport::Completion::Kind::kLinkDown:
       self->close(c.link != nullptr ? c.link->down_reason() : "link down");
       break;
-    case transport::Completion::Kind::kBulkDone:
-      break;  // no session starts bulk transfers yet (issue 12)
+    case transport::Completion::Kind::kBulkDone: {
+      // A handler's read_bulk / write_bulk: its fiber waits for this, even
+      // on a closed session (the link reports before its kLinkDown).
+      const uint16_t slot = bulk::ServerCallBulk::slot_of(c.bulk_token);
+      if (slot < self->bulk_.size() && self->bulk_[slot]) self->bulk_[slot]->on_done(c.bulk_token, c.bulk_status);
+      break;
+    }
   }
 }
 
@@ -139,6 +151,8 @@ void ServerSession::on_message(const transport::Completion& c) {
   s.generation = h.generation;
   s.request_id = h.request_id;
   s.payload_len = h.payload_len;
+  s.payload_offset = 0;
+  s.bulk = false;
   s.timeout_us = h.timeout_us;
   s.received = liveness_.last_heard();
   s.method = methods_.find(h.method_id);
@@ -173,14 +187,39 @@ void ServerSession::on_message(const transport::Completion& c) {
                                                  s.method->full_name, name(s.method->kind),
                                                  name(called))));
   }
+  if (h.bulk()) {
+    if (Status st = begin_bulk(h.slot, bytes + kHeaderSize, h.payload_len); !st.ok())
+      return send_reply(h.slot, std::move(st));
+  }
   if (s.method->verify != nullptr &&
-      !s.method->verify(reinterpret_cast<const uint8_t*>(bytes + kHeaderSize), h.payload_len)) {
+      !s.method->verify(reinterpret_cast<const uint8_t*>(bytes + kHeaderSize + s.payload_offset),
+                        s.payload_len)) {
     return send_reply(h.slot, Status(StatusCode::kInvalidArgument,
                                      fmt::format("request to {} failed FlatBuffers verification",
                                                  s.method->full_name)));
   }
   ++running_;
   loop_.spawn(&ServerSession::run_handler, this, h.slot);
+}
+
+// A request with bulk segments: its descriptor block is checked (a block
+// that is malformed or offers more than max_bulk_bytes fails this call
+// only) and handed to the slot's ServerCallBulk for the handler.
+Status ServerSession::begin_bulk(uint16_t slot, const std::byte* payload, uint32_t payload_len) {
+  if (!link_->supports_bulk())
+    return Status(StatusCode::kUnimplemented,
+                  "bulk segments are not supported on " + link_->describe());
+  if (slots_[slot].streaming || slots_[slot].client_stream)
+    return Status(StatusCode::kInvalidArgument, "bulk segments are for unary calls");
+  auto block = bulk::decode_request_block({payload, payload_len}, max_bulk_bytes_);
+  if (!block.ok()) return block.status();
+  if (!bulk_[slot]) bulk_[slot] = std::make_unique<bulk::ServerCallBulk>(loop_, *link_, slot, &closed_);
+  bulk_[slot]->begin(block.value());
+  Slot& s = slots_[slot];
+  s.bulk = true;
+  s.payload_offset = static_cast<uint32_t>(block.value().bytes());
+  s.payload_len = payload_len - s.payload_offset;
+  return {};
 }
 
 void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
@@ -191,7 +230,8 @@ void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
   b.Clear();
 
   ServerCall call;
-  call.request_ = {self->recv_ring_.slot(slot) + kHeaderSize, s.payload_len};
+  call.request_ = {self->recv_ring_.slot(slot) + kHeaderSize + s.payload_offset, s.payload_len};
+  if (s.bulk) call.bulk_ = self->bulk_[slot].get();
   call.reply_ = &b;
   call.cancelled_ = &s.cancelled;
   if (s.timeout_us != 0) call.deadline_ = s.received + std::chrono::microseconds(s.timeout_us);
@@ -234,6 +274,10 @@ void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
   --self->running_;
   if (self->closed_) {
     // No reply can go out: the call ends here, as the client sees it.
+    if (s.bulk) {
+      self->bulk_[slot]->end();
+      s.bulk = false;
+    }
     self->count_finished(s, StatusCode::kUnavailable);
     return self->maybe_finished();
   }
@@ -258,7 +302,26 @@ void ServerSession::send_reply(uint16_t slot, Status status) {
   // the final message, so the client has its slots back in order.
   if (s.client_stream) release_inbound(slot);
   std::byte* msg;
-  if (status.ok() && !s.streaming) {
+  size_t block = 0;
+  if (s.bulk) {
+    bulk_[slot]->end();  // no transfer of this call can start any more
+    s.bulk = false;
+    block = bulk::reply_block_bytes(bulk_[slot]->written().size());
+    if (status.ok() && b.is_finished() && b.GetSize() + block > b.payload_capacity()) {
+      status = Status(StatusCode::kResourceExhausted,
+                      fmt::format("reply of {} bytes plus its {}-byte bulk block does not fit a "
+                                  "slot ({} bytes of payload)",
+                                  b.GetSize(), block, b.payload_capacity()));
+    }
+  }
+  if (status.ok() && !s.streaming && block != 0) {
+    // The bulk block goes between the header and the FlatBuffer, which
+    // ends at the end of the slot and keeps its alignment (block % 8 == 0).
+    h.flags = static_cast<uint8_t>(Kind::kReply) | kFlagBulk;
+    h.payload_len = static_cast<uint32_t>(block + b.GetSize());
+    msg = b.message_begin() - block;
+    bulk::encode_reply_block(bulk_[slot]->written(), msg + kHeaderSize);
+  } else if (status.ok() && !s.streaming) {
     h.flags = static_cast<uint8_t>(Kind::kReply);
     h.payload_len = b.GetSize();
     msg = b.message_begin();

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bulk/server_bulk.h"
 #include "core/liveness.h"
 #include "core/method_table.h"
 #include "core/outbox.h"
@@ -35,6 +36,8 @@ class ServerSession final : public SessionBase {
   // servers and channels sharing a loop each report only their own calls.
   // Shared: the session may outlive its owner (a RawReply still held).
   void set_counters(std::shared_ptr<metrics::LoopCounters> counters) { owner_counters_ = std::move(counters); }
+  // Loop thread, right after create(): the owner's Config::max_bulk_bytes.
+  void set_max_bulk_bytes(uint64_t bytes) { max_bulk_bytes_ = bytes; }
   struct Geometry {
     uint32_t slot_count;
     uint32_t slot_size;
@@ -84,7 +87,9 @@ class ServerSession final : public SessionBase {
     bool in_invalid = false;
     uint32_t generation = 0;
     uint64_t request_id = 0;
-    uint32_t payload_len = 0;
+    uint32_t payload_len = 0;   // of the FlatBuffer, after the bulk block if any
+    uint32_t payload_offset = 0;  // bytes of bulk descriptors before the FlatBuffer
+    bool bulk = false;            // the request carries bulk segments (bulk_[slot])
     uint32_t timeout_us = 0;
     Clock::time_point received;
     const MethodDescriptor* method = nullptr;
@@ -153,6 +158,10 @@ class ServerSession final : public SessionBase {
   std::vector<Slot> slots_;
   std::vector<StreamWriter> writers_;
   std::vector<Inbound> inbound_;
+  // Bulk attachments per call slot (lib/bulk/server_bulk.h), made at the
+  // slot's first bulk request: sessions without bulk calls pay nothing.
+  std::vector<std::unique_ptr<bulk::ServerCallBulk>> bulk_;
+  Status begin_bulk(uint16_t slot, const std::byte* payload, uint32_t payload_len);
   // For each slot j holding a client-stream message: the call slot it
   // belongs to (or -1), the next message of that stream, and the message's
   // generation and length.  Fixed size: no allocation per message.
@@ -166,6 +175,7 @@ class ServerSession final : public SessionBase {
   std::vector<uint32_t> grant_generation_;
   Outbox outbox_;
   uint32_t running_ = 0;
+  uint64_t max_bulk_bytes_ = 4ull << 30;
   bool closed_ = false;
   bool close_reported_ = false;
   Liveness liveness_;

@@ -239,6 +239,7 @@ Result<Established> establish_shm(Channel::Impl& impl, const std::string& name,
     if (!s.ok()) return s.status();
     s.value()->set_loop_handle(impl.loop);
     s.value()->set_counters(impl.counters);
+    s.value()->set_max_bulk_bytes(impl.config.max_bulk_bytes);
     s.value()->set_peer_features(hs->reply.features);
     return s;
   });
@@ -344,6 +345,7 @@ Result<Established> establish(Channel::Impl& impl) {
       if (!s.ok()) return s.status();
       vsession = std::move(s.value());
       vsession->set_counters(impl.counters);
+      vsession->set_max_bulk_bytes(impl.config.max_bulk_bytes);
       vsession->set_loop_handle(impl.loop);
       transport::verbs::encode_qp_info(vlink->local_info(), ext.data());
       return {};
@@ -422,6 +424,7 @@ Result<Established> establish(Channel::Impl& impl) {
     if (!s.ok()) return s.status();
     s.value()->set_loop_handle(impl.loop);
     s.value()->set_counters(impl.counters);
+    s.value()->set_max_bulk_bytes(impl.config.max_bulk_bytes);
     s.value()->set_peer_features(hs->reply.features);
     return s;
   });
@@ -678,6 +681,8 @@ CallHandle Channel::call(uint32_t method_id, RequestWriter writer, CallOptions o
       pc->method_id = r->method_id;
       pc->writer = r->writer;
       pc->deadline = r->options.deadline;
+      pc->send_bulk = r->options.send_segments;
+      pc->receive_bulk = r->options.receive_segments;
       pc->request_id = impl->last_request_id.fetch_add(1, std::memory_order_relaxed) + 1;
       r->current_id = pc->request_id;
       auto again = weak_attempt.lock();
@@ -724,6 +729,8 @@ CallHandle Channel::call(uint32_t method_id, RequestWriter writer, CallOptions o
   pc->writer = std::move(writer);
   pc->sink = std::move(sink);
   pc->deadline = options.deadline;
+  pc->send_bulk = std::move(options.send_segments);
+  pc->receive_bulk = std::move(options.receive_segments);
   return submit(pc);
 }
 
@@ -737,6 +744,8 @@ CallHandle Channel::call_stream(uint32_t method_id, RequestWriter writer, CallOp
   pc->stream = true;
   pc->window = options.stream_window != 0 ? options.stream_window : impl_->config.stream_window;
   pc->deadline = options.deadline;
+  pc->send_bulk = std::move(options.send_segments);  // refused: streams carry no bulk segments
+  pc->receive_bulk = std::move(options.receive_segments);
   return submit(pc);
 }
 
@@ -838,6 +847,8 @@ std::shared_ptr<detail::OutStreamState> Channel::open_stream(uint32_t method_id,
   pc->client_stream = true;
   pc->window = options.stream_window != 0 ? options.stream_window : impl_->config.stream_window;
   pc->deadline = options.deadline;
+  pc->send_bulk = std::move(options.send_segments);  // refused: streams carry no bulk segments
+  pc->receive_bulk = std::move(options.receive_segments);
   auto out = std::make_shared<core::OutStream>(impl_->loop, pc->window);
   pc->out = out;
   CallHandle handle = submit(pc);

@@ -537,6 +537,7 @@ Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_shm(
     return session.status();
   }
   session.value()->set_counters(counters[index]);
+  session.value()->set_max_bulk_bytes(config.max_bulk_bytes);
   core::log().info("slotrpc: shm session with {} on loop {}", peer, index);
   return session;
 }
@@ -555,7 +556,10 @@ Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_tcp(
   if (!link.ok()) return link.status();  // adopt() has closed link_fd
   auto session = core::ServerSession::create(loop, std::move(link.value()), g, methods, peer,
                                              on_closed(index, ring_bytes));
-  if (session.ok()) session.value()->set_counters(counters[index]);
+  if (session.ok()) {
+    session.value()->set_counters(counters[index]);
+    session.value()->set_max_bulk_bytes(config.max_bulk_bytes);
+  }
   return session;
 }
 
@@ -581,6 +585,7 @@ Result<std::vector<std::byte>> Server::Impl::open_verbs(size_t index, int fd,
                                              on_closed(index, ring_bytes));
   if (!session.ok()) return session.status();
   session.value()->set_counters(counters[index]);
+  session.value()->set_max_bulk_bytes(config.max_bulk_bytes);
   // Never registered, never closed: a failure below just destroys it.
   Status st = raw_link->connect(remote, closer.fd, peer);
   if (!st.ok()) return st;
