@@ -649,6 +649,31 @@ TEST_CASE("config: out-of-range variables are refused") {
   }
 }
 
+TEST_CASE("config: SLOTRPC_MAX_BULK_BYTES (64-bit, range-checked both ways)") {
+  CleanEnv clean;
+  CHECK(Config{}.max_bulk_bytes == (4ull << 30));
+  {
+    EnvVar v("SLOTRPC_MAX_BULK_BYTES", "1099511627776");  // 1 TiB: over 32 bits, allowed
+    auto r = Config{}.with_environment();
+    REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+    CHECK(r->max_bulk_bytes == (1ull << 40));
+  }
+  for (const char* bad : {"0", "281474976710657", "12k", "-1", ""}) {
+    CAPTURE(std::string(bad));
+    EnvVar v("SLOTRPC_MAX_BULK_BYTES", bad);
+    auto r = Config{}.with_environment();
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kInvalidArgument);
+    CHECK(contains(r.status().message(), "SLOTRPC_MAX_BULK_BYTES"));
+    CHECK(contains_number(r.status().message(), "281474976710656"));
+  }
+  Config c;
+  c.max_bulk_bytes = 0;
+  const slotrpc::Status st = c.validate();
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK(contains(st.message(), "max_bulk_bytes"));
+}
+
 TEST_CASE("config: enumerated variables must name a known value") {
   CleanEnv clean;
   struct Case {
