@@ -15,7 +15,11 @@
 // Registration is lazy and cached: a region is registered (pinned, on
 // verbs) in each transport domain it is used in (a verbs protection
 // domain; all TCP connections share one), once, at its first use there,
-// and deregistered when it is released.  Channel::register_memory and
+// and deregistered when it is released.  Memory passed to a call without
+// a region (CallOptions::send_bulk(span)) is registered for that call only
+// (no idle caching: a freed and reused address could otherwise hit stale
+// pinned pages), so register buffers that many calls use.
+// Channel::register_memory and
 // Server::register_memory check the range and that the transport can carry
 // bulk data at all; neither blocks on the network.
 //

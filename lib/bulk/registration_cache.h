@@ -4,10 +4,8 @@
 // A registration (BulkRegistration, transport.h) is valid on every link of
 // the domain that made it, so a region used by many sessions of one
 // protection domain is pinned once.  Entries are reference counted by
-// their users (MemoryRegion handles, calls carrying an unregistered span);
-// a span that was never registered by the user stays cached after its last
-// call, up to kMaxIdle idle entries, so that a buffer sent again and again
-// is registered once.
+// their users (MemoryRegion handles, calls carrying an unregistered span)
+// and dropped when the last one lets go (see "Why no idle entries").
 //
 // Lifetime: transport.h has deregister_bulk on Link, and a registration can
 // outlive the link that made it.  The cache therefore tracks the live links
@@ -22,11 +20,17 @@
 // registering the same range never pin it twice.  Not hot path: small calls
 // never come here.
 //
-// Caveat for unregistered spans on verbs (as in every rcache without memory
-// hooks): memory freed and reallocated at the same address while an idle
-// entry still covers it would be pinned as the old pages.  Memory that is
-// freed and reused should be registered with register_memory and released
-// before it is freed; drop_range() drops idle entries of a range.
+// Why no idle entries are kept (kMaxIdle = 0): an rcache that keeps a
+// registration after its last user needs memory hooks (UCX intercepts
+// munmap and friends) to learn when the memory is freed.  Without them, a
+// buffer freed and allocated again at the same address (a handler's
+// scratch vector, the next call's) would hit the old entry, whose pinned
+// pages are no longer the ones mapped there: on verbs the NIC would read
+// and write the old pages, and data would be lost silently.  So an entry
+// lives exactly as long as someone uses it: a MemoryRegion until it is
+// released, a call for its duration.  Buffers used again and again should
+// be registered once with register_memory; a plain span costs one
+// registration per call that uses it (shared by concurrent calls).
 #pragma once
 
 #include <cstddef>
@@ -42,7 +46,8 @@ namespace slotrpc::bulk {
 
 class RegistrationCache {
  public:
-  static constexpr size_t kMaxIdle = 64;
+  // Entries kept after their last user: none (see the file comment).
+  static constexpr size_t kMaxIdle = 0;
 
   static RegistrationCache& instance();
 
