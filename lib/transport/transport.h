@@ -239,8 +239,10 @@ class Link {
   // source may be reused) or the transfer failed.  Large transfers are
   // chunked and interleaved by the link so that slot messages posted
   // meanwhile are not stuck behind them.  Ordering: a slot or control
-  // message posted after write() reaches the peer after the written bytes
-  // (a reply never overtakes its data).  Bounds against `remote.length`
+  // message posted after write()'s kBulkDone reaches the peer after the
+  // written bytes (the core sends a reply only then, so a reply never
+  // overtakes its data); one posted earlier may pass between chunks (TCP
+  // does so; verbs keeps them behind the write).  Bounds against `remote.length`
   // and `local.length` are the caller's to check first; a transfer the
   // peer refuses fails with a non-OK status (and, on verbs, the link).
   virtual Status read(const BulkRegistration& local, size_t local_offset,

@@ -207,10 +207,9 @@ void TcpLink::flush_pending() {
       left -= take;
       if (take == rest) {
         const OnSent on_sent = w.on_sent;
-        const uint64_t token = w.token;
-        ++pending_head_;  // w may move below: serve_chunk_sent() appends
-        if (on_sent == OnSent::kWriteDone) {
-          bulk_done(token, StatusCode::kOk);
+        ++pending_head_;  // w may move below: the *_chunk_sent() calls append
+        if (on_sent == OnSent::kWriteChunk) {
+          write_chunk_sent();
         } else if (on_sent == OnSent::kServeChunk) {
           serve_chunk_sent();
         }
@@ -491,8 +490,9 @@ void TcpLink::fail(std::string reason) {
   // Nothing can be delivered any more; the credit protocol's memory is the
   // core's to reclaim once it sees kLinkDown.
   std::vector<uint64_t> failed_writes;
-  for (size_t i = pending_head_; i < pending_.size(); ++i)
-    if (pending_[i].on_sent == OnSent::kWriteDone) failed_writes.push_back(pending_[i].token);
+  for (const WriteJob& j : writes_) failed_writes.push_back(j.token);
+  writes_.clear();
+  write_in_flight_ = false;
   pending_.clear();
   pending_head_ = 0;
   queued_bytes_ = 0;
@@ -502,8 +502,7 @@ void TcpLink::fail(std::string reason) {
   staging_begin_ = staging_end_ = 0;
   // Every bulk operation ends before kLinkDown: reads and writes failed (the
   // link's down_reason() says why), revokes waiting for a chunk done (the
-  // socket is closed, nothing reaches the memory any more).  Writes: the
-  // kWriteDone entries were in pending_, collected before it was cleared.
+  // socket is closed, nothing reaches the memory any more).
   for (const ReadOp& r : reads_) bulk_done(r.token, StatusCode::kUnavailable);
   reads_.clear();
   reads_requested_ = 0;
@@ -658,20 +657,16 @@ Status TcpLink::write(const BulkRegistration& local, size_t local_offset,
                                                     " bytes outside the local or remote range");
   if (!attached_) return Status(StatusCode::kInvalidArgument, "write: link not attached");
   if (down_) return Status(StatusCode::kUnavailable, "write: link down: " + down_reason_);
-  // Every chunk is queued now, in order with slot frames: one posted after
-  // write() follows the data (a reply never overtakes its bytes).  Nothing
-  // is copied: each entry points into the caller's memory.
-  const std::byte* src = local.base + local_offset;
-  uint64_t done = 0;
-  while (done < length) {
-    const uint32_t n =
-        static_cast<uint32_t>(std::min<uint64_t>(length - done, TcpTransport::kBulkChunkBytes));
-    enqueue_bulk(TcpTransport::kBulkWriteData, remote.rkey, 0, 0,
-                 remote.addr + remote_offset + done, n, src + done, n);
-    done += n;
-  }
-  pending_.back().on_sent = OnSent::kWriteDone;
-  pending_.back().token = token;
+  // Chunk by chunk (write_next): nothing is copied, each queued chunk
+  // points into the caller's memory; the kBulkDone follows the last one.
+  WriteJob j;
+  j.token = token;
+  j.rkey = remote.rkey;
+  j.addr = remote.addr + remote_offset;
+  j.src = local.base + local_offset;
+  j.length = length;
+  writes_.push_back(j);
+  write_next();
   flush_pending();
   return Status::ok_status();
 }
@@ -716,6 +711,29 @@ void TcpLink::serve_next() {
   pending_.back().on_sent = OnSent::kServeChunk;
   j.sent += n;
   serve_in_flight_ = true;
+}
+
+void TcpLink::write_next() {
+  if (write_in_flight_ || writes_.empty() || down_) return;
+  WriteJob& j = writes_.front();
+  const uint32_t n =
+      static_cast<uint32_t>(std::min<uint64_t>(j.length - j.sent, TcpTransport::kBulkChunkBytes));
+  enqueue_bulk(TcpTransport::kBulkWriteData, j.rkey, 0, 0, j.addr + j.sent, n, j.src + j.sent, n);
+  pending_.back().on_sent = OnSent::kWriteChunk;
+  j.sent += n;
+  write_in_flight_ = true;
+}
+
+void TcpLink::write_chunk_sent() {
+  write_in_flight_ = false;
+  WriteJob j = writes_.front();
+  writes_.pop_front();
+  if (j.sent < j.length) {
+    writes_.push_back(j);  // round robin between this side's writes
+  } else {
+    bulk_done(j.token, StatusCode::kOk);  // every byte is in the kernel's hands
+  }
+  write_next();
 }
 
 void TcpLink::serve_chunk_sent() {

@@ -37,9 +37,10 @@
 // user's memory and are received with recv straight into the destination.
 // A transfer is cut into kBulkChunkBytes frames; a read the peer asked for
 // is served one chunk at a time (the next chunk is queued only once the
-// previous one is in the kernel), so slot frames posted meanwhile go out
-// between two chunks.  A write's chunks are queued at once: a slot frame
-// posted after write() must follow the written bytes (transport.h).
+// previous one is in the kernel), and so is a write, so slot frames posted
+// meanwhile go out between two chunks: an unrelated reply waits for at
+// most one chunk, never for a gigabyte.  A frame posted after a write's
+// kBulkDone follows all of its bytes (one ordered stream; transport.h).
 //
 // Bounds on bulk state: a link has at most kMaxBulkReads read requests
 // outstanding at its peer (more wait locally) and serves at most that many
@@ -136,10 +137,12 @@ class TcpLink final : public Link {
   void request_reads();   // sends READ_REQs up to kMaxBulkReads outstanding
   void serve_next();      // queues the next chunk of a read the peer asked for
   void serve_chunk_sent();
+  void write_next();       // queues the next chunk of this side's writes
+  void write_chunk_sent();
   void bulk_done(uint64_t token, StatusCode code);
 
   // What happens when a PendingWrite has been handed to the kernel.
-  enum class OnSent : uint8_t { kNothing, kServeChunk, kWriteDone };
+  enum class OnSent : uint8_t { kNothing, kServeChunk, kWriteChunk };
 
   struct PendingWrite {
     // The 8-byte prefix, followed (control lane) by the 32-byte body, so a
@@ -151,7 +154,6 @@ class TcpLink final : public Link {
     uint32_t sent = 0;  // bytes of head + body already written
     OnSent on_sent = OnSent::kNothing;
     bool bulk_body = false;  // body is bulk data (not counted in the budget)
-    uint64_t token = 0;      // kWriteDone: the write's token
   };
 
   // A range exposed to the peer (expose() .. revoke()).
@@ -170,6 +172,16 @@ class TcpLink final : public Link {
     uint32_t rkey = 0;
     uint64_t addr = 0;
     bool requested = false;
+  };
+  // A write this side started: its chunks go out one at a time, like a
+  // served read's, so slot frames posted meanwhile pass between them.
+  struct WriteJob {
+    uint64_t token = 0;
+    uint32_t rkey = 0;
+    uint64_t addr = 0;           // the peer's address of the first byte
+    const std::byte* src = nullptr;
+    uint64_t length = 0;
+    uint64_t sent = 0;           // bytes queued so far
   };
   // A read the peer asked for, served from an exposure.
   struct ServeJob {
@@ -241,6 +253,8 @@ class TcpLink final : public Link {
   uint64_t next_read_tag_ = 1;
   std::deque<ServeJob> serves_;   // round robin, one chunk in flight at a time
   bool serve_in_flight_ = false;  // serves_.front() has a chunk in pending_
+  std::deque<WriteJob> writes_;   // round robin, one chunk in flight at a time
+  bool write_in_flight_ = false;  // writes_.front() has a chunk in pending_
   uint64_t bulk_queued_ = 0;      // bulk body bytes of pending_ (in queued_bytes_ too)
 };
 
