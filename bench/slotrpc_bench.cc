@@ -27,6 +27,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/utsname.h>
@@ -37,6 +38,7 @@
 #include <arpa/inet.h>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -44,6 +46,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "bench_driver.h"
@@ -213,11 +216,295 @@ class SlotrpcDriver final : public EchoDriver {
   std::vector<std::unique_ptr<EchoClient>> clients_;
 };
 
+// --- slotrpc bulk payloads (issue 12) ---------------------------------------
+// slotrpc.bench.Bulk.Echo: the request's bulk segment 0 is pulled into a
+// server buffer (read_bulk: RDMA READ on verbs, recv into it on TCP) and
+// pushed back into the client's receive segment 0 (write_bulk), then a
+// small reply: the payload crosses the network twice, like an echo, but
+// never a slot.  Server buffers are mmap'd and registered once, pooled.
+constexpr uint32_t kBulkEcho = slotrpc::method_id("slotrpc.bench.Bulk.Echo");
+
+class BulkPool {
+ public:
+  explicit BulkPool(slotrpc::Server& server) : server_(server) {}
+  ~BulkPool() {
+    for (Buffer& b : all_) {
+      b.region.release();
+      ::munmap(b.data, b.size);
+    }
+  }
+  struct Buffer {
+    std::byte* data = nullptr;
+    size_t size = 0;
+    slotrpc::MemoryRegion region;
+  };
+  // A registered buffer of at least `n` bytes (index into all_), or -1.
+  int take(size_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < all_.size(); ++i)
+      if (!busy_[i] && all_[i].size >= n) {
+        busy_[i] = true;
+        return static_cast<int>(i);
+      }
+    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return -1;
+    std::memset(p, kFill, n);  // what a write-only call sends
+    auto r = server_.register_memory({static_cast<std::byte*>(p), n});
+    if (!r.ok()) {
+      ::munmap(p, n);
+      return -1;
+    }
+    all_.push_back(Buffer{static_cast<std::byte*>(p), n, r.value()});
+    busy_.push_back(true);
+    return static_cast<int>(all_.size() - 1);
+  }
+  const Buffer& at(int i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return all_[static_cast<size_t>(i)];
+  }
+  void give(int i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_[static_cast<size_t>(i)] = false;
+  }
+
+ private:
+  slotrpc::Server& server_;
+  std::mutex mu_;
+  std::deque<Buffer> all_;  // stable addresses
+  std::vector<bool> busy_;
+};
+
+slotrpc::ServiceDefinition bulk_service(BulkPool& pool) {
+  slotrpc::ServiceDefinition svc("slotrpc.bench.Bulk");
+  svc.add_method("Echo", [&pool](slotrpc::ServerCall& call) -> slotrpc::Status {
+    // One send segment: pulled (RDMA READ); one receive segment: filled
+    // (RDMA WRITE); both: an echo.
+    const bool in = call.bulk_in_count() == 1, out = call.bulk_out_count() == 1;
+    if (call.bulk_in_count() > 1 || call.bulk_out_count() > 1 || (!in && !out) ||
+        (in && out && call.bulk_out(0) < call.bulk_in(0)))
+      return slotrpc::Status(slotrpc::StatusCode::kInvalidArgument, "want a send and/or a large enough receive segment");
+    const uint64_t n = in ? call.bulk_in(0) : call.bulk_out(0);
+    const int i = pool.take(n);
+    if (i < 0) return slotrpc::Status(slotrpc::StatusCode::kResourceExhausted, "no buffer");
+    const BulkPool::Buffer& b = pool.at(i);
+    slotrpc::Status st;
+    if (in) st = call.read_bulk(0, b.region, 0, n);
+    if (st.ok() && out) st = call.write_bulk(0, b.region, 0, n);
+    pool.give(i);
+    if (!st.ok()) return st;
+    auto& reply = call.reply();
+    reply.Finish(reply.CreateVector(std::vector<uint64_t>{n}));
+    return {};
+  });
+  return svc;
+}
+
+// One bulk echo per call: `outstanding` pairs of registered client buffers
+// (source filled with kFill, destination checked at both ends and cleared
+// again), so the NIC reads and writes them in place.
+class BulkDriver final : public EchoDriver {
+ public:
+  BulkDriver(std::string address, slotrpc::Config cfg) : address_(std::move(address)), cfg_(std::move(cfg)) {}
+  ~BulkDriver() override { free_buffers(); }
+  // What each call moves: both ways (an echo), or one way: pulled by the
+  // server (read: RDMA READ) or pushed by it (write: RDMA WRITE).
+  enum class Direction { kEcho, kRead, kWrite };
+  void set_direction(Direction d) { direction_ = d; }
+
+  slotrpc::Status connect() {
+    if (channel_) return {};
+    auto ch = slotrpc::Channel::connect(address_, cfg_);
+    if (!ch.ok()) return ch.status();
+    if ((*ch)->transport() != cfg_.transport)
+      return slotrpc::Status(slotrpc::StatusCode::kUnavailable,
+                             "connected over " + std::string(slotrpc::to_string((*ch)->transport())));
+    channel_ = std::move(*ch);
+    echo_ = std::make_unique<EchoClient>(*channel_);
+    return {};
+  }
+  slotrpc::Channel& channel() { return *channel_; }
+
+  // One bulk echo issued now; `done` runs on the channel's loop.
+  void issue(size_t k, uint64_t size, std::function<void(std::string error)> done) {
+    Pair& p = pairs_[k];
+    slotrpc::CallOptions o;
+    if (direction_ != Direction::kWrite) o.send_bulk(p.src_region, 0, size);
+    if (direction_ != Direction::kRead) o.receive_bulk(p.dst_region, 0, size);
+    const bool check = direction_ != Direction::kRead;
+    channel_->call(
+        kBulkEcho, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(fbb.CreateVector(std::vector<uint64_t>{0})); },
+        std::move(o), [&p, size, check, done = std::move(done)](slotrpc::RawReply&& r) {
+          std::string err;
+          if (!r.ok()) {
+            err = r.status().to_string();
+          } else if (!check) {
+          } else if (r.bulk_received(0) != size) {
+            err = "received " + std::to_string(r.bulk_received(0)) + " bytes";
+          } else if (p.dst[0] != std::byte{kFill} || p.dst[size - 1] != std::byte{kFill}) {
+            err = "wrong payload bytes";
+          }
+          p.dst[0] = p.dst[size - 1] = std::byte{0};
+          done(std::move(err));
+        });
+  }
+
+  bool prepare(uint64_t size, uint64_t outstanding, std::string* error) {
+    if (size == size_ && pairs_.size() >= outstanding) return true;
+    free_buffers();
+    for (uint64_t k = 0; k < outstanding; ++k) {
+      Pair p;
+      p.bytes = size;
+      p.src = map(size);
+      p.dst = map(size);
+      if (p.src == nullptr || p.dst == nullptr) {
+        *error = "cannot map " + std::to_string(size) + " bytes";
+        return false;
+      }
+      std::memset(p.src, kFill, size);
+      std::memset(p.dst, 0, size);
+      auto rs = channel_->register_memory({p.src, size});
+      auto rd = channel_->register_memory({p.dst, size});
+      if (!rs.ok() || !rd.ok()) {
+        *error = (rs.ok() ? rd.status() : rs.status()).to_string();
+        return false;
+      }
+      p.src_region = rs.value();
+      p.dst_region = rd.value();
+      pairs_.push_back(std::move(p));
+    }
+    size_ = size;
+    return true;
+  }
+
+  Point run(uint64_t size, uint64_t calls, uint64_t outstanding, uint32_t, std::atomic<uint64_t>& done) override {
+    Point pt;
+    std::string err;
+    if (auto st = connect(); !st.ok()) err = st.to_string();
+    if (err.empty() && size == 0) err = "bulk payloads are at least 1 byte";
+    if (err.empty()) prepare(size, outstanding, &err);
+    if (!err.empty()) {
+      pt.failed = calls;
+      pt.first_error = err;
+      return pt;
+    }
+    struct State {
+      std::atomic<uint64_t> issued{0}, completed{0};
+      slotrpc::Histogram lat;  // loop only
+      uint64_t failed = 0;
+      std::string first_error;
+      std::mutex mu;
+      std::condition_variable cv;
+      bool finished = false;
+    } s;
+    std::function<void(size_t)> next = [&](size_t k) {
+      if (s.issued.fetch_add(1) >= calls) return;
+      const auto start = Clock::now();
+      issue(k, size, [&, k, start](std::string e) {
+        s.lat.record(static_cast<uint64_t>((Clock::now() - start).count()));
+        if (!e.empty() && s.failed++ == 0) s.first_error = e;
+        done.fetch_add(1, std::memory_order_relaxed);
+        if (s.completed.fetch_add(1) + 1 == calls) {
+          std::lock_guard<std::mutex> lock(s.mu);
+          s.finished = true;
+          s.cv.notify_all();
+          return;
+        }
+        next(k);
+      });
+    };
+    const auto t0 = Clock::now();
+    for (uint64_t k = 0; k < std::min(outstanding, calls); ++k) next(k);
+    {
+      std::unique_lock<std::mutex> lock(s.mu);
+      s.cv.wait(lock, [&] { return s.finished; });
+    }
+    pt.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    pt.latency_ns = s.lat;
+    pt.calls = calls;
+    pt.failed = s.failed;
+    pt.first_error = s.first_error;
+    return pt;
+  }
+
+  // Small calls during one large transfer on the same channel: 64 B echo
+  // calls, one at a time, for as long as one bulk echo of `load` bytes
+  // runs.  `idle` first gets `idle_calls` of the same small calls alone.
+  bool interference(uint64_t load, uint64_t idle_calls, Point* idle, Point* during, std::string* error) {
+    if (auto st = connect(); !st.ok()) {
+      *error = st.to_string();
+      return false;
+    }
+    if (!prepare(load, 1, error)) return false;
+    auto small = [&](Point& pt, const std::function<bool()>& more) {
+      const auto t0 = Clock::now();
+      uint64_t n = 0;
+      while (more()) {
+        const auto start = Clock::now();
+        auto r = echo_->Echo([n](flatbuffers::FlatBufferBuilder& fbb) { return build_request(fbb, n, 64); }).get();
+        pt.latency_ns.record(static_cast<uint64_t>((Clock::now() - start).count()));
+        if (!r.ok() && pt.failed++ == 0) pt.first_error = r.status().to_string();
+        ++n;
+      }
+      pt.calls = n;
+      pt.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    };
+    uint64_t k = 0;
+    small(*idle, [&] { return k++ < idle_calls; });
+    std::atomic<bool> big_done{false};
+    std::string big_error;
+    issue(0, load, [&](std::string e) {
+      big_error = std::move(e);
+      big_done.store(true);
+    });
+    small(*during, [&] { return !big_done.load(); });
+    if (!big_error.empty()) {
+      *error = "the large transfer failed: " + big_error;
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  struct Pair {
+    std::byte* src = nullptr;
+    std::byte* dst = nullptr;
+    size_t bytes = 0;
+    slotrpc::MemoryRegion src_region, dst_region;
+  };
+  static std::byte* map(size_t n) {
+    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
+  }
+  void free_buffers() {
+    for (Pair& p : pairs_) {
+      p.src_region.release();
+      p.dst_region.release();
+      if (p.src) ::munmap(p.src, p.bytes);
+      if (p.dst) ::munmap(p.dst, p.bytes);
+    }
+    pairs_.clear();
+    size_ = 0;
+  }
+
+  std::string address_;
+  slotrpc::Config cfg_;
+  std::unique_ptr<slotrpc::Channel> channel_;
+  std::unique_ptr<EchoClient> echo_;
+  std::deque<Pair> pairs_;
+  uint64_t size_ = 0;
+  Direction direction_ = Direction::kEcho;
+};
+
 int serve_slotrpc(const std::string& host, const std::string& port_file, uint32_t slot_size) {
   slotrpc::Config cfg;
   cfg.slot_size = slot_size;  // the most a client may ask for
   echo::EchoHandler handler;  // outlives the server, which calls it
   slotrpc::Server server(cfg);
+  BulkPool pool(server);  // server.stop() below comes first
+  if (auto st = server.add_service(bulk_service(pool)); !st.ok()) {
+    std::fprintf(stderr, "slotrpc-bench: %s\n", st.to_string().c_str());
+    return 1;
+  }
   if (auto st = server.add_service(handler.definition()); !st.ok()) {
     std::fprintf(stderr, "slotrpc-bench: %s\n", st.to_string().c_str());
     return 1;
@@ -228,6 +515,7 @@ int serve_slotrpc(const std::string& host, const std::string& port_file, uint32_
   }
   if (!write_port_file(port_file, server.port())) return 1;
   wait_for_termination();
+  server.stop();  // no handler uses the pool's buffers after this
   return 0;
 }
 
@@ -454,7 +742,7 @@ void add_ratios(std::vector<Row>& rows) {
     if (r.system.rfind("slotrpc-", 0) != 0 || r.failed != 0) continue;
     const Row* g = find(r, "grpc");
     const Row* l = find(r, "socket");
-    if (r.mode == "latency") {
+    if (r.mode == "latency" || r.mode == "bulk") {
       if (g != nullptr && g->p50 > 0) r.ratio_grpc = r.p50 / g->p50;
       if (l != nullptr && l->p50 > 0) r.ratio_limit = r.p50 / l->p50;
     } else {
@@ -475,6 +763,37 @@ void print_table(const std::vector<Row>& rows, const std::string& mode) {
   bool any = false;
   for (const Row& r : rows) any |= r.mode == mode;
   if (!any) return;
+  if (mode == "bulk" || mode == "bulk-read" || mode == "bulk-write") {
+    if (mode == "bulk")
+      std::printf("\nbulk payloads (echo of SIZE bytes as bulk segments, one call outstanding; microseconds; "
+                  "MB/s counts one direction; vs_limit: p50 over the socket ping-pong's)\n");
+    else
+      std::printf("\n%s (SIZE bytes one way per call, %s by the handler; one call outstanding; microseconds)\n",
+                  mode.c_str(), mode == "bulk-read" ? "pulled (read_bulk)" : "pushed (write_bulk)");
+    std::printf("%-18s %11s %9s %9s %9s %9s %9s %6s\n", "system", "size_B", "p50", "p99", "max", "MB_per_s",
+                "vs_limit", "failed");
+    for (const Row& r : rows) {
+      if (r.mode != mode) continue;
+      std::printf("%-18s %11llu %9.1f %9.1f %9.1f %9.1f %9s %6llu\n", r.system.c_str(), (unsigned long long)r.size,
+                  r.p50, r.p99, r.max, r.mb_per_s, ratio_text(r.ratio_limit).c_str(), (unsigned long long)r.failed);
+    }
+    std::fflush(stdout);
+    return;
+  }
+  if (mode == "bulk-load") {
+    std::printf("\n64 B calls on a channel alone and while one bulk echo of SIZE bytes runs on it "
+                "(microseconds; vs_idle: p99 over the idle p99)\n");
+    std::printf("%-26s %11s %9s %9s %9s %9s %9s %6s\n", "system", "size_B", "calls", "p50", "p99", "max",
+                "vs_idle", "failed");
+    for (const Row& r : rows) {
+      if (r.mode != mode) continue;
+      std::printf("%-26s %11llu %9llu %9.1f %9.1f %9.1f %9s %6llu\n", r.system.c_str(), (unsigned long long)r.size,
+                  (unsigned long long)r.calls, r.p50, r.p99, r.max, ratio_text(r.ratio_limit).c_str(),
+                  (unsigned long long)r.failed);
+    }
+    std::fflush(stdout);
+    return;
+  }
   if (mode == "latency") {
     std::printf("\nlatency (one call outstanding, one channel; microseconds; ratios of p50: <1 is faster)\n");
     std::printf("%-14s %9s %9s %9s %9s %9s %9s %9s %9s %6s\n", "system", "size_B", "p50", "p99", "p99.9", "mean",
@@ -624,14 +943,31 @@ int main(int argc, char** argv) {
   uint32_t slot_size = 2u << 20;
   uint64_t max_message = 0;
   std::string host = "127.0.0.1", json_path, serve, port_file;
+  std::vector<uint64_t> bulk_sizes = {65536, 1u << 20, 16u << 20, 256u << 20};
+  uint64_t bulk_calls = 20, load_size = 1ull << 30, load_idle_calls = 2000;
 
   CLI::App app("slotrpc beside gRPC (same schema, same loop) and a busy-polling socket ping-pong, client and "
                "server in two processes: latency per payload size, throughput per outstanding calls and channels.",
                "slotrpc-bench");
-  app.add_option("--modes", modes, "latency, throughput")->delimiter(',')->check(CLI::IsMember({"latency", "throughput"}))
+  app.add_option("--modes", modes,
+                 "latency, throughput (slot path); bulk (echo of --bulk-sizes as bulk payloads, beside the socket "
+                 "ping-pong of the same sizes), bulk-read / bulk-write (one way: the server pulls / pushes "
+                 "--bulk-sizes), bulk-load (64 B calls while a --load-size bulk echo runs)")
+      ->delimiter(',')->check(CLI::IsMember({"latency", "throughput", "bulk", "bulk-read", "bulk-write", "bulk-load"}))
       ->capture_default_str();
-  app.add_option("--transports", systems, "Systems: tcp, shm, verbs (slotrpc), grpc, socket (the limit)")
-      ->delimiter(',')->check(CLI::IsMember({"tcp", "shm", "verbs", "grpc", "socket"}))->capture_default_str();
+  app.add_option("--transports", systems,
+                 "Systems: tcp, shm, verbs (slotrpc), grpc, socket (the limit); bulk-tcp, bulk-verbs (slotrpc "
+                 "bulk payloads: modes bulk and bulk-load only)")
+      ->delimiter(',')->check(CLI::IsMember({"tcp", "shm", "verbs", "grpc", "socket", "bulk-tcp", "bulk-verbs"}))
+      ->capture_default_str();
+  app.add_option("--bulk-sizes", bulk_sizes, "Mode bulk: payload bytes")->delimiter(',')
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 31))->capture_default_str();
+  app.add_option("--bulk-calls", bulk_calls, "Mode bulk: counted calls per size (and 2 warm-up calls)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1000000}))->capture_default_str();
+  app.add_option("--load-size", load_size, "Mode bulk-load: bytes of the large bulk echo")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 31))->capture_default_str();
+  app.add_option("--load-idle-calls", load_idle_calls, "Mode bulk-load: 64 B calls measured alone first")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{10000000}))->capture_default_str();
   app.add_option("--sizes", sizes_text, "Latency payload sizes in bytes; 'max' = the largest a slot holds")
       ->delimiter(',')->capture_default_str();
   app.add_option("--outstanding", outstanding, "Throughput: calls in flight")->delimiter(',')
@@ -713,6 +1049,10 @@ int main(int argc, char** argv) {
 
   const bool do_latency = std::find(modes.begin(), modes.end(), "latency") != modes.end();
   const bool do_throughput = std::find(modes.begin(), modes.end(), "throughput") != modes.end();
+  const bool do_bulk = std::find(modes.begin(), modes.end(), "bulk") != modes.end();
+  const bool do_bulk_read = std::find(modes.begin(), modes.end(), "bulk-read") != modes.end();
+  const bool do_bulk_write = std::find(modes.begin(), modes.end(), "bulk-write") != modes.end();
+  const bool do_bulk_load = std::find(modes.begin(), modes.end(), "bulk-load") != modes.end();
   std::vector<Row> rows;
   std::map<std::string, std::string> run_info = {
       {"warmup", std::to_string(warmup)},
@@ -727,11 +1067,12 @@ int main(int argc, char** argv) {
   // as soon as they are printed... they are computed at the end anyway; this
   // order only keeps the table grouped the same way every run.
   std::vector<std::string> order;
-  for (const char* s : {"socket", "grpc", "tcp", "shm", "verbs"}) {
+  for (const char* s : {"socket", "grpc", "tcp", "shm", "verbs", "bulk-tcp", "bulk-verbs"}) {
     if (std::find(systems.begin(), systems.end(), s) != systems.end()) order.push_back(s);
   }
   for (const std::string& sys : order) {
-    const bool is_slotrpc = sys == "tcp" || sys == "shm" || sys == "verbs";
+    const bool is_bulk = sys == "bulk-tcp" || sys == "bulk-verbs";
+    const bool is_slotrpc = is_bulk || sys == "tcp" || sys == "shm" || sys == "verbs";
     const std::string name = is_slotrpc ? "slotrpc-" + sys : sys;
     ServerProcess server;
     if (auto err = start_server(server, is_slotrpc ? "slotrpc" : sys, host, slot_size, max_message); !err.empty()) {
@@ -770,6 +1111,57 @@ int main(int argc, char** argv) {
       }
       rows.push_back(std::move(row));
     };
+    auto record_bulk = [&](const std::string& mode, const std::string& label, uint64_t size, const Point& pt) {
+      Row row = to_row(mode, label, size, 1, 1, pt);
+      // MB/s of one direction; the echo moves the payload both ways.
+      record(std::move(row));
+    };
+    if (is_bulk) {
+      slotrpc::Config cfg;
+      cfg.transport = sys == "bulk-tcp" ? slotrpc::TransportKind::kTcp : slotrpc::TransportKind::kVerbs;
+      BulkDriver d(target, cfg);
+      if (auto st = d.connect(); !st.ok()) {
+        std::fprintf(stderr, "slotrpc-bench: %s: %s\n", name.c_str(), st.to_string().c_str());
+        rc = 1;
+        continue;
+      }
+      run_info["poll_mode"] = std::string(slotrpc::to_string(d.channel().config().poll_mode));
+      for (const auto& [mode, on, dir] : {std::tuple{"bulk", do_bulk, BulkDriver::Direction::kEcho},
+                                          std::tuple{"bulk-read", do_bulk_read, BulkDriver::Direction::kRead},
+                                          std::tuple{"bulk-write", do_bulk_write, BulkDriver::Direction::kWrite}}) {
+        if (!on) continue;
+        d.set_direction(dir);
+        for (uint64_t size : bulk_sizes) {
+          const Point pt = measure(d, std::string(mode) + " " + name + " " + size_text(size), size, 2, bulk_calls, 1, 1);
+          record_bulk(mode, name, size, pt);
+        }
+      }
+      d.set_direction(BulkDriver::Direction::kEcho);
+      if (do_bulk_load) {
+        Point idle, during;
+        std::string err;
+        std::fprintf(stderr, "bulk-load %s: %llu idle 64 B calls, then 64 B calls during a %s echo\n", name.c_str(),
+                     (unsigned long long)load_idle_calls, size_text(load_size).c_str());
+        if (!d.interference(load_size, load_idle_calls, &idle, &during, &err)) {
+          std::fprintf(stderr, "slotrpc-bench: %s bulk-load: %s\n", name.c_str(), err.c_str());
+          rc = 1;
+        } else {
+          Row a = to_row("bulk-load", name + " idle", load_size, 1, 1, idle);
+          Row b = to_row("bulk-load", name + " during", load_size, 1, 1, during);
+          if (a.p99 > 0) b.ratio_limit = b.p99 / a.p99;
+          record(std::move(a));
+          record(std::move(b));
+        }
+      }
+      continue;
+    }
+    if (do_bulk && sys == "socket") {
+      SocketDriver d(host, server.port);
+      for (uint64_t size : bulk_sizes) {
+        const Point pt = measure(d, "bulk socket " + size_text(size), size, 2, bulk_calls, 1, 1);
+        record_bulk("bulk", name, size, pt);
+      }
+    }
     if (do_latency) {
       auto d = make(true);
       if (d == nullptr) {
@@ -803,6 +1195,10 @@ int main(int argc, char** argv) {
               std::thread::hardware_concurrency(), u.release, first_line("/proc/loadavg").c_str());
   print_table(rows, "latency");
   print_table(rows, "throughput");
+  print_table(rows, "bulk");
+  print_table(rows, "bulk-read");
+  print_table(rows, "bulk-write");
+  print_table(rows, "bulk-load");
   if (!json_path.empty() && !write_json(json_path, rows, run_info)) {
     std::fprintf(stderr, "slotrpc-bench: cannot write %s\n", json_path.c_str());
     rc = 1;
