@@ -286,7 +286,7 @@ TEST_CASE("bulk: read and write of 64 KiB, 4 MiB and 64 MiB + 1, every byte chec
   }
 }
 
-TEST_CASE("bulk: slot messages flow both ways during a 64 MiB read; a message after write() follows its bytes") {
+TEST_CASE("bulk: slot messages pass a 64 MiB read and an 8 MiB write; one posted after the write's kBulkDone follows its bytes") {
   Pair p;
   constexpr size_t kBig = 64u << 20;
   Bulk csrc(*p.c->link, kBig), sdst(*p.s->link, kBig);
@@ -315,25 +315,33 @@ TEST_CASE("bulk: slot messages flow both ways during a 64 MiB read; a message af
   CHECK(p.s->done(1)->bulk_status == kOk);
   CHECK(mismatch(sdst.mem, kBig, 4) == kBig);
 
-  // Write ordering: 8 MiB (several chunks, more than fit in flight, so
-  // some wait in the link) and a slot message posted right after: when the
-  // client sees the message every written byte is there.
+  // Writes: 8 MiB (several chunks, more than fit in flight, so some wait
+  // in the link).  A slot message posted right after the write() passes
+  // it (a PONG or another call's reply must not wait for a gigabyte: on a
+  // slow link that outlived the peer timeout); one posted after the
+  // write's kBulkDone (as the core posts a reply) follows every byte.
   constexpr size_t kWrite = 8u << 20;
   Bulk cdst(*p.c->link, kWrite), ssrc(*p.s->link, kWrite);
   fill(ssrc.mem, kWrite, 5);
   auto wseg = p.c->link->expose(cdst.reg, 0, kWrite, BulkAccess::kRemoteWrite);
   REQUIRE(wseg.ok());
-  size_t checked_at_message = 0;
+  size_t early_at = 0, after_at = 0;
   p.c->on_completion = [&](const Completion& c) {
-    if (c.kind == CKind::kMessage && c.slot == 5) checked_at_message = mismatch(cdst.mem, kWrite, 5) + 1;
+    if (c.kind == CKind::kMessage && c.slot == 5) early_at = mismatch(cdst.mem, kWrite, 5) + 1;
+    if (c.kind == CKind::kMessage && c.slot == 6) after_at = mismatch(cdst.mem, kWrite, 5) + 1;
   };
   REQUIRE(p.s->link->write(ssrc.reg, 0, wseg.value(), 0, kWrite, 2).ok());
   fill(p.s->sslot(5), 64, 70);
   p.s->link->post(std::vector<Outgoing>{{p.s->sslot(5), 64, slotrpc::core::make_imm(5, 1), Lane::kSlot}});
-  REQUIRE(p.run([&] { return checked_at_message != 0 && p.s->done(2) != nullptr; }));
-  CHECK_MESSAGE(checked_at_message == kWrite + 1,
-                "the message arrived before byte " << checked_at_message - 1 << " of the write");
+  REQUIRE(p.run([&] { return early_at != 0 && p.s->done(2) != nullptr; }));
   CHECK(p.s->done(2)->bulk_status == kOk);
+  CHECK_MESSAGE(early_at < kWrite + 1,
+                "the message posted during the write waited for all of it (byte " << early_at - 1 << ")");
+  fill(p.s->sslot(6), 64, 71);
+  p.s->link->post(std::vector<Outgoing>{{p.s->sslot(6), 64, slotrpc::core::make_imm(6, 1), Lane::kSlot}});
+  REQUIRE(p.run([&] { return after_at != 0; }));
+  CHECK_MESSAGE(after_at == kWrite + 1,
+                "the message posted after the write's kBulkDone arrived before byte " << after_at - 1);
   p.revoke(seg.value(), 3);
   p.revoke(wseg.value(), 4);
   CHECK(p.c->count(CKind::kLinkDown) == 0);

@@ -305,12 +305,12 @@ Status VerbsLink::start_transfer(bool write, const BulkRegistration& local, size
   op.remote = remote.addr + remote_offset;
   op.rkey = remote.rkey;
   op.length = length;
-  if (write) {
-    queue_bulk(Pending::Kind::kWrite, i);
-  } else {
-    b.reads.push_back(i);
-    if (connected_) flush_backlog();
-  }
+  // Both wait in queues of their own, behind the backlog: a message posted
+  // meanwhile (a PONG, another call's reply) never waits for a gigabyte.
+  // The core posts a call's reply only after the write's kBulkDone, so the
+  // reply still follows its data (transport.h).
+  (write ? b.writes : b.reads).push_back(i);
+  if (connected_) flush_backlog();
   return {};
 }
 

@@ -16,10 +16,12 @@
 //            negotiated max_rd_atomic of them in flight.  Reads wait in a
 //            queue of their own and never hold up a slot message: what is
 //            in the backlog goes first whenever room frees.
-//   write    RDMA WRITEs of at most chunk_bytes() each, two in flight.  A
-//            write waits in the backlog itself, so every message posted
-//            after write() stays behind its last chunk (a reply never
-//            overtakes its data).
+//   write    RDMA WRITEs of at most chunk_bytes() each, two in flight, from
+//            a queue of their own like reads: a message posted meanwhile
+//            (a PONG, another call's reply) passes between chunks instead
+//            of waiting for the whole write (which on a slow link outlived
+//            the peer timeout).  A reply follows its data because the core
+//            posts it only after the write's kBulkDone (transport.h).
 // Every bulk work request is signaled (one completion per chunk of a
 // megabyte costs nothing) and carries kBulkBit; completions of one send
 // queue arrive in posting order, so `in_flight` (a FIFO) says which
@@ -97,7 +99,8 @@ struct BulkState {
   };
   std::vector<Op> ops;
   std::vector<uint32_t> free_ops;
-  std::deque<uint32_t> reads;  // ops with READ chunks still to post, in order
+  std::deque<uint32_t> reads;   // ops with READ chunks still to post, in order
+  std::deque<uint32_t> writes;  // ops with WRITE chunks still to post, in order
 
   enum class Kind : uint8_t { kBind, kInvalidate, kChunk };
   struct InFlight {

@@ -140,13 +140,6 @@ void VerbsLink::flush_backlog() {
       if (p.out.lane == Lane::kControl) p.out.data = p.control.data();
       if (!prepare(j, p.out)) return;
       ++j;
-    } else if (p.kind == Pending::Kind::kWrite) {
-      j += prepare_chunks(j, room, p.bulk);
-      const BulkState::Op& op = bulk_->ops[p.bulk];
-      // Not all posted: the rest after completions, and what was posted
-      // after the write waits behind it (a reply never overtakes its data).
-      if (op.posted < op.length) break;
-      --backlog_bulk_;
     } else {
       prepare_window_wr(j, p);
       ++j;
@@ -154,13 +147,16 @@ void VerbsLink::flush_backlog() {
     }
     ++backlog_head_;
   }
-  // RDMA READs take the room left: they never hold up a message.
+  // RDMA READs and WRITEs take the room left: they never hold up a
+  // message (each kind also stops at its own in-flight limit).
   if (bulk_ != nullptr) {
-    while (!bulk_->reads.empty() && j < room) {
-      const uint32_t op = bulk_->reads.front();
-      j += prepare_chunks(j, room, op);
-      if (bulk_->ops[op].posted < bulk_->ops[op].length) break;
-      bulk_->reads.pop_front();
+    for (std::deque<uint32_t>* q : {&bulk_->reads, &bulk_->writes}) {
+      while (!q->empty() && j < room) {
+        const uint32_t op = q->front();
+        j += prepare_chunks(j, room, op);
+        if (bulk_->ops[op].posted < bulk_->ops[op].length) break;
+        q->pop_front();
+      }
     }
   }
   if (j != 0 && !ring_doorbell(j)) return;

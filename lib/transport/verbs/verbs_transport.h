@@ -174,7 +174,7 @@ class VerbsLink final : public Link {
     // A bulk item keeps its place among the messages: a window's bind or
     // invalidation (`bulk` = window), or a write whose chunks are not all
     // posted yet (`bulk` = op; it stays at the head until they are).
-    enum class Kind : uint8_t { kMessage, kBind, kInvalidate, kWrite } kind = Kind::kMessage;
+    enum class Kind : uint8_t { kMessage, kBind, kInvalidate } kind = Kind::kMessage;
     uint32_t bulk = 0;
   };
 
@@ -208,7 +208,9 @@ class VerbsLink final : public Link {
   void on_bulk_done();                  // a successful signaled bulk request
   void fail_bulk_front(uint16_t code);  // the failed request was a bulk one
   void finish_bulk_on_down();           // fail(): every pending op ends
-  bool bulk_waiting() const { return bulk_ != nullptr && !bulk_->reads.empty(); }
+  bool bulk_waiting() const {
+    return bulk_ != nullptr && (!bulk_->reads.empty() || !bulk_->writes.empty());
+  }
   void fail(std::string reason);
   bool owns_region(const MemoryRegion& r) const;
 
