@@ -35,8 +35,10 @@ PACKAGES=(
   libfmt-dev
   # Command-line parsing of tools/slotrpc-stat
   libcli11-dev
-  # Tests
+  # Tests (lld: scripts/test.sh links its builds with it, about twice as
+  # fast as GNU ld; the project itself does not need it)
   doctest-dev
+  lld
   # Benchmarks (bench/slotrpc-bench, scripts/bench.sh): the gRPC baseline is
   # built from the same echo.fbs with flatc --cpp --grpc (its generated
   # header includes protobuf's), and bench/plot draws with gnuplot
