@@ -159,7 +159,14 @@ void TcpLink::flush_pending() {
   const int fd = socket_.native_handle();
   std::vector<iovec>& iov = owner_.iov_;
   bool progress = false;
+  uint64_t bulk_sent = 0;  // bulk body bytes handed to the kernel in this call
   while (!down_ && pending_head_ < pending_.size()) {
+    // A large transfer refills the queue chunk by chunk as fast as a
+    // loopback socket takes it: without a bound this loop would send the
+    // whole gigabyte in one call, and the event loop (other calls, timers,
+    // the caller's next request) would wait for it.  EPOLLOUT stays armed,
+    // so the next poll goes on.
+    if (bulk_sent >= TcpTransport::kBulkBytesPerFlush) break;
     // One gathered write for as many frames as fit in IOV_MAX iovecs.
     size_t n_iov = 0;
     size_t want = 0;
@@ -202,7 +209,10 @@ void TcpLink::flush_pending() {
         // Body bytes of this write: the part of [sent, sent + take) past the head.
         const uint32_t from = std::max(w.sent, w.head_len);
         const uint32_t to = w.sent + take;
-        if (to > from) bulk_queued_ -= to - from;
+        if (to > from) {
+          bulk_queued_ -= to - from;
+          bulk_sent += to - from;
+        }
       }
       left -= take;
       if (take == rest) {

@@ -289,6 +289,10 @@ class TcpTransport final : public Transport {
   // The one tuning constant of TCP bulk: bytes per data frame.  Slot frames
   // posted during a served read wait for at most one chunk.
   static constexpr uint32_t kBulkChunkBytes = 1024 * 1024;
+  // Bulk bytes one flush hands to the kernel before it returns to the
+  // event loop (the rest goes on at the next poll): what other work of the
+  // loop waits for at most, on top of one chunk.
+  static constexpr uint64_t kBulkBytesPerFlush = 2 * kBulkChunkBytes;
   // Read requests a link has outstanding at its peer, and serves for it.
   static constexpr size_t kMaxBulkReads = 16;
 
