@@ -76,6 +76,7 @@ std::vector<uint64_t> read_args(std::span<const std::byte> bytes) {
 
 // What the Late handler saw (one at a time; the test waits for `done`).
 struct LateProbe {
+  std::atomic<bool> started{false};
   std::atomic<bool> go{false};
   std::atomic<bool> done{false};
   std::atomic<int> code{-1};
@@ -142,6 +143,7 @@ ServiceDefinition bulk_service(MemoryRegion* server_region) {
   // Late(write): waits until its call is over (deadline or cancel), then
   // until the test says go, then tries the segment: write (1) or read (0).
   svc.add_method("Late", [](ServerCall& call) -> Status {
+    g_late->started = true;
     const auto a = read_args(call.request());
     while (!call.cancelled() || !g_late->go.load()) slotrpc::this_fiber::sleep_for(2ms);
     std::vector<std::byte> buf(call.bulk_in_count() > 0 ? call.bulk_in(0) : call.bulk_out(0),
@@ -411,6 +413,7 @@ TEST_CASE("bulk calls: once the call has ended, its memory is out of the handler
                         Case{"cancel, then the handler reads", false, true}}) {
     const std::string name = c.name;
     CAPTURE(name);
+    probe.started = false;
     probe.go = false;
     probe.done = false;
     probe.code = -1;
@@ -418,11 +421,17 @@ TEST_CASE("bulk calls: once the call has ended, its memory is out of the handler
     std::vector<std::byte> memory(256 << 10, std::byte{0});
     if (!c.write) fill(memory, 9);
     const std::vector<std::byte> before = memory;
-    CallOptions o = c.cancel ? CallOptions() : CallOptions::with_timeout(200ms);
+    // The deadline leaves room for a loaded machine to send the request
+    // first (a call whose deadline passes before it is sent never runs).
+    CallOptions o = c.cancel ? CallOptions() : CallOptions::with_timeout(500ms);
     if (c.write) o.receive_bulk(std::span<std::byte>(memory)); else o.send_bulk(std::span<const std::byte>(memory));
     auto f = fx.channel->call(kLate, args({c.write ? 1u : 0u}), o);
     if (c.cancel) {
-      std::this_thread::sleep_for(50ms);  // let the request reach the handler (not required for the check)
+      // Cancel once the handler runs: a call cancelled before it is sent
+      // never reaches the server, and there would be nothing to test.
+      const auto t0 = std::chrono::steady_clock::now();
+      while (!probe.started && std::chrono::steady_clock::now() - t0 < 30s) std::this_thread::sleep_for(1ms);
+      REQUIRE(probe.started.load());
       f.cancel();
     }
     REQUIRE(f.wait_for(30s));
