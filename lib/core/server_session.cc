@@ -27,11 +27,11 @@ ServerSession::ServerSession(reactor::Reactor& loop, std::unique_ptr<transport::
       // link_ is declared, so initialised, before send_ring_.
       send_ring_(g.slot_count, g.slot_size, link_ ? link_->send_slots() : std::span<std::byte>{}),
       slots_(g.slot_count),
+      bulk_(g.slot_count),
       in_owner_(g.slot_count, -1),
       in_next_(g.slot_count, -1),
       in_generation_(g.slot_count, 0),
       in_len_(g.slot_count, 0),
-      bulk_(g.slot_count),
       granted_to_(g.slot_count, -1),
       grant_generation_(g.slot_count, 0),
       outbox_(g.slot_count),
