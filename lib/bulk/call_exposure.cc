@@ -52,10 +52,7 @@ Result<Resolved> resolve(transport::Link& link, const BulkSegment& s) {
 Status CallExposure::expose(transport::Link& link, const std::vector<BulkSegment>& send,
                             const std::vector<BulkSegment>& receive, uint64_t max_bytes,
                             RequestBlock& block) {
-  if (send.size() > kMaxBulkSegments || receive.size() > kMaxBulkSegments)
-    return Status(StatusCode::kInvalidArgument,
-                  fmt::format("{} send and {} receive bulk segments: at most {} each", send.size(),
-                              receive.size(), kMaxBulkSegments));
+  if (Status st = check_counts(send.size(), receive.size()); !st.ok()) return st;
   if (!link.supports_bulk())
     return Status(StatusCode::kUnimplemented,
                   "bulk segments are not supported on " + link.describe());
@@ -66,7 +63,7 @@ Status CallExposure::expose(transport::Link& link, const std::vector<BulkSegment
     const std::string what =
         fmt::format("{} bulk segment {}", is_send ? "send" : "receive", is_send ? i : i - send.size());
     if (Status st = check_segment(s, what); !st.ok()) return st;
-    total = s.length > max_bytes - std::min(total, max_bytes) ? max_bytes + 1 : total + s.length;
+    total = add_capped(total, s.length, max_bytes);
   }
   if (total > max_bytes)
     return Status(StatusCode::kResourceExhausted,

@@ -46,6 +46,16 @@ struct RequestBlock {
   size_t bytes() const { return kBlockHead + kSegmentBytes * (size_t{reads} + writes); }
 };
 
+// total + n, but at most max + 1 (the sum of 32 segment lengths could wrap
+// 64 bits): adding lengths one by one, "> max" stays true once reached.
+constexpr uint64_t add_capped(uint64_t total, uint64_t n, uint64_t max) {
+  return n > max - (total < max ? total : max) ? max + 1 : total + n;
+}
+
+// INVALID_ARGUMENT when a call has more segments in one direction than a
+// block carries (kMaxBulkSegments).
+Status check_counts(size_t send, size_t receive);
+
 constexpr size_t request_block_bytes(size_t reads, size_t writes) {
   return kBlockHead + kSegmentBytes * (reads + writes);
 }

@@ -259,16 +259,9 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
       call->timer = 0;
       // Whatever was exposed before the failure is revoked before the
       // caller learns; completion never runs on this stack either way.
-      if (call->exposure) {
-        call->revokes_pending = call->exposure->revoke(*link_, call->request_id);
-        if (call->revokes_pending > 0) {
-          call->held = RawReply(std::move(st));
-          revoking_.push_back(call);
-          return;
-        }
-        call->exposure->release();
-      }
-      return fail_later(call, std::move(st));
+      RawReply failed(std::move(st));
+      if (hold_for_revoke(call, failed)) return;
+      return fail_later(call, failed.status());
     }
   }
 
@@ -463,18 +456,26 @@ void ClientSession::abort_call(uint16_t slot, Status status, uint16_t wire_statu
 // the windows' invalidations are posted now and the call completes with
 // their kBulkDone).  Calls without bulk segments finish at once.
 void ClientSession::end_call(PendingCall* call, RawReply reply) {
-  if (call->exposure) {
-    if (!closed_ && link_) {
-      call->revokes_pending = call->exposure->revoke(*link_, call->request_id);
-      if (call->revokes_pending > 0) {
-        call->held = std::move(reply);
-        revoking_.push_back(call);
-        return;
-      }
-    }
-    call->exposure->release();
-  }
+  if (hold_for_revoke(call, reply)) return;
   finish(call, std::move(reply));
+}
+
+// Revokes the call's exposures.  True when kBulkDone completions must come
+// first: `reply` is then held in the call until on_bulk_done finishes it.
+// False when nothing is reachable any more (the leases are released): the
+// caller completes the call itself.
+bool ClientSession::hold_for_revoke(PendingCall* call, RawReply& reply) {
+  if (!call->exposure) return false;
+  if (!closed_ && link_) {
+    call->revokes_pending = call->exposure->revoke(*link_, call->request_id);
+    if (call->revokes_pending > 0) {
+      call->held = std::move(reply);
+      revoking_.push_back(call);
+      return true;
+    }
+  }
+  call->exposure->release();
+  return false;
 }
 
 void ClientSession::on_bulk_done(uint64_t token) {
@@ -492,11 +493,9 @@ void ClientSession::on_bulk_done(uint64_t token) {
 // between the header and the FlatBuffer; `*block_bytes` is the block's
 // size.  Nothing is exposed when a check fails.
 Status ClientSession::expose_bulk(PendingCall* call, SlotBuilder& b, size_t* block_bytes) {
-  if (call->send_bulk.size() > kMaxBulkSegments || call->receive_bulk.size() > kMaxBulkSegments) {
-    return Status(StatusCode::kInvalidArgument,
-                  fmt::format("{} send and {} receive bulk segments: at most {} each",
-                              call->send_bulk.size(), call->receive_bulk.size(), kMaxBulkSegments));
-  }
+  // Before the block is sized (CallExposure::expose checks again).
+  if (Status st = bulk::check_counts(call->send_bulk.size(), call->receive_bulk.size()); !st.ok())
+    return st;
   const size_t block = bulk::request_block_bytes(call->send_bulk.size(), call->receive_bulk.size());
   const size_t flatbuffer_len = b.is_finished() ? b.GetSize() : 0;
   if (flatbuffer_len + block > b.payload_capacity()) {

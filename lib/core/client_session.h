@@ -227,6 +227,7 @@ class ClientSession final : public SessionBase,
   // Bulk calls: ends `call` with `reply` once its exposures are revoked
   // (at once when there are none, or they are unreachable already).
   void end_call(PendingCall* call, RawReply reply);
+  bool hold_for_revoke(PendingCall* call, RawReply& reply);
   Status expose_bulk(PendingCall* call, SlotBuilder& b, size_t* block_bytes);
   void on_bulk_done(uint64_t token);
   void flush();

@@ -5,18 +5,6 @@
 namespace slotrpc::core {
 namespace {
 
-// Explicit little-endian stores: the wire order does not depend on the host.
-template <class T>
-void store_le(std::byte* p, T v) {
-  for (size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
-}
-template <class T>
-T load_le(const std::byte* p) {
-  T v = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<T>(static_cast<T>(p[i]) << (8 * i));
-  return v;
-}
-
 bool is_valid_kind(uint8_t flags) {
   const uint8_t k = flags & kKindMask;
   const uint8_t f = flags & ~kKindMask;

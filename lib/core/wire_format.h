@@ -66,6 +66,19 @@ struct Header {
   bool bulk() const { return (flags & kFlagBulk) != 0; }
 };
 
+// Explicit little-endian stores and loads: the wire order does not depend
+// on the host (the header, and the bulk descriptor blocks, lib/bulk).
+template <class T>
+void store_le(std::byte* p, T v) {
+  for (size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+}
+template <class T>
+T load_le(const std::byte* p) {
+  T v = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<T>(static_cast<T>(p[i]) << (8 * i));
+  return v;
+}
+
 // Writes `h` into `out[0..32)`.
 void encode_header(const Header& h, std::byte* out);
 // Reads 32 bytes.  Performs no validation: see validate_header.
