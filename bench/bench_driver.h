@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "bench_common.h"
 #include "slotrpc/histogram.h"
 
 namespace bench {
@@ -45,11 +46,5 @@ std::unique_ptr<EchoDriver> make_grpc_driver(const std::string& target, uint64_t
 // Serves the Echo service on `address` (port 0: a free one); writes the port
 // to `port_file` once listening and serves until SIGTERM.  Returns the exit code.
 int serve_grpc(const std::string& address, const std::string& port_file, uint64_t max_message);
-
-// Writes `port` to `path` atomically (a temporary file renamed over it): the
-// parent polls for the file and must never read half a number.
-bool write_port_file(const std::string& path, uint16_t port);
-// Blocks SIGTERM/SIGINT and returns once one arrives (the serve modes).
-void wait_for_termination();
 
 }  // namespace bench

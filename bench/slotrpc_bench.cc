@@ -28,10 +28,7 @@
 #include <netinet/tcp.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/utsname.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -56,25 +53,6 @@
 namespace bench {
 
 using Clock = std::chrono::steady_clock;
-
-bool write_port_file(const std::string& path, uint16_t port) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << port << "\n";
-    if (!out) return false;
-  }
-  return std::rename(tmp.c_str(), path.c_str()) == 0;
-}
-
-void wait_for_termination() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  int sig = 0;
-  sigwait(&set, &sig);
-}
 
 namespace {
 
@@ -640,60 +618,6 @@ class SocketDriver final : public EchoDriver {
 
 // --- the server process --------------------------------------------------------
 
-struct ServerProcess {
-  pid_t pid = -1;
-  uint16_t port = 0;
-  std::string port_file;
-
-  ~ServerProcess() {
-    if (pid > 0) {
-      ::kill(pid, SIGTERM);
-      int status = 0;
-      ::waitpid(pid, &status, 0);
-    }
-    if (!port_file.empty()) ::unlink(port_file.c_str());
-  }
-};
-
-// Re-executes this binary as `--serve system` and waits (bounded) for its
-// port file.  Empty string: started; else why not.
-std::string start_server(ServerProcess& sp, const std::string& system, const std::string& host, uint32_t slot_size,
-                         uint64_t max_message) {
-  char tmpl[] = "/tmp/slotrpc-bench-port-XXXXXX";
-  const int fd = ::mkstemp(tmpl);
-  if (fd < 0) return std::string("mkstemp: ") + std::strerror(errno);
-  ::close(fd);
-  ::unlink(tmpl);
-  sp.port_file = tmpl;
-  std::vector<std::string> args = {"slotrpc-bench", "--serve", system, "--port-file", sp.port_file,
-                                   "--address", host, "--slot-size", std::to_string(slot_size),
-                                   "--max-message", std::to_string(max_message)};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  sp.pid = ::fork();
-  if (sp.pid < 0) return std::string("fork: ") + std::strerror(errno);
-  if (sp.pid == 0) {
-    // The server dies with the client, however the client ends.
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    ::execv("/proc/self/exe", argv.data());
-    std::fprintf(stderr, "slotrpc-bench: exec: %s\n", std::strerror(errno));
-    ::_exit(127);
-  }
-  const auto deadline = Clock::now() + std::chrono::seconds(30);
-  while (Clock::now() < deadline) {
-    std::ifstream in(sp.port_file);
-    if (in >> sp.port) return {};
-    int status = 0;
-    if (::waitpid(sp.pid, &status, WNOHANG) == sp.pid) {
-      sp.pid = -1;
-      return "the server process exited early (status " + std::to_string(status) + ")";
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling a file; nothing to wait on
-  }
-  return "the server wrote no port file within 30 s";
-}
-
 // --- results -------------------------------------------------------------------
 
 struct Row {
@@ -822,54 +746,10 @@ void print_table(const std::vector<Row>& rows, const std::string& mode) {
   std::fflush(stdout);
 }
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-std::string json_number(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.4g", v);
-  return buf;
-}
-
-std::string first_line(const char* path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown";
-}
-
 bool write_json(const std::string& path, const std::vector<Row>& rows, const std::map<std::string, std::string>& run) {
   std::ostringstream o;
-  utsname u{};
-  ::uname(&u);
   o << "{\n  \"tool\": \"slotrpc-bench\",\n  \"format\": 1,\n";
-  o << "  \"machine\": {\"cpu\": " << json_string(cpu_model())
-    << ", \"hardware_threads\": " << std::thread::hardware_concurrency()
-    << ", \"kernel\": " << json_string(u.release)
-    << ", \"loadavg\": " << json_string(first_line("/proc/loadavg")) << "},\n";
+  o << "  \"machine\": " << machine_json() << ",\n";
   o << "  \"run\": {";
   bool first = true;
   for (const auto& [k, v] : run) {
@@ -998,11 +878,7 @@ int main(int argc, char** argv) {
   if (!serve.empty()) {
     // Block the termination signals before any thread starts, so only
     // wait_for_termination() receives them.
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    block_termination_signals();
     if (serve == "slotrpc") return serve_slotrpc(host, port_file, slot_size);
     if (serve == "grpc") return serve_grpc(host + ":0", port_file, max_message);
     if (serve == "socket") return serve_socket(host, port_file);
@@ -1078,15 +954,17 @@ int main(int argc, char** argv) {
     const bool is_bulk = sys == "bulk-tcp" || sys == "bulk-verbs";
     const bool is_slotrpc = is_bulk || sys == "tcp" || sys == "shm" || sys == "verbs";
     const std::string name = is_slotrpc ? "slotrpc-" + sys : sys;
-    ServerProcess server;
-    if (auto err = start_server(server, is_slotrpc ? "slotrpc" : sys, host, slot_size, max_message); !err.empty()) {
+    ChildProcess server;
+    if (auto err = server.start({"--serve", is_slotrpc ? "slotrpc" : sys, "--address", host, "--slot-size",
+                                 std::to_string(slot_size), "--max-message", std::to_string(max_message)});
+        !err.empty()) {
       std::fprintf(stderr, "slotrpc-bench: %s server: %s\n", name.c_str(), err.c_str());
       rc = 1;
       continue;
     }
-    const std::string target = host + ":" + std::to_string(server.port);
+    const std::string target = host + ":" + std::to_string(server.port());
     auto make = [&](bool latency) -> std::unique_ptr<EchoDriver> {
-      if (sys == "socket") return std::make_unique<SocketDriver>(host, server.port);
+      if (sys == "socket") return std::make_unique<SocketDriver>(host, server.port());
       if (sys == "grpc") return make_grpc_driver(target, max_message);
       slotrpc::Config cfg;
       cfg.transport = sys == "tcp" ? slotrpc::TransportKind::kTcp
@@ -1160,7 +1038,7 @@ int main(int argc, char** argv) {
       continue;
     }
     if (do_bulk && sys == "socket") {
-      SocketDriver d(host, server.port);
+      SocketDriver d(host, server.port());
       for (uint64_t size : bulk_sizes) {
         const Point pt = measure(d, "bulk socket " + size_text(size), size, 2, bulk_calls, 1, 1);
         record_bulk("bulk", name, size, pt);
@@ -1193,10 +1071,7 @@ int main(int argc, char** argv) {
     }
   }
   add_ratios(rows);
-  utsname u{};
-  ::uname(&u);
-  std::printf("machine: %s, %u hardware threads, kernel %s, load %s\n", cpu_model().c_str(),
-              std::thread::hardware_concurrency(), u.release, first_line("/proc/loadavg").c_str());
+  std::printf("machine: %s\n", machine_line().c_str());
   print_table(rows, "latency");
   print_table(rows, "throughput");
   print_table(rows, "bulk");
