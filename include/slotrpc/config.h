@@ -54,10 +54,11 @@ struct SLOTRPC_API Config {
 
   PollMode poll_mode = PollMode::kAdaptive;  // SLOTRPC_POLL_MODE busy|blocking|adaptive
   uint32_t spin_us = 200;            // SLOTRPC_SPIN_US: adaptive spin before sleeping
-  // Busy mode under oversubscription (docs/tuning.md, "Busy polling"): an
-  // idle busy loop yields the CPU after busy_yield_us, sleeps after
-  // busy_sleep_us; 0 = never.
-  uint32_t busy_yield_us = 20;       // SLOTRPC_BUSY_YIELD_US
+  // Spinning under oversubscription (docs/tuning.md, "Busy polling"): an
+  // idle spinning loop (busy mode, and adaptive mode within spin_us) yields
+  // the CPU after busy_yield_us; a busy loop sleeps after busy_sleep_us;
+  // 0 = never.
+  uint32_t busy_yield_us = 5;        // SLOTRPC_BUSY_YIELD_US
   uint32_t busy_sleep_us = 10'000;   // SLOTRPC_BUSY_SLEEP_US
   uint32_t poll_batch = 32;          // SLOTRPC_POLL_BATCH: completions per poll
 

@@ -23,7 +23,7 @@ std::span<const UintSetting> uint_settings() {
       {"SLOTRPC_SPIN_US", "spin_us", &Config::spin_us, 0, 10'000'000,
        "adaptive mode: microseconds a reactor spins idle before sleeping"},
       {"SLOTRPC_BUSY_YIELD_US", "busy_yield_us", &Config::busy_yield_us, 0, 10'000'000,
-       "busy mode: microseconds idle after which each idle turn yields the CPU; 0 = never"},
+       "busy mode and adaptive spin: microseconds idle after which each idle turn yields the CPU; 0 = never"},
       {"SLOTRPC_BUSY_SLEEP_US", "busy_sleep_us", &Config::busy_sleep_us, 0, 600'000'000,
        "busy mode: microseconds idle after which the loop sleeps until work; 0 = never"},
       {"SLOTRPC_POLL_BATCH", "poll_batch", &Config::poll_batch, 1, 1024,

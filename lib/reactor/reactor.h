@@ -10,7 +10,8 @@
 // Idle policy (Config::poll_mode): busy spins, yields the CPU after
 // busy_yield_us idle and sleeps after busy_sleep_us idle (so K busy loops on
 // fewer cores still take turns; 0 turns either off); blocking sleeps in
-// epoll as soon as a turn finds nothing; adaptive spins for spin_us first.
+// epoll as soon as a turn finds nothing; adaptive spins for spin_us first,
+// yielding after busy_yield_us like busy mode.
 //
 // A loop is shared: one Runtime (lib/rpc/runtime_core.h) runs sessions of
 // many channels and servers on it, so its config is the runtime's, and its
@@ -139,7 +140,7 @@ class Reactor {
     uint64_t turns = 0;
     uint64_t sleeps = 0;
     uint64_t completions = 0;
-    uint64_t yields = 0;  // busy mode: sched_yield() after busy_yield_us idle
+    uint64_t yields = 0;  // sched_yield() of a spinning loop after busy_yield_us idle
   };
   const Stats& stats() const { return stats_; }
 
