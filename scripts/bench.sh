@@ -19,8 +19,10 @@
 # loops that outnumber the cores starve each other).  Override either with
 # BENCH_LATENCY_POLL / BENCH_THROUGHPUT_POLL.
 # Outputs: latency-small.json (64 B..4 KiB, 20,000 calls), latency-large.json
-# (64 KiB..the largest a 2 MiB slot holds, 500 calls), throughput.json, a
-# .txt table beside each, and the charts of bench/plot.
+# (64 KiB..the largest a 2 MiB slot holds, 500 calls), throughput.json,
+# fanout.json (bench/fanout: a frontend and three backends per system, open
+# loop at rising load), a .txt table beside each, and the charts of
+# bench/plot.
 set -euo pipefail
 
 ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,7 +36,7 @@ while (($#)); do
     --build) BUILD=$2; shift 2 ;;
     --quick) QUICK=1; shift ;;
     --rxe) RXE=1; shift ;;
-    -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) printf 'bench.sh: unknown argument %s (--help)\n' "$1" >&2; exit 2 ;;
   esac
 done
@@ -49,8 +51,9 @@ fi
 buildtype=$(meson introspect "$BUILD" --buildoptions | python3 -c \
   'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"]=="buildtype"))')
 [[ $buildtype == release ]] || log "warning: $BUILD is a $buildtype build, not release"
-meson compile -C "$BUILD" bench/slotrpc-bench >/dev/null
+meson compile -C "$BUILD" bench/slotrpc-bench bench/fanout/slotrpc-fanout >/dev/null
 BENCH=$BUILD/bench/slotrpc-bench
+FANOUT=$BUILD/bench/fanout/slotrpc-fanout
 
 mkdir -p "$OUT"
 systems=tcp,shm,socket
@@ -79,6 +82,19 @@ run latency-small "${BENCH_LATENCY_POLL:-busy}" "$systems" --modes latency --siz
 run latency-large "${BENCH_LATENCY_POLL:-busy}" "$systems" --modes latency --sizes 65536,1048576,max "${large[@]}"
 # The ping-pong has no throughput mode (one outstanding by construction).
 run throughput "${BENCH_THROUGHPUT_POLL:-adaptive}" "${systems/,socket/}" --modes throughput "${thr[@]}"
+
+# The microservice fan-out (bench/fanout): five processes per system, open
+# loop at rising offered load until a step saturates; library defaults
+# (adaptive polling), as a deployed service would run.
+fan_systems=tcp,shm
+[[ $systems == grpc,* ]] && fan_systems=$fan_systems,grpc
+if ((QUICK)); then
+  fan=(--rates 500,2000 --seconds 0.5 --warmup 0.2)
+else
+  fan=(--rates 500,1000,2000,5000,10000,20000,40000,80000 --seconds 2 --warmup 0.5)
+fi
+log "fanout (library defaults)"
+"$FANOUT" --systems "$fan_systems" --json "$OUT/fanout.json" "${fan[@]}" | tee "$OUT/fanout.txt"
 
 if ((RXE)); then
   "$ROOT/scripts/bench_rxe.sh" --out "$OUT" --build "$BUILD"
