@@ -115,6 +115,13 @@ std::string json_number(double v) {
   return buf;
 }
 
+bool finish_results_file(std::string text, const std::string& path) {
+  text += "\n  ]\n}\n";
+  std::ofstream out(path);
+  out << text;
+  return static_cast<bool>(out);
+}
+
 namespace {
 std::string first_line(const char* path) {
   std::ifstream in(path);

@@ -48,6 +48,10 @@ class ChildProcess {
 // digits; the figures are measurements, not identities).
 std::string json_string(const std::string& s);
 std::string json_number(double v);
+// Ends a result file's "results" array and its document (the rows were
+// written after `"results": [`) and writes the whole text to `path`; false
+// when it cannot be written.
+bool finish_results_file(std::string text, const std::string& path);
 
 // The machine a result came from, as a JSON object: cpu, hardware_threads,
 // kernel, loadavg.  And the same facts on one line for a terminal.

@@ -38,7 +38,6 @@
 #include <deque>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -771,10 +770,7 @@ bool write_json(const std::string& path, const std::vector<Row>& rows, const std
     o << "}";
     first = false;
   }
-  o << "\n  ]\n}\n";
-  std::ofstream out(path);
-  out << o.str();
-  return static_cast<bool>(out);
+  return finish_results_file(o.str(), path);
 }
 
 // Runs one point with a progress line on stderr (rewritten in place, about

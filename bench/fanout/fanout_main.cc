@@ -23,7 +23,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -119,10 +118,7 @@ bool write_json(const std::string& path, const std::vector<Row>& rows, double se
     o << "}";
     first = false;
   }
-  o << "\n  ]\n}\n";
-  std::ofstream out(path);
-  out << o.str();
-  return static_cast<bool>(out);
+  return finish_results_file(o.str(), path);
 }
 
 // Starts the three backends and the frontend of `system` (each this binary
