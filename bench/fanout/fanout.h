@@ -44,7 +44,6 @@ class StepState {
     done_.fetch_add(1, std::memory_order_release);
   }
 
-  uint64_t size() const { return n_; }
   uint64_t done() const { return done_.load(std::memory_order_acquire); }
   uint64_t failed() const { return failed_.load(std::memory_order_relaxed); }
   // Due time to reply, 0 for a request that failed or is still out.

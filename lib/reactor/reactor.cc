@@ -218,40 +218,31 @@ void Reactor::loop() {
       idle_since = Clock::now();
       continue;
     }
-    // Idle.  Both spinning modes yield the CPU between polls once they have
-    // been idle for busy_yield_us: a loop that spins right after it sent a
-    // request holds the core its peer may be woken onto.  Loopback TCP
+    // Idle.  Both spinning modes (busy, adaptive) yield the CPU between
+    // polls once they have been idle for busy_yield_us: a loop that spins
+    // right after it sent a request holds the core its peer may be woken onto.  Loopback TCP
     // wakes the receiver "synchronously" (sk_data_ready), and the scheduler
     // then queues it on the sender's CPU, expecting the sender to sleep; a
     // spinning sender that never yields keeps it waiting until the spin
     // ends.  Measured (docs/benchmarks.md, "Spinning loops yield"): one echo
     // every 2 ms, adaptive on both ends, p50 475 us without the yield.
+    if (config_.poll_mode == PollMode::kBlocking) {
+      sleep_until_work();
+      continue;
+    }
+    // Spinning: adaptive sleeps after spin_us (0: at once); busy after
+    // busy_sleep_us (0: never), so that busy polling survives
+    // oversubscription (docs/tuning.md).  Work resets the idle clock.
     const auto idle = Clock::now() - idle_since;
-    const auto yield_after = std::chrono::microseconds(config_.busy_yield_us);
-    switch (config_.poll_mode) {
-      case PollMode::kBusy:
-        // Busy polling that survives oversubscription (docs/tuning.md): after
-        // busy_sleep_us it sleeps in epoll like adaptive.  Work resets both.
-        if (config_.busy_sleep_us != 0 && idle >= std::chrono::microseconds(config_.busy_sleep_us)) {
-          sleep_until_work();
-          idle_since = Clock::now();
-        } else if (config_.busy_yield_us != 0 && idle >= yield_after) {
-          ++stats_.yields;
-          ::sched_yield();
-        }
-        break;
-      case PollMode::kBlocking:
-        sleep_until_work();
-        break;
-      case PollMode::kAdaptive:
-        if (idle >= std::chrono::microseconds(config_.spin_us)) {
-          sleep_until_work();
-          idle_since = Clock::now();
-        } else if (config_.busy_yield_us != 0 && idle >= yield_after) {
-          ++stats_.yields;
-          ::sched_yield();
-        }
-        break;
+    const bool sleep_now = config_.poll_mode == PollMode::kAdaptive
+                               ? idle >= std::chrono::microseconds(config_.spin_us)
+                               : config_.busy_sleep_us != 0 && idle >= std::chrono::microseconds(config_.busy_sleep_us);
+    if (sleep_now) {
+      sleep_until_work();
+      idle_since = Clock::now();
+    } else if (config_.busy_yield_us != 0 && idle >= std::chrono::microseconds(config_.busy_yield_us)) {
+      ++stats_.yields;
+      ::sched_yield();
     }
   }
   // Run what was posted before stop (e.g. session shutdowns), boundedly.
