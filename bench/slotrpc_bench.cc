@@ -692,17 +692,18 @@ void print_table(const std::vector<Row>& rows, const std::string& mode) {
   if (!any) return;
   if (mode == "bulk" || mode == "bulk-read" || mode == "bulk-write") {
     if (mode == "bulk")
-      std::printf("\nbulk payloads (echo of SIZE bytes as bulk segments, one call outstanding; microseconds; "
+      std::printf("\nbulk payloads (echo of SIZE bytes as bulk segments; microseconds; "
                   "MB/s counts one direction; vs_limit: p50 over the socket ping-pong's)\n");
     else
-      std::printf("\n%s (SIZE bytes one way per call, %s by the handler; one call outstanding; microseconds)\n",
+      std::printf("\n%s (SIZE bytes one way per call, %s by the handler; microseconds)\n",
                   mode.c_str(), mode == "bulk-read" ? "pulled (read_bulk)" : "pushed (write_bulk)");
-    std::printf("%-18s %11s %9s %9s %9s %9s %9s %6s\n", "system", "size_B", "p50", "p99", "max", "MB_per_s",
-                "vs_limit", "failed");
+    std::printf("%-18s %11s %11s %9s %9s %9s %9s %9s %6s\n", "system", "size_B", "outstanding", "p50", "p99", "max",
+                "MB_per_s", "vs_limit", "failed");
     for (const Row& r : rows) {
       if (r.mode != mode) continue;
-      std::printf("%-18s %11llu %9.1f %9.1f %9.1f %9.1f %9s %6llu\n", r.system.c_str(), (unsigned long long)r.size,
-                  r.p50, r.p99, r.max, r.mb_per_s, ratio_text(r.ratio_limit).c_str(), (unsigned long long)r.failed);
+      std::printf("%-18s %11llu %11llu %9.1f %9.1f %9.1f %9.1f %9s %6llu\n", r.system.c_str(),
+                  (unsigned long long)r.size, (unsigned long long)r.outstanding, r.p50, r.p99, r.max, r.mb_per_s,
+                  ratio_text(r.ratio_limit).c_str(), (unsigned long long)r.failed);
     }
     std::fflush(stdout);
     return;
@@ -824,7 +825,7 @@ int main(int argc, char** argv) {
   uint64_t max_message = 0;
   std::string host = "127.0.0.1", json_path, serve, port_file;
   std::vector<uint64_t> bulk_sizes = {65536, 1u << 20, 16u << 20, 256u << 20};
-  uint64_t bulk_calls = 20, load_size = 1ull << 30, load_idle_calls = 2000;
+  uint64_t bulk_calls = 20, bulk_outstanding = 1, load_size = 1ull << 30, load_idle_calls = 2000;
 
   CLI::App app("slotrpc beside gRPC (same schema, same loop) and a busy-polling socket ping-pong, client and "
                "server in two processes: latency per payload size, throughput per outstanding calls and channels.",
@@ -843,7 +844,11 @@ int main(int argc, char** argv) {
   app.add_option("--bulk-sizes", bulk_sizes, "Mode bulk: payload bytes")->delimiter(',')
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 31))->capture_default_str();
   app.add_option("--bulk-calls", bulk_calls, "Mode bulk: counted calls per size (and 2 warm-up calls)")
-      ->check(CLI::Range(uint64_t{1}, uint64_t{1000000}))->capture_default_str();
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1'000'000}))->capture_default_str();
+  app.add_option("--bulk-outstanding", bulk_outstanding,
+                 "Modes bulk, bulk-read, bulk-write: slotrpc calls in flight, each with buffers of its own "
+                 "(2 x SIZE bytes a call; the socket ping-pong keeps one)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{256}))->capture_default_str();
   app.add_option("--load-size", load_size, "Mode bulk-load: bytes of the large bulk echo")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 31))->capture_default_str();
   app.add_option("--load-idle-calls", load_idle_calls, "Mode bulk-load: 64 B calls measured alone first")
@@ -989,8 +994,9 @@ int main(int argc, char** argv) {
       }
       rows.push_back(std::move(row));
     };
-    auto record_bulk = [&](const std::string& mode, const std::string& label, uint64_t size, const Point& pt) {
-      Row row = to_row(mode, label, size, 1, 1, pt);
+    auto record_bulk = [&](const std::string& mode, const std::string& label, uint64_t size, const Point& pt,
+                           uint64_t in_flight) {
+      Row row = to_row(mode, label, size, in_flight, 1, pt);
       // MB/s of one direction; the echo moves the payload both ways.
       record(std::move(row));
     };
@@ -1010,8 +1016,9 @@ int main(int argc, char** argv) {
         if (!on) continue;
         d.set_direction(dir);
         for (uint64_t size : bulk_sizes) {
-          const Point pt = measure(d, std::string(mode) + " " + name + " " + size_text(size), size, 2, bulk_calls, 1, 1);
-          record_bulk(mode, name, size, pt);
+          const Point pt = measure(d, std::string(mode) + " " + name + " " + size_text(size), size,
+                                   2 * bulk_outstanding, bulk_calls, bulk_outstanding, 1);
+          record_bulk(mode, name, size, pt, bulk_outstanding);
         }
       }
       d.set_direction(BulkDriver::Direction::kEcho);
@@ -1037,7 +1044,7 @@ int main(int argc, char** argv) {
       SocketDriver d(host, server.port());
       for (uint64_t size : bulk_sizes) {
         const Point pt = measure(d, "bulk socket " + size_text(size), size, 2, bulk_calls, 1, 1);
-        record_bulk("bulk", name, size, pt);
+        record_bulk("bulk", name, size, pt, 1);
       }
     }
     if (do_latency) {

@@ -8,16 +8,23 @@
 #
 #   scripts/bench_bulk_rxe.sh [--out DIR] [--build DIR] [--timeout SECONDS]
 #
-# Writes DIR/rxe-bulk-perftest.json, DIR/rxe-bulk.json (slotrpc-bench's
-# format) and DIR/rxe-bulk-summary.txt: per size, slotrpc's MB/s over
-# perftest's (perftest's MB is 2^20 bytes, slotrpc-bench's 10^6: both are
-# turned into bytes per second here).  slotrpc moves one call at a time
-# (request, transfer, reply); perftest keeps its send queue full.
+# Writes DIR/rxe-bulk-perftest.json, DIR/rxe-bulk.json and
+# DIR/rxe-bulk-deep.json (slotrpc-bench's format), and
+# DIR/rxe-bulk-summary.txt: per size, slotrpc's MB/s over perftest's
+# (perftest's MB is 2^20 bytes, slotrpc-bench's 10^6: both are turned
+# into bytes per second here).  slotrpc moves one call at a time
+# (request, transfer, reply) in the first pass, DEEP calls at once in the
+# second; perftest keeps its send queue full.
 # Only one VM at a time: waits (up to 30 min) while another qemu-system runs.
 set -euo pipefail
 ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
 SIZES=(65536 1048576 16777216 268435456)
 ITERS=(500 50 10 5)
+# The second slotrpc pass: DEEP calls in flight, each with its own 2 x SIZE
+# buffers (the VM has 2 GiB), at the sizes where one call at a time is
+# bound by the per-call round trips.
+DEEP=8
+DEEP_SIZES=(65536 1048576 16777216)
 
 if [[ ${1:-} == --guest ]]; then
   BENCH=$2
@@ -45,6 +52,10 @@ if [[ ${1:-} == --guest ]]; then
   sizes=$(IFS=,; echo "${SIZES[*]}")
   "$BENCH" --modes bulk-read,bulk-write --transports bulk-verbs --address 127.0.0.1 --bulk-sizes "$sizes" \
     --bulk-calls 5 --json "$OUT/rxe-bulk.json"
+  echo "== the same with ${DEEP} calls in flight (perftest keeps its queue full too)"
+  "$BENCH" --modes bulk-read,bulk-write --transports bulk-verbs --address 127.0.0.1 \
+    --bulk-sizes "$(IFS=,; echo "${DEEP_SIZES[*]}")" --bulk-calls 40 --bulk-outstanding "$DEEP" \
+    --json "$OUT/rxe-bulk-deep.json"
   exit 0
 fi
 
@@ -75,7 +86,7 @@ results=$(mktemp -d)
 trap 'rm -rf -- "$results"' EXIT
 SLOTRPC_UNIX_PATH=off SLOTRPC_LOG_LEVEL=warn tests/rxe/rxe-vm.sh --cache "$BUILD/rxe-cache" --timeout "$TIMEOUT" \
   --results "$results" -- "$ROOT/scripts/bench_bulk_rxe.sh" --guest "$ROOT/$BUILD/bench/slotrpc-bench"
-cp "$results"/rxe-bulk.json "$results"/ib_read_bw.txt "$results"/ib_write_bw.txt "$OUT"/
+cp "$results"/rxe-bulk.json "$results"/rxe-bulk-deep.json "$results"/ib_read_bw.txt "$results"/ib_write_bw.txt "$OUT"/
 python3 - "$OUT" <<'PY' | tee "$OUT/rxe-bulk-summary.txt"
 import json, sys
 out = sys.argv[1]
@@ -91,14 +102,14 @@ for t in ("ib_read_bw", "ib_write_bw"):
         res.append({"test": t, "size": size, "iterations": int(f[1]), "bw_avg_bytes_per_s": bw})
 json.dump({"tool": "perftest", "device": "rxe0 (Soft-RoCE under qemu TCG)", "results": res},
           open(f"{out}/rxe-bulk-perftest.json", "w"), indent=1)
-rows = json.load(open(f"{out}/rxe-bulk.json"))["results"]
-print("%-12s %11s %14s %14s %8s" % ("mode", "size_B", "slotrpc_MB/s", "perftest_MB/s", "ratio"))
+rows = json.load(open(f"{out}/rxe-bulk.json"))["results"] + json.load(open(f"{out}/rxe-bulk-deep.json"))["results"]
+print("%-12s %11s %11s %14s %14s %8s" % ("mode", "size_B", "outstanding", "slotrpc_MB/s", "perftest_MB/s", "ratio"))
 for r in rows:
     t = {"bulk-read": "ib_read_bw", "bulk-write": "ib_write_bw"}.get(r["mode"])
     if t is None or r["failed"]:
         continue
     mine = r["mb_per_s"] * 1e6
     p = perf.get((t, r["size"]))
-    print("%-12s %11d %14.1f %14s %8s" % (r["mode"], r["size"], mine / 1e6,
+    print("%-12s %11d %11d %14.1f %14s %8s" % (r["mode"], r["size"], r["outstanding"], mine / 1e6,
           "%.1f" % (p / 1e6) if p else "-", "%.2f" % (mine / p) if p else "-"))
 PY

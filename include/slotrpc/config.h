@@ -92,6 +92,12 @@ struct SLOTRPC_API Config {
   // is sent; a server refuses a request that offers more, with
   // RESOURCE_EXHAUSTED, and serves the session's other calls on.
   uint64_t max_bulk_bytes = 4ull << 30;
+  // SLOTRPC_TCP_BULK_SLICE: bulk bytes a TCP link moves per data frame and
+  // per system call (docs/tuning.md, "TCP bulk slices").  Small calls on
+  // a session that moves bulk data wait behind about this much in each
+  // loop and twice this much in the socket; larger slices move bulk data
+  // faster and small calls beside it slower.
+  uint32_t tcp_bulk_slice = 64 * 1024;
   uint32_t max_pending_handshakes = 1024;         // SLOTRPC_MAX_PENDING_HANDSHAKES
   uint32_t max_pending_handshakes_per_host = 256; // SLOTRPC_MAX_PENDING_HANDSHAKES_PER_HOST
 

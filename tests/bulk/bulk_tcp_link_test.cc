@@ -74,6 +74,7 @@ struct End {
 
 // Two transports (two "processes") and any number of links between them.
 struct World {
+  explicit World(const Config& config = Config{}) : a(config), b(config) {}
   TcpTransport a, b;
   std::vector<std::unique_ptr<End>> as, bs;  // as[i] <-> bs[i]
 
@@ -308,6 +309,88 @@ TEST_CASE("slot frames posted while a large write is under way go out between it
   // fewer than all of them (a few chunks at most; a sample may match by
   // chance, 1 in 256).
   CHECK(landed_when_message < (size / 4096) / 2);
+  REQUIRE(w.pump_until([&] { return std::equal(dst.begin(), dst.end(), src.begin()) || owner->down(); }));
+  check_equal(dst, src);
+}
+
+TEST_CASE("a slot frame goes ahead of bulk data frames queued before it") {
+  // The owner writes 64 MiB into the peer and serves a 64 KiB read for it
+  // at the same time, while the peer reads nothing: the owner's socket
+  // fills, and the served chunk waits in the owner's queue behind the
+  // write's chunk.  A slot frame posted then must pass the served chunk:
+  // the peer sees the message before its read completes.  (One queue in
+  // posting order delivers the read's data first.)
+  World w;
+  auto [owner, peer] = w.connect();
+  const size_t big = size_t{64} << 20, small = 64 * 1024;
+  std::vector<std::byte> wsrc = pattern(big, 7), wdst(big);
+  std::vector<std::byte> rsrc = pattern(small, 8), rdst(small);
+  BulkRegistration wsreg = reg(*owner->link, wsrc), wdreg = reg(*peer->link, wdst);
+  BulkRegistration rsreg = reg(*owner->link, rsrc), rdreg = reg(*peer->link, rdst);
+  auto wseg = peer->link->expose(wdreg, 0, big, BulkAccess::kRemoteWrite);
+  auto rseg = owner->link->expose(rsreg, 0, small, BulkAccess::kRemoteRead);
+  REQUIRE(wseg.ok());
+  REQUIRE(rseg.ok());
+  REQUIRE(owner->link->write(wsreg, 0, wseg.value(), 0, big, 1).ok());
+  // Only the owner is polled until its socket is full: its queue has not
+  // moved for many turns.
+  const auto deadline = Clock::now() + kTimeout;
+  uint64_t last = 0;
+  for (int still = 0; still < 200 && !owner->down() && Clock::now() < deadline;) {
+    w.poll_one(w.a);
+    const uint64_t q = owner->link->queued_bytes();
+    still = q != 0 && q == last ? still + 1 : 0;
+    last = q;
+  }
+  REQUIRE(owner->link->queued_bytes() > 0);
+  // read() sends its request at once; the owner queues the served chunk
+  // behind the write's, with no room in the socket for either.
+  REQUIRE(peer->link->read(rdreg, 0, rseg.value(), 0, small, 2).ok());
+  while (owner->link->bulk_serving() == 0 && !owner->down() && Clock::now() < deadline) w.poll_one(w.a);
+  REQUIRE(owner->link->bulk_serving() == 1);
+  std::vector<std::byte> msg(64, std::byte{0x44});
+  peer->link->arm(4);
+  Outgoing o{msg.data(), 64, core::make_imm(4, 1), Lane::kSlot};
+  owner->link->post({&o, 1});
+  REQUIRE(w.pump_until([&] { return (peer->find(CKind::kBulkDone, 2) && owner->find(CKind::kBulkDone, 1)) || peer->down(); }));
+  ok_done(*peer, 2);
+  ok_done(*owner, 1);
+  size_t msg_at = ~size_t{0}, read_at = ~size_t{0};
+  for (size_t i = 0; i < peer->got.size(); ++i) {
+    if (peer->got[i].kind == CKind::kMessage) msg_at = std::min(msg_at, i);
+    if (peer->got[i].kind == CKind::kBulkDone && peer->got[i].bulk_token == 2) read_at = i;
+  }
+  REQUIRE(msg_at != ~size_t{0});
+  CHECK(msg_at < read_at);
+  check_equal(rdst, rsrc);
+  REQUIRE(w.pump_until([&] { return std::equal(wdst.begin(), wdst.end(), wsrc.begin()) || peer->down(); }));
+  check_equal(wdst, wsrc);
+}
+
+TEST_CASE("while bulk data flows the socket keeps little of it unsent; afterwards its setting is back") {
+  // Both the default slice and another one (SLOTRPC_TCP_BULK_SLICE): the
+  // low-water mark is two slices.
+  Config config;
+  SUBCASE("default slice") {}
+  SUBCASE("16 KiB slices") { config.tcp_bulk_slice = 16 * 1024; }
+  World w(config);
+  REQUIRE(w.b.bulk_slice() == config.tcp_bulk_slice);
+  REQUIRE(w.b.bulk_notsent_lowat() == 2 * static_cast<int>(config.tcp_bulk_slice));
+  auto [owner, writer] = w.connect();
+  const int before = writer->link->notsent_lowat();  // 0: the sysctl's default
+  REQUIRE(before >= 0);
+  REQUIRE(before != w.b.bulk_notsent_lowat());
+  const size_t size = size_t{16} << 20;
+  std::vector<std::byte> src = pattern(size, 9), dst(size);
+  BulkRegistration sreg = reg(*writer->link, src), dreg = reg(*owner->link, dst);
+  auto seg = owner->link->expose(dreg, 0, size, BulkAccess::kRemoteWrite);
+  REQUIRE(seg.ok());
+  REQUIRE(writer->link->write(sreg, 0, seg.value(), 0, size, 3).ok());
+  CHECK(writer->link->notsent_lowat() == w.b.bulk_notsent_lowat());
+  CHECK(owner->link->notsent_lowat() == before);  // the receiving side sends no bulk data
+  REQUIRE(w.pump_until([&] { return writer->find(CKind::kBulkDone, 3) || writer->down(); }));
+  ok_done(*writer, 3);
+  CHECK(writer->link->notsent_lowat() == before);
   REQUIRE(w.pump_until([&] { return std::equal(dst.begin(), dst.end(), src.begin()) || owner->down(); }));
   check_equal(dst, src);
 }

@@ -1,6 +1,7 @@
 #include "transport/tcp/tcp_transport.h"
 
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -160,18 +161,23 @@ void TcpLink::flush_pending() {
   std::vector<iovec>& iov = owner_.iov_;
   bool progress = false;
   uint64_t bulk_sent = 0;  // bulk body bytes handed to the kernel in this call
-  while (!down_ && pending_head_ < pending_.size()) {
-    // A large transfer refills the queue chunk by chunk as fast as a
+  while (!down_ && output_waiting()) {
+    // A large transfer refills the bulk queue chunk by chunk as fast as a
     // loopback socket takes it: without a bound this loop would send the
     // whole gigabyte in one call, and the event loop (other calls, timers,
     // the caller's next request) would wait for it.  EPOLLOUT stays armed,
-    // so the next poll goes on.
-    if (bulk_sent >= TcpTransport::kBulkBytesPerFlush) break;
-    // One gathered write for as many frames as fit in IOV_MAX iovecs.
+    // so the next poll goes on.  Small frames are never held back.
+    const bool bulk_room = bulk_sent < owner_.bulk_bytes_per_flush();
+    const bool bulk_started =
+        bulk_pending_head_ < bulk_pending_.size() && bulk_pending_[bulk_pending_head_].sent != 0;
+    if (!bulk_room && !bulk_started && pending_head_ == pending_.size()) break;
+    // One gathered write, in wire order: a bulk frame already started (the
+    // stream must finish it), every small frame, then bulk frames up to the
+    // per-flush bound.  The walk after sendmsg takes them in that order.
     size_t n_iov = 0;
     size_t want = 0;
-    for (size_t i = pending_head_; i < pending_.size() && n_iov + 2 <= kMaxIov; ++i) {
-      PendingWrite& w = pending_[i];
+    uint64_t bulk_planned = 0;
+    auto add = [&](PendingWrite& w) {
       if (w.sent < w.head_len) {
         iov[n_iov++] = {w.head.data() + w.sent, size_t{w.head_len} - w.sent};
         want += w.head_len - w.sent;
@@ -184,7 +190,17 @@ void TcpLink::flush_pending() {
         iov[n_iov++] = {const_cast<std::byte*>(w.body + off), size_t{w.body_len} - off};
         want += w.body_len - off;
       }
-    }
+      if (w.bulk_body) bulk_planned += w.body_len;
+    };
+    size_t bulk_i = bulk_pending_head_;
+    if (bulk_started) add(bulk_pending_[bulk_i++]);
+    size_t small_i = pending_head_;
+    for (; small_i < pending_.size() && n_iov + 2 <= kMaxIov; ++small_i) add(pending_[small_i]);
+    const size_t n_small = small_i - pending_head_;
+    for (; bulk_i < bulk_pending_.size() && n_iov + 2 <= kMaxIov &&
+           bulk_sent + bulk_planned < owner_.bulk_bytes_per_flush();
+         ++bulk_i)
+      add(bulk_pending_[bulk_i]);
     msghdr msg{};
     msg.msg_iov = iov.data();
     msg.msg_iovlen = n_iov;
@@ -201,8 +217,13 @@ void TcpLink::flush_pending() {
     size_t left = static_cast<size_t>(n);
     queued_bytes_ -= left;
     progress |= n > 0;
-    while (left > 0) {
-      PendingWrite& w = pending_[pending_head_];
+    // Walks the frames in the order they went into the iovecs.  The
+    // *_chunk_sent() calls queue the next chunk (bulk_pending_ may grow and
+    // move), so they run after the walk.
+    bool write_chunk_done = false;
+    bool serve_chunk_done = false;
+    auto consume = [&](std::vector<PendingWrite>& q, size_t& head) {
+      PendingWrite& w = q[head];
       const uint32_t rest = w.head_len + w.body_len - w.sent;
       const uint32_t take = left >= rest ? rest : static_cast<uint32_t>(left);
       if (w.bulk_body) {
@@ -216,32 +237,39 @@ void TcpLink::flush_pending() {
       }
       left -= take;
       if (take == rest) {
-        const OnSent on_sent = w.on_sent;
-        ++pending_head_;  // w may move below: the *_chunk_sent() calls append
-        if (on_sent == OnSent::kWriteChunk) {
-          write_chunk_sent();
-        } else if (on_sent == OnSent::kServeChunk) {
-          serve_chunk_sent();
-        }
+        write_chunk_done |= w.on_sent == OnSent::kWriteChunk;
+        serve_chunk_done |= w.on_sent == OnSent::kServeChunk;
+        ++head;
       } else {
         w.sent += take;
       }
-    }
+    };
+    if (bulk_started && left > 0) consume(bulk_pending_, bulk_pending_head_);
+    for (size_t i = 0; i < n_small && left > 0; ++i) consume(pending_, pending_head_);
+    while (left > 0) consume(bulk_pending_, bulk_pending_head_);
+    if (write_chunk_done) write_chunk_sent();
+    if (serve_chunk_done) serve_chunk_sent();
     // A short write means the socket buffer is full: another call would
     // only return EAGAIN, so wait for EPOLLOUT instead.
     if (static_cast<size_t>(n) < want) break;
   }
   if (down_) return;
-  if (pending_head_ == pending_.size()) {
-    pending_.clear();  // keeps capacity: no allocation on the next post()
-    pending_head_ = 0;
-  } else if (pending_head_ >= kPendingReserve && pending_head_ * 2 >= pending_.size()) {
+  compact(pending_, pending_head_);
+  compact(bulk_pending_, bulk_pending_head_);
+  if (bulk_lowat_) bulk_output_changed();
+  after_output_change(progress);
+}
+
+void TcpLink::compact(std::vector<PendingWrite>& q, size_t& head) {
+  if (head == q.size()) {
+    q.clear();  // keeps capacity: no allocation on the next post()
+    head = 0;
+  } else if (head >= kPendingReserve && head * 2 >= q.size()) {
     // Under sustained back-pressure the sent prefix would otherwise grow
     // the vector forever.
-    pending_.erase(pending_.begin(), pending_.begin() + static_cast<ptrdiff_t>(pending_head_));
-    pending_head_ = 0;
+    q.erase(q.begin(), q.begin() + static_cast<ptrdiff_t>(head));
+    head = 0;
   }
-  after_output_change(progress);
 }
 
 void TcpLink::after_output_change(bool progress) {
@@ -272,7 +300,7 @@ void TcpLink::after_output_change(bool progress) {
 void TcpLink::on_writable() { flush_pending(); }
 
 void TcpLink::update_epoll_interest() {
-  const bool want = pending_head_ < pending_.size();
+  const bool want = output_waiting();
   if (down_ || !in_epoll_ || (want == want_write_ && reading_ == epoll_reading_)) return;
   // EPOLLOUT only while something waits: a writable socket is the common
   // case and level-triggered EPOLLOUT would wake every poll for nothing.
@@ -311,6 +339,9 @@ void TcpLink::on_readable(bool drain_all) {
       // instead of twice via staging.
       dst = body_dest_ + body_got_;
       room = body_len_ - body_got_;
+      // One slice of bulk data per recv: the event loop's other work (a
+      // small call's frame on another link) waits for one copy of this size.
+      if (rx_ == Rx::kBulkData) room = std::min<size_t>(room, owner_.bulk_slice());
     } else {
       dst = staging_.get() + staging_end_;
       room = TcpTransport::kStagingBytes - staging_end_;
@@ -505,6 +536,8 @@ void TcpLink::fail(std::string reason) {
   write_in_flight_ = false;
   pending_.clear();
   pending_head_ = 0;
+  bulk_pending_.clear();
+  bulk_pending_head_ = 0;
   queued_bytes_ = 0;
   owner_.unstall(this);
   want_write_ = false;
@@ -684,7 +717,9 @@ Status TcpLink::write(const BulkRegistration& local, size_t local_offset,
 void TcpLink::enqueue_bulk(uint32_t type, uint32_t rkey, uint32_t status, uint64_t tag,
                            uint64_t addr, uint64_t length, const std::byte* body,
                            uint32_t body_len) {
-  PendingWrite& w = pending_.emplace_back();
+  // READ_REQs are small frames; data frames (and a failed read's frame,
+  // which must follow the chunks of its read) wait behind them.
+  PendingWrite& w = (type == TcpTransport::kBulkReadRequest ? pending_ : bulk_pending_).emplace_back();
   std::byte* h = w.head.data();
   store_u32_le(h, TcpTransport::kBulkMarker | type);
   store_u32_le(h + 4, 0);
@@ -700,6 +735,28 @@ void TcpLink::enqueue_bulk(uint32_t type, uint32_t rkey, uint32_t status, uint64
   w.bulk_body = body_len != 0;
   queued_bytes_ += w.head_len + w.body_len;
   bulk_queued_ += w.body_len;
+  if (w.body_len != 0 && !bulk_lowat_) bulk_output_changed();
+}
+
+void TcpLink::bulk_output_changed() {
+  const bool want = bulk_queued_ != 0 || !serves_.empty() || !writes_.empty();
+  if (want == bulk_lowat_ || down_) return;
+  const int fd = socket_.native_handle();
+  if (saved_lowat_ < 0) {
+    socklen_t len = sizeof saved_lowat_;
+    if (::getsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &saved_lowat_, &len) != 0) saved_lowat_ = -1;
+  }
+  // Without the old value there is nothing to restore: leave it alone.
+  if (saved_lowat_ < 0) return;
+  const int v = want ? owner_.bulk_notsent_lowat() : saved_lowat_;
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &v, sizeof v) == 0) bulk_lowat_ = want;
+}
+
+int TcpLink::notsent_lowat() {
+  int v = -1;
+  socklen_t len = sizeof v;
+  if (down_ || ::getsockopt(socket_.native_handle(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &v, &len) != 0) return -1;
+  return v;
 }
 
 void TcpLink::request_reads() {
@@ -716,9 +773,9 @@ void TcpLink::serve_next() {
   if (serve_in_flight_ || serves_.empty() || down_) return;
   ServeJob& j = serves_.front();
   const uint32_t n =
-      static_cast<uint32_t>(std::min<uint64_t>(j.length - j.sent, TcpTransport::kBulkChunkBytes));
+      static_cast<uint32_t>(std::min<uint64_t>(j.length - j.sent, owner_.bulk_slice()));
   enqueue_bulk(TcpTransport::kBulkReadData, 0, 0, j.tag, j.sent, n, j.src + j.sent, n);
-  pending_.back().on_sent = OnSent::kServeChunk;
+  bulk_pending_.back().on_sent = OnSent::kServeChunk;
   j.sent += n;
   serve_in_flight_ = true;
 }
@@ -727,9 +784,9 @@ void TcpLink::write_next() {
   if (write_in_flight_ || writes_.empty() || down_) return;
   WriteJob& j = writes_.front();
   const uint32_t n =
-      static_cast<uint32_t>(std::min<uint64_t>(j.length - j.sent, TcpTransport::kBulkChunkBytes));
+      static_cast<uint32_t>(std::min<uint64_t>(j.length - j.sent, owner_.bulk_slice()));
   enqueue_bulk(TcpTransport::kBulkWriteData, j.rkey, 0, 0, j.addr + j.sent, n, j.src + j.sent, n);
-  pending_.back().on_sent = OnSent::kWriteChunk;
+  bulk_pending_.back().on_sent = OnSent::kWriteChunk;
   j.sent += n;
   write_in_flight_ = true;
 }
@@ -878,7 +935,9 @@ bool TcpLink::on_bulk_header() {
 
 // ----------------------------------------------------------- TcpTransport
 
-TcpTransport::TcpTransport(const Config& config) : peer_timeout_ms_(config.peer_timeout_ms) {
+TcpTransport::TcpTransport(const Config& config)
+    : peer_timeout_ms_(config.peer_timeout_ms),
+      bulk_slice_(std::clamp<uint32_t>(config.tcp_bulk_slice, 4096, kBulkChunkBytes)) {
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd_ < 0) epoll_errno_ = errno;
   ready_.reserve(kReadyReserve);

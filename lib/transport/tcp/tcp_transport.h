@@ -35,12 +35,15 @@
 // remote access error fails a queue pair on verbs.  Bulk bytes are never
 // staged: read data and write data go out with sendmsg straight from the
 // user's memory and are received with recv straight into the destination.
-// A transfer is cut into kBulkChunkBytes frames; a read the peer asked for
+// A transfer is cut into frames of one bulk slice (Config::tcp_bulk_slice,
+// 64 KiB by default); a read the peer asked for
 // is served one chunk at a time (the next chunk is queued only once the
-// previous one is in the kernel), and so is a write, so slot frames posted
-// meanwhile go out between two chunks: an unrelated reply waits for at
-// most one chunk, never for a gigabyte.  A frame posted after a write's
-// kBulkDone follows all of its bytes (one ordered stream; transport.h).
+// previous one is in the kernel), and so is a write.  Bulk data frames wait
+// in a queue of their own behind slot and control frames, and the socket
+// holds at most two slices unsent while bulk data flows, so an
+// unrelated reply waits for the rest of one chunk and that much, never for
+// a gigabyte.  A frame posted after a write's kBulkDone follows all of its
+// bytes (one ordered stream; transport.h).
 //
 // Bounds on bulk state: a link has at most kMaxBulkReads read requests
 // outstanding at its peer (more wait locally) and serves at most that many
@@ -108,7 +111,11 @@ class TcpLink final : public Link {
                uint64_t remote_offset, size_t length, uint64_t token) override;
   // For tests: ranges currently exposed to the peer, reads not finished.
   size_t exposures() const { return exposures_.size(); }
+  // For tests: the socket's TCP_NOTSENT_LOWAT now (-1 if it cannot be read).
+  int notsent_lowat();
   size_t bulk_reads() const { return reads_.size(); }
+  // For tests: reads the peer asked for that this side is serving.
+  size_t bulk_serving() const { return serves_.size(); }
 
  private:
   friend class TcpTransport;
@@ -120,6 +127,9 @@ class TcpLink final : public Link {
   void on_readable(bool drain_all = false);
   void on_writable();
   void flush_pending();
+  bool output_waiting() const {
+    return pending_head_ < pending_.size() || bulk_pending_head_ < bulk_pending_.size();
+  }
   void fail(std::string reason);
   void update_epoll_interest();
   // Starts or ends the backpressure and the drain clock after the queue of
@@ -140,6 +150,8 @@ class TcpLink final : public Link {
   void write_next();       // queues the next chunk of this side's writes
   void write_chunk_sent();
   void bulk_done(uint64_t token, StatusCode code);
+  // Sets or restores TCP_NOTSENT_LOWAT as bulk output starts or ends.
+  void bulk_output_changed();
 
   // What happens when a PendingWrite has been handed to the kernel.
   enum class OnSent : uint8_t { kNothing, kServeChunk, kWriteChunk };
@@ -155,6 +167,9 @@ class TcpLink final : public Link {
     OnSent on_sent = OnSent::kNothing;
     bool bulk_body = false;  // body is bulk data (not counted in the budget)
   };
+
+  // Drops the sent prefix of an output queue.
+  static void compact(std::vector<PendingWrite>& q, size_t& head);
 
   // A range exposed to the peer (expose() .. revoke()).
   struct Exposure {
@@ -219,9 +234,16 @@ class TcpLink final : public Link {
   size_t stalled_pos_ = kNotStalled;
   static constexpr size_t kNotStalled = ~size_t{0};
 
-  // Outgoing frames not yet fully written; head_ is the first unsent one.
+  // Outgoing frames not yet fully written, in two queues: slot, control
+  // and READ_REQ frames in pending_, bulk data frames (READ_DATA,
+  // WRITE_DATA) in bulk_pending_.  A flush sends a frame already started
+  // first (the stream must finish it), then every small frame, then bulk
+  // frames, so a small frame waits for the rest of one bulk chunk at most,
+  // never for the chunks queued behind it.  *_head_ is the first unsent.
   std::vector<PendingWrite> pending_;
   size_t pending_head_ = 0;
+  std::vector<PendingWrite> bulk_pending_;
+  size_t bulk_pending_head_ = 0;
 
   // Receive state machine.
   // Bytes read but not consumed (kStagingBytes).  Not a vector: resizing
@@ -255,13 +277,16 @@ class TcpLink final : public Link {
   bool serve_in_flight_ = false;  // serves_.front() has a chunk in pending_
   std::deque<WriteJob> writes_;   // round robin, one chunk in flight at a time
   bool write_in_flight_ = false;  // writes_.front() has a chunk in pending_
-  uint64_t bulk_queued_ = 0;      // bulk body bytes of pending_ (in queued_bytes_ too)
+  uint64_t bulk_queued_ = 0;      // bulk body bytes of bulk_pending_ (in queued_bytes_ too)
+  bool bulk_lowat_ = false;       // bulk_notsent_lowat() is set on the socket
+  int saved_lowat_ = -1;          // the socket's TCP_NOTSENT_LOWAT before (-1: not read yet)
 };
 
 class TcpTransport final : public Transport {
  public:
   // Uses config.peer_timeout_ms for the drain timeout (a link whose peer
-  // reads nothing for that long while output is queued is closed).
+  // reads nothing for that long while output is queued is closed) and
+  // config.tcp_bulk_slice (clamped to 4 KiB .. kBulkChunkBytes).
   explicit TcpTransport(const Config& config = Config{});
   ~TcpTransport() override;
 
@@ -286,13 +311,22 @@ class TcpTransport final : public Transport {
   static constexpr uint32_t kBulkReadRequest = 1;
   static constexpr uint32_t kBulkReadData = 2;
   static constexpr uint32_t kBulkWriteData = 3;
-  // The one tuning constant of TCP bulk: bytes per data frame.  Slot frames
-  // posted during a served read wait for at most one chunk.
+  // The largest data frame a link accepts from its peer (protocol limit,
+  // and the largest Config::tcp_bulk_slice).
   static constexpr uint32_t kBulkChunkBytes = 1024 * 1024;
-  // Bulk bytes one flush hands to the kernel before it returns to the
-  // event loop (the rest goes on at the next poll): what other work of the
-  // loop waits for at most, on top of one chunk.
-  static constexpr uint64_t kBulkBytesPerFlush = 2 * kBulkChunkBytes;
+  // Config::tcp_bulk_slice (SLOTRPC_TCP_BULK_SLICE), the tuning knob of TCP
+  // bulk (docs/tuning.md, "TCP bulk slices"): bytes per data frame this
+  // side sends and per recv() of bulk data.  The loop hands the kernel at
+  // most two slices of bulk data per flush, and while bulk data is queued
+  // the socket's TCP_NOTSENT_LOWAT is two slices: the kernel takes no more
+  // once that much of it is unsent, so a frame posted later queues behind
+  // at most that much in the socket (and goes ahead of the bulk frames
+  // still in the link's own queue).  The socket's own value comes back
+  // once the link has no bulk output left, so slot traffic never runs
+  // under it.
+  uint32_t bulk_slice() const { return bulk_slice_; }
+  uint64_t bulk_bytes_per_flush() const { return 2 * uint64_t{bulk_slice_}; }
+  int bulk_notsent_lowat() const { return static_cast<int>(2 * bulk_slice_); }
   // Read requests a link has outstanding at its peer, and serves for it.
   static constexpr size_t kMaxBulkReads = 16;
 
@@ -328,6 +362,7 @@ class TcpTransport final : public Transport {
   void handle_event(const epoll_event& e);
 
   uint32_t peer_timeout_ms_;
+  uint32_t bulk_slice_;
 
   boost::asio::io_context io_;  // owns the sockets; never run (we poll with epoll)
   int epoll_fd_ = -1;
