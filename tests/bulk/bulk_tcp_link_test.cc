@@ -30,7 +30,10 @@ constexpr auto kTimeout = 60s;  // "does not hang", sanitized builds included
 constexpr uint32_t kSlots = 8;
 constexpr uint32_t kSlotSize = 4096;
 
-std::pair<int, int> loopback_pair() {
+// small_buffers: fixed 64 KiB socket buffers on both ends (no autotuning),
+// so that a peer that reads nothing leaves the sender's socket full and
+// it stays full.
+std::pair<int, int> loopback_pair(bool small_buffers = false) {
   int lst = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   REQUIRE(lst >= 0);
   sockaddr_in addr{};
@@ -46,6 +49,13 @@ std::pair<int, int> loopback_pair() {
   int s = ::accept4(lst, nullptr, nullptr, SOCK_CLOEXEC);
   REQUIRE(s >= 0);
   ::close(lst);
+  if (small_buffers) {
+    const int v = 64 * 1024;
+    for (int fd : {c, s}) {
+      REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof v) == 0);
+      REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof v) == 0);
+    }
+  }
   return {c, s};
 }
 
@@ -78,8 +88,8 @@ struct World {
   TcpTransport a, b;
   std::vector<std::unique_ptr<End>> as, bs;  // as[i] <-> bs[i]
 
-  std::pair<End*, End*> connect() {
-    auto [c, s] = loopback_pair();
+  std::pair<End*, End*> connect(bool small_buffers = false) {
+    auto [c, s] = loopback_pair(small_buffers);
     as.push_back(std::make_unique<End>());
     bs.push_back(std::make_unique<End>());
     as.back()->start(a, c, "a");
@@ -319,9 +329,14 @@ TEST_CASE("a slot frame goes ahead of bulk data frames queued before it") {
   // fills, and the served chunk waits in the owner's queue behind the
   // write's chunk.  A slot frame posted then must pass the served chunk:
   // the peer sees the message before its read completes.  (One queue in
-  // posting order delivers the read's data first.)
-  World w;
-  auto [owner, peer] = w.connect();
+  // posting order delivers the read's data first.)  Small fixed socket
+  // buffers, and write chunks of 1 MiB (SLOTRPC_TCP_BULK_SLICE): the write
+  // chunk in progress when the read arrives is far from done, and stays so
+  // while the peer reads nothing.
+  Config config;
+  config.tcp_bulk_slice = TcpTransport::kBulkChunkBytes;
+  World w(config);
+  auto [owner, peer] = w.connect(true);
   const size_t big = size_t{64} << 20, small = 64 * 1024;
   std::vector<std::byte> wsrc = pattern(big, 7), wdst(big);
   std::vector<std::byte> rsrc = pattern(small, 8), rdst(small);
