@@ -14,7 +14,9 @@
 #   2c. the TCP-only build (scripts/tcp_only_check.sh: -Dverbs=auto where
 #      pkg-config cannot find libibverbs builds without verbs, says so, and
 #      serves over TCP), and slotrpc as a Meson subproject of a consumer
-#      built with README's subproject recipe (scripts/subproject_check.sh)
+#      built with README's subproject recipe (scripts/subproject_check.sh);
+#      both run in the background while step 2's tests run, and are
+#      reported after 2b
 #   3. build-asan/ debug + ASan/UBSan -> meson setup, compile, test
 #   4. build-fuzz/ clang + ASan/UBSan + libFuzzer -> compile only the fuzz
 #      targets (tests/fuzz) and run them, all at once, for FUZZ_SECONDS from
@@ -184,9 +186,35 @@ banner "Installing dependencies"
 # on this 2-core machine), and the ASan build below runs the same tests
 # with -g everywhere, for stack traces with lines.  No rxe suite here (see
 # the top of this file).
-TEST_ARGS=(--no-suite rxe)
-build_and_test build-test -Doptimization=2 -Ddebug=false --prefix="$ROOT/build-test/prefix" -Dunity_library=true
-TEST_ARGS=()
+BUILD_TEST_SETUP=(-Doptimization=2 -Ddebug=false --prefix="$ROOT/build-test/prefix" -Dunity_library=true)
+banner "[build-test] meson setup ${BUILD_TEST_SETUP[*]}"
+meson_setup build-test "${BUILD_TEST_SETUP[@]}"
+banner "[build-test] meson compile"
+meson compile -C build-test
+
+# --- 2c. TCP-only build and Meson subproject use, in the background ----------
+# Both build slotrpc again in directories of their own and run a few
+# programs on free ports; they start here and run while build-test's tests
+# do, whose integration tests run one at a time and leave a core idle much
+# of the time (fresh-clone CI: the two checks took 102 s after the tests;
+# beside them they cost the test phase less than that).  Their output is
+# printed, and their result counted, once both are done (after 2b).
+BG_DIR=$(mktemp -d "${TMPDIR:-/tmp}/slotrpc-test-bg.XXXXXX")
+# setsid: a process group of their own, so that a failure below (which
+# exits the script) stops them and everything they started.
+setsid bash -c '
+  rc=0
+  ./scripts/tcp_only_check.sh "$1/build-tcp-only" > "$2/tcp_only_check.log" 2>&1 || rc=$?
+  echo "$rc" > "$2/tcp_only_check.rc"
+  rc=0
+  ./scripts/subproject_check.sh > "$2/subproject_check.log" 2>&1 || rc=$?
+  echo "$rc" > "$2/subproject_check.rc"
+' bash "$ROOT" "$BG_DIR" &
+BG_PID=$!
+trap 'kill -TERM -- "-$BG_PID" 2>/dev/null || true; rm -rf -- "$BG_DIR"' EXIT
+
+banner "[build-test] meson test --no-suite rxe (2c runs beside it)"
+run_meson_tests build-test --no-suite rxe
 
 # --- 2b. install check ----------------------------------------------------------
 # What a user of the installed library does, with README's recipes as
@@ -202,23 +230,28 @@ else
   exit 1
 fi
 
-# --- 2c. TCP-only build and Meson subproject use ----------------------------
-# run_check NAME COMMAND...: one more passed check, or stop the suite.
-run_check() {
-  local name=$1; shift
-  if "$@"; then
+# --- 2c (continued): the background checks' results ------------------------
+# finish_check NAME: prints NAME's log and counts it as one more passed
+# check, or stops the suite.
+finish_check() {
+  local name=$1 rc
+  rc=$(cat "$BG_DIR/$name.rc" 2>/dev/null || echo 1)
+  cat "$BG_DIR/$name.log"
+  if ((rc == 0)); then
     TOTAL_PASSED=$((TOTAL_PASSED + 1))
   else
-    printf 'test.sh: %s failed\n' "$name" >&2
+    printf 'test.sh: %s failed (exit %s)\n' "$name" "$rc" >&2
     TOTAL_FAILED=$((TOTAL_FAILED + 1))
     print_summary
     exit 1
   fi
 }
+banner "waiting for 2c: [build-tcp-only] -Dverbs=auto without libibverbs, and examples/kv with README's subproject recipe"
+wait "$BG_PID" || true
 banner "[build-tcp-only] -Dverbs=auto without libibverbs: a TCP-only library, echo over TCP"
-run_check tcp_only_check ./scripts/tcp_only_check.sh "$ROOT/build-tcp-only"
+finish_check tcp_only_check
 banner "examples/kv with README's subproject recipe (subprojects/slotrpc -> this checkout)"
-run_check subproject_check ./scripts/subproject_check.sh
+finish_check subproject_check
 
 # --- 3. sanitizer build ------------------------------------------------------
 # SLOTRPC_TEST_SKIP_ASAN=1 is for local iteration only; CI never sets it.
