@@ -20,10 +20,10 @@ set -euo pipefail
 ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
 SIZES=(65536 1048576 16777216 268435456)
 ITERS=(500 50 10 5)
-# The second slotrpc pass: DEEP calls in flight, each with its own 2 x SIZE
-# buffers (the VM has 2 GiB), at the sizes where one call at a time is
-# bound by the per-call round trips.
-DEEP=8
+# The second slotrpc pass: DEEP calls in flight (BULK_RXE_DEEP, default 8),
+# each with its own 2 x SIZE buffers (the VM has 2 GiB), at the sizes where
+# one call at a time is bound by the per-call round trips.
+DEEP=${BULK_RXE_DEEP:-8}
 DEEP_SIZES=(65536 1048576 16777216)
 
 if [[ ${1:-} == --guest ]]; then
@@ -84,7 +84,7 @@ done
 pgrep -f qemu-system >/dev/null && { echo "bench_bulk_rxe.sh: another VM still runs after 30 min" >&2; exit 1; }
 results=$(mktemp -d)
 trap 'rm -rf -- "$results"' EXIT
-SLOTRPC_UNIX_PATH=off SLOTRPC_LOG_LEVEL=warn tests/rxe/rxe-vm.sh --cache "$BUILD/rxe-cache" --timeout "$TIMEOUT" \
+BULK_RXE_DEEP=$DEEP RXE_VM_PASS_ENV=BULK_RXE_DEEP SLOTRPC_UNIX_PATH=off SLOTRPC_LOG_LEVEL=warn tests/rxe/rxe-vm.sh --cache "$BUILD/rxe-cache" --timeout "$TIMEOUT" \
   --results "$results" -- "$ROOT/scripts/bench_bulk_rxe.sh" --guest "$ROOT/$BUILD/bench/slotrpc-bench"
 cp "$results"/rxe-bulk.json "$results"/rxe-bulk-deep.json "$results"/ib_read_bw.txt "$results"/ib_write_bw.txt "$OUT"/
 python3 - "$OUT" <<'PY' | tee "$OUT/rxe-bulk-summary.txt"
