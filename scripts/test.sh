@@ -164,16 +164,13 @@ run_meson_tests() {
   fi
 }
 
-# build_and_test DIR SETUP_ARGS...; meson test gets the TEST_ARGS array.
-TEST_ARGS=()
-build_and_test() {
+# setup_and_compile DIR SETUP_ARGS...: configure DIR and build it.
+setup_and_compile() {
   local dir=$1; shift
   banner "[$dir] meson setup $*"
   meson_setup "$dir" "$@"
   banner "[$dir] meson compile"
   meson compile -C "$dir"
-  banner "[$dir] meson test ${TEST_ARGS[*]}"
-  run_meson_tests "$dir" "${TEST_ARGS[@]}"
 }
 
 # --- 1. dependencies ---------------------------------------------------------
@@ -188,12 +185,8 @@ banner "Installing dependencies"
 # on this 2-core machine), and the ASan build below runs the same tests
 # with -g everywhere, for stack traces with lines.  No rxe suite here (see
 # the top of this file).
-BUILD_TEST_SETUP=(-Doptimization=2 -Ddebug=false --prefix="$ROOT/build-test/prefix" -Dunity_library=true
-                  -Drxe_suite=false)
-banner "[build-test] meson setup ${BUILD_TEST_SETUP[*]}"
-meson_setup build-test "${BUILD_TEST_SETUP[@]}"
-banner "[build-test] meson compile"
-meson compile -C build-test
+setup_and_compile build-test -Doptimization=2 -Ddebug=false --prefix="$ROOT/build-test/prefix" \
+  -Dunity_library=true -Drxe_suite=false
 
 # --- 2c. TCP-only build and Meson subproject use, in the background ----------
 # Both build slotrpc again in directories of their own and run a few
@@ -265,8 +258,10 @@ else
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   # -Dbench=false: the benchmarks are never run by the suite, and compiling
   # them under the sanitizers only costs time.
-  build_and_test build-asan --buildtype=debug \
+  setup_and_compile build-asan --buildtype=debug \
     -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false -Dunity_library=true
+  banner "[build-asan] meson test"
+  run_meson_tests build-asan
 fi
 
 # --- 4. fuzzing ---------------------------------------------------------------
