@@ -121,8 +121,14 @@ struct Flooder {
     }
     auto r = core::decode_hello_reply(reply);
     if (!r.ok() || r->status != 0) return false;
-    // The reply's message and extension (none for an accepted tcp session)
-    // are left unread like everything else.
+    // The reply's message and extension (a bulk lane token, when the
+    // server offers lanes): the frames come after them.
+    std::vector<std::byte> rest(r->message_len + r->extension_len);
+    for (size_t have = 0; have < rest.size();) {
+      const ssize_t n = ::recv(fd, rest.data() + have, rest.size() - have, 0);
+      if (n <= 0) return false;
+      have += static_cast<size_t>(n);
+    }
     const int flags = ::fcntl(fd, F_GETFL);
     ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
     return true;

@@ -98,6 +98,12 @@ struct SLOTRPC_API Config {
   // loop and twice this much in the socket; larger slices move bulk data
   // faster and small calls beside it slower.
   uint32_t tcp_bulk_slice = 64 * 1024;
+  // SLOTRPC_TCP_BULK_LANE: a TCP session whose two ends have it on opens a
+  // second connection, its bulk lane, moved by a thread of the event loop's
+  // own; a transfer through a bulk segment of at least this many bytes
+  // runs there, so small calls never queue behind it in a socket or a
+  // loop (docs/tuning.md, "TCP bulk lanes").  0 turns lanes off.
+  uint32_t tcp_bulk_lane = 1024 * 1024;
   uint32_t max_pending_handshakes = 1024;         // SLOTRPC_MAX_PENDING_HANDSHAKES
   uint32_t max_pending_handshakes_per_host = 256; // SLOTRPC_MAX_PENDING_HANDSHAKES_PER_HOST
 

@@ -44,6 +44,8 @@ std::span<const UintSetting> uint_settings() {
        "per stream and direction: messages a writer may have in flight before the reader read them"},
       {"SLOTRPC_TCP_BULK_SLICE", "tcp_bulk_slice", &Config::tcp_bulk_slice, 4096, 1u << 20,
        "tcp: bulk bytes per data frame and per system call; small calls beside bulk data wait for about one"},
+      {"SLOTRPC_TCP_BULK_LANE", "tcp_bulk_lane", &Config::tcp_bulk_lane, 0, 1u << 31,
+       "tcp: bulk segments of at least this many bytes move on a second connection and thread (0: never)"},
       {"SLOTRPC_MAX_SESSIONS", "max_sessions", &Config::max_sessions, 1, 1'000'000,
        "server: open sessions; one more is refused with RESOURCE_EXHAUSTED"},
       {"SLOTRPC_MAX_PENDING_HANDSHAKES", "max_pending_handshakes",

@@ -28,10 +28,20 @@ inline constexpr uint32_t kMaxHandshakeMessage = 1024;
 inline constexpr uint16_t kFeatureClientStreams = 0x0001;  // client and bidi streaming
 inline constexpr uint16_t kFeatureBulk = 0x0002;           // bulk descriptors (kFlagBulk)
 inline constexpr uint16_t kKnownFeatures = kFeatureClientStreams | kFeatureBulk;
+// Announced only by a server with bulk lanes on (Config::tcp_bulk_lane): the
+// HelloReply of a tcp session then carries the lane token (8 bytes, little
+// endian) as its extension, and the client may open the session's bulk
+// lane with a Hello of transport kTcpLane (docs/protocol.md, "TCP bulk lanes").
+inline constexpr uint16_t kFeatureTcpLane = 0x0004;
+inline constexpr size_t kLaneTokenSize = 8;
+void encode_lane_token(uint64_t token, std::byte* out);
+uint64_t decode_lane_token(const std::byte* in);
 
 // kShm: only on a Unix domain socket, where the client's shm offer follows
 // its Hello and the server's follows its HelloReply (docs/protocol.md).
-enum class WireTransport : uint16_t { kTcp = 1, kVerbs = 2, kShm = 3 };
+// kTcpLane: the second connection of a tcp session (its bulk lane); the
+// Hello's slot fields are 0 and its extension is the lane token.
+enum class WireTransport : uint16_t { kTcp = 1, kVerbs = 2, kShm = 3, kTcpLane = 4 };
 
 struct Hello {
   WireTransport transport = WireTransport::kTcp;

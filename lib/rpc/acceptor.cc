@@ -32,9 +32,11 @@ using asio::ip::tcp;
 using Socket = asio::generic::stream_protocol::socket;
 
 bool send_hello_reply(int fd, uint16_t status, const core::Hello& hello, const std::string& message,
-                      core::WireTransport transport, std::span<const std::byte> extension) {
+                      core::WireTransport transport, std::span<const std::byte> extension,
+                      uint16_t features) {
   core::HelloReply reply;
   reply.status = status;
+  reply.features = features;
   reply.slot_count = hello.slot_count;
   reply.slot_size = hello.slot_size;
   reply.transport = transport;

@@ -52,7 +52,8 @@ struct PendingSession {
 // failure (false), never a wait.
 bool send_hello_reply(int fd, uint16_t status, const core::Hello& hello, const std::string& message,
                       core::WireTransport transport = core::WireTransport::kTcp,
-                      std::span<const std::byte> extension = {});
+                      std::span<const std::byte> extension = {},
+                      uint16_t features = core::kKnownFeatures);
 
 class Acceptor {
  public:

@@ -30,6 +30,7 @@
 #include "transport/verbs/device_probe.h"
 #include "transport/verbs/verbs_transport.h"
 #include "transport/shm/shm_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 #include <poll.h>
 
@@ -90,6 +91,18 @@ struct Channel::Impl : std::enable_shared_from_this<Channel::Impl> {
   // next attempt may be made while the policy backs off.
   void with_session(std::function<void(const Status&)> then);
   void reconnected(Result<Established> est);
+
+  // The TCP bulk lane (transport/tcp/bulk_lanes.h) of the current session:
+  // opened by a thread of its own on the first call with a bulk segment of
+  // at least config.tcp_bulk_lane bytes, so a channel that never moves one
+  // costs no second connection and no lane thread.  Loop thread, except
+  // lane_opening.
+  uint64_t lane_token = 0;                  // the session's offer; 0: none, or taken
+  transport::TcpLink* lane_link = nullptr;  // the session's link, while it lives
+  std::thread lane_opener;
+  std::atomic<bool> lane_opening{false};
+  void install(Established& e);
+  void maybe_open_lane(const core::PendingCall& pc);
 };
 
 namespace {
@@ -100,6 +113,9 @@ struct Established {
   std::string peer;
   TransportKind kind = TransportKind::kTcp;
   std::string note;  // why this transport, for the log
+  // tcp: the server's bulk lane offer (0: none) and the session's link.
+  uint64_t lane_token = 0;
+  transport::TcpLink* tcp_link = nullptr;
 };
 
 using detail::on_loop;
@@ -176,6 +192,47 @@ Result<HandshakeResult> client_handshake(int fd, const Config& cfg, core::WireTr
     return Status(StatusCode::kUnavailable, "server answered with a different ring geometry");
   }
   return r;
+}
+
+// --- tcp bulk lane: blocking (off the loop).  Connects a second socket to
+// the server, presents the lane token of the session's HelloReply, and once
+// the server says OK hands the socket to the session's link as its lane
+// (transport/tcp/bulk_lanes.h).
+Status open_lane(const rpc::Endpoint& endpoint, uint64_t token, rpc::Deadline deadline,
+                 reactor::Reactor& loop, core::ClientSession& session, transport::TcpLink* link) {
+  auto connected = rpc::connect_tcp(endpoint, deadline);
+  if (!connected.ok()) return connected.status();
+  FdGuard fd{connected.value()};
+  std::array<std::byte, core::kHelloSize + core::kLaneTokenSize> hello_buf{};
+  core::Hello hello;
+  hello.transport = core::WireTransport::kTcpLane;
+  hello.extension_len = core::kLaneTokenSize;
+  core::encode_hello(hello, hello_buf.data());
+  core::encode_lane_token(token, hello_buf.data() + core::kHelloSize);
+  Status st = rpc::write_all(fd.fd, hello_buf, deadline);
+  if (!st.ok()) return st;
+  std::array<std::byte, core::kHelloSize> buf;
+  st = rpc::read_exact(fd.fd, buf, deadline);
+  if (!st.ok()) return st;
+  auto reply = core::decode_hello_reply(buf.data());
+  if (!reply.ok()) return reply.status();
+  std::string message(reply->message_len, '\0');
+  st = rpc::read_exact(fd.fd, std::as_writable_bytes(std::span(message)), deadline);
+  if (!st.ok()) return st;
+  std::vector<std::byte> extension(reply->extension_len);
+  st = rpc::read_exact(fd.fd, extension, deadline);
+  if (!st.ok()) return st;
+  if (reply->status != 0) return Status(StatusCode::kUnavailable, "server refused the lane: " + message);
+  if (reply->transport != core::WireTransport::kTcpLane)
+    return Status(StatusCode::kUnavailable, "server did not answer the lane hello as a lane");
+  const int lane_fd = fd.release();
+  return on_loop(loop, [&]() -> Status {
+    if (session.closed()) {
+      ::close(lane_fd);
+      return session.close_status();
+    }
+    return link->attach_lane(lane_fd);  // takes the fd
+  });
 }
 
 // --- shm: blocking (off the loop): connects to the server's Unix socket
@@ -417,9 +474,11 @@ Result<Established> establish(Channel::Impl& impl) {
   }
   const int tcp_fd = fd.release();
   const std::string description = fmt::format("tcp {} -> {}", local, e.peer);
+  transport::TcpLink* tcp_link = nullptr;  // owned by the session, loop thread only
   auto created = on_loop(loop, [&]() -> Result<std::shared_ptr<core::ClientSession>> {
     auto link = loop.tcp().adopt(tcp_fd, description);  // takes the fd, even on failure
     if (!link.ok()) return link.status();
+    tcp_link = link.value().get();
     auto s = core::ClientSession::create(loop, std::move(link.value()), geometry, e.peer);
     if (!s.ok()) return s.status();
     s.value()->set_loop_handle(impl.loop);
@@ -432,6 +491,11 @@ Result<Established> establish(Channel::Impl& impl) {
   e.session = std::move(created.value());
   e.kind = TransportKind::kTcp;
   e.note = shm_note + note;
+  if (cfg.tcp_bulk_lane != 0 && (hs->reply.features & core::kFeatureTcpLane) != 0 &&
+      hs->extension.size() == core::kLaneTokenSize) {
+    e.lane_token = core::decode_lane_token(hs->extension.data());
+    e.tcp_link = tcp_link;
+  }
   return e;
 }
 
@@ -469,6 +533,43 @@ void Channel::Impl::with_session(std::function<void(const Status&)> then) {
   });
 }
 
+void Channel::Impl::install(Established& e) {
+  session = std::move(e.session);
+  peer = e.peer;
+  kind = e.kind;
+  lane_token = e.lane_token;
+  lane_link = e.tcp_link;
+}
+
+void Channel::Impl::maybe_open_lane(const core::PendingCall& pc) {
+  if (lane_token == 0 || lane_opening.load() || !session || session->closed()) return;
+  size_t biggest = 0;
+  for (const BulkSegment& s : pc.send_bulk) biggest = std::max(biggest, s.length);
+  for (const BulkSegment& s : pc.receive_bulk) biggest = std::max(biggest, s.length);
+  if (biggest < config.tcp_bulk_lane) return;
+  // The previous opener (of an earlier session) has finished: joining
+  // takes no time.
+  if (lane_opener.joinable()) lane_opener.join();
+  const uint64_t token = std::exchange(lane_token, 0);
+  lane_opening.store(true);
+  // This call and the next ones go on the session's connection until the
+  // lane is up; the exposing side picks per exposure, so nothing waits.
+  lane_opener = std::thread([self = shared_from_this(), s = session, link = lane_link, token] {
+    auto endpoint = rpc::parse_address(self->address);
+    const auto deadline = Clock::now() + std::chrono::milliseconds(self->config.connect_timeout_ms);
+    Status st = endpoint.ok() ? open_lane(*endpoint, token, deadline, *self->loop, *s, link)
+                              : endpoint.status();
+    if (st.ok()) {
+      core::log().debug("slotrpc: channel to {}: bulk lane open", self->peer);
+    } else {
+      // A session without its lane still works: bulk data shares its connection.
+      core::log().warn("slotrpc: channel to {}: no bulk lane, bulk data shares the connection: {}",
+                       self->peer, st.message());
+    }
+    self->lane_opening.store(false);
+  });
+}
+
 void Channel::Impl::reconnected(Result<Established> est) {
   reconnecting = false;
   if (closing.load()) {
@@ -485,9 +586,7 @@ void Channel::Impl::reconnected(Result<Established> est) {
   Status st = est.status();
   if (st.ok()) {
     if (session) runtime->retire(loop_index, std::move(session));
-    session = std::move(est.value().session);
-    peer = est.value().peer;
-    kind = est.value().kind;
+    install(est.value());
     reconnect_failures = 0;
     next_attempt = {};
     ++reconnects;
@@ -572,9 +671,7 @@ Result<std::unique_ptr<Channel>> Channel::connect_on(const std::string& address,
   auto est = off_loop([&] { return establish(*impl); });
   if (!est.ok()) return est.status();
   on_loop(*impl->loop, [p = impl.get(), &est] {
-    p->session = std::move(est.value().session);
-    p->peer = est.value().peer;
-    p->kind = est.value().kind;
+    p->install(est.value());
     return 0;
   });
   core::log().info("slotrpc: channel to {} uses {} ({}; transport={}; loop {} of {})", impl->peer,
@@ -598,8 +695,11 @@ Channel::~Channel() {
   // callbacks run there), and the channel's reference to it dropped there.
   impl_->closing.store(true);
   reactor::Reactor& loop = *impl_->loop;
-  std::thread reconnector = on_loop(loop, [impl = impl_.get()] {
+  std::thread lane_opener;
+  std::thread reconnector = on_loop(loop, [impl = impl_.get(), &lane_opener] {
     std::thread r = std::move(impl->reconnector);
+    lane_opener = std::move(impl->lane_opener);
+    impl->lane_token = 0;  // no new opener from here on
     if (impl->session) {
       impl->session->shutdown(Status(StatusCode::kCancelled, "channel closed"));
       impl->runtime->retire(impl->loop_index, std::move(impl->session));
@@ -612,11 +712,13 @@ Channel::~Channel() {
   // A reconnect in progress finishes (bounded by connect_timeout_ms); its
   // result finds the channel closing (reconnected()).  On the loop itself
   // it is not waited for: the thread holds the Impl it needs.
-  if (reconnector.joinable()) {
+  // So does a bulk lane being opened (the same bound; it holds the Impl too).
+  for (std::thread* t : {&reconnector, &lane_opener}) {
+    if (!t->joinable()) continue;
     if (loop.on_this_thread() || this_fiber::in_fiber()) {
-      reconnector.detach();
+      t->detach();
     } else {
-      reconnector.join();
+      t->join();
     }
   }
 }
@@ -631,6 +733,7 @@ CallHandle Channel::submit(core::PendingCall* pc) {
   if (!impl_->loop->on_this_thread()) impl_->handoffs.fetch_add(1, std::memory_order_relaxed);
   impl_->loop->run_or_post([impl = impl_.get(), pc] {
     if (impl->session) {
+      if (impl->lane_token != 0) impl->maybe_open_lane(*pc);
       impl->session->submit(pc);
     } else {  // unreachable: connect() leaves a session behind
       core::ClientSession::fail_later(*impl->loop, pc, Status(StatusCode::kUnavailable, "no session"));

@@ -102,7 +102,11 @@ struct Server::Impl {
   Result<std::unique_ptr<core::ServerSession>> open_tcp(size_t loop_index, int fd,
                                                         core::ServerSession::Geometry g,
                                                         const std::string& peer,
-                                                        uint64_t ring_bytes);
+                                                        uint64_t ring_bytes,
+                                                        uint64_t* lane_token);
+  // A connection that asks to be a tcp session's bulk lane (Hello of
+  // transport kTcpLane): routed by its token to the session's loop.
+  void on_lane_hello(rpc::PendingSession p);
   core::ServerSession::ClosedFn on_closed(size_t index, uint64_t ring_bytes) {
     return [this, index, ring_bytes](core::ServerSession* s) {
       if (sessions[index].erase(s) != 0) {
@@ -375,6 +379,7 @@ void Server::Impl::on_hello(rpc::PendingSession p) {
                   "this server accepts only the shm transport (SLOTRPC_TRANSPORT=shm)");
   }
   // --- end shm
+  if (h.transport == core::WireTransport::kTcpLane) return on_lane_hello(std::move(p));
   if (h.transport == core::WireTransport::kTcp && config.transport == TransportKind::kVerbs) {
     return refuse(p, StatusCode::kUnavailable,
                   "this server accepts only the verbs transport (SLOTRPC_TRANSPORT=verbs); the "
@@ -419,6 +424,38 @@ void Server::Impl::on_hello(rpc::PendingSession p) {
   });
 }
 
+void Server::Impl::on_lane_hello(rpc::PendingSession p) {
+  if (config.tcp_bulk_lane == 0)
+    return refuse(p, StatusCode::kUnavailable, "this server has bulk lanes off (tcp_bulk_lane = 0)");
+  if (p.extension.size() != core::kLaneTokenSize)
+    return refuse(p, StatusCode::kInvalidArgument,
+                  fmt::format("a bulk lane hello carries an {}-byte token, not {} bytes",
+                              core::kLaneTokenSize, p.extension.size()));
+  const uint64_t token = core::decode_lane_token(p.extension.data());
+  const size_t index = token & 0xffff;
+  if (index >= loops.size())
+    return refuse(p, StatusCode::kInvalidArgument, "bulk lane token of no session");
+  loops[index]->post([this, index, token, p = std::move(p)]() mutable {
+    if (stopping.load()) return refuse(p, StatusCode::kUnavailable, "server stopping");
+    // As for a session: the lane gets a duplicate, the reply goes out on
+    // the original.  Nothing can go out on the lane before that reply:
+    // only the client's lane exposures make this side use it.
+    const int lane_fd = ::fcntl(p.fd, F_DUPFD_CLOEXEC, 0);
+    if (lane_fd < 0)
+      return refuse(p, StatusCode::kResourceExhausted, fmt::format("dup: {}", std::strerror(errno)));
+    Status st = loops[index]->tcp().accept_lane(token, lane_fd);
+    if (!st.ok()) return refuse(p, st.code(), "bulk lane refused: " + st.message());
+    if (!rpc::send_hello_reply(p.fd, 0, p.hello, std::string(), core::WireTransport::kTcpLane)) {
+      // The lane is attached but its client never hears so: it goes on
+      // without one, and this end's lane is idle until the session ends.
+      refuse_log.warn(fmt::format("slotrpc: bulk lane from {}: the HelloReply could not be written "
+                                  "at once", p.peer));
+    }
+    ::close(p.fd);
+    core::log().debug("slotrpc: bulk lane from {} on loop {}", p.peer, index);
+  });
+}
+
 void Server::Impl::open_session(size_t index, rpc::PendingSession p,
                                  std::optional<transport::verbs::QpInfo> remote,
                                  std::string tcp_note, uint64_t ring_bytes) {
@@ -433,6 +470,7 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
   std::unique_ptr<core::ServerSession> session;
   std::vector<std::byte> extension;
   core::WireTransport transport = core::WireTransport::kTcp;
+  uint16_t features = core::kKnownFeatures;
   transport::shm::ShmLink* shm_link = nullptr;  // owned by the session
   try {
     if (p.local) {
@@ -464,13 +502,19 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
       }
     }
     if (!session) {
-      auto s = open_tcp(index, p.fd, g, p.peer, ring_bytes);
+      uint64_t lane_token = 0;
+      auto s = open_tcp(index, p.fd, g, p.peer, ring_bytes, &lane_token);
       if (!s.ok()) {
         const std::string why = explain_setup_failure(s.status());
         return fail(why != s.status().message() ? StatusCode::kResourceExhausted : s.status().code(),
                     "server cannot set up the session: " + why);
       }
       session = std::move(s.value());
+      if (lane_token != 0) {
+        extension.resize(core::kLaneTokenSize);
+        core::encode_lane_token(lane_token, extension.data());
+        features |= core::kFeatureTcpLane;
+      }
     }
   } catch (const std::bad_alloc&) {
     session.reset();
@@ -491,7 +535,7 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
   ++session_count;
   if (!rpc::send_hello_reply(p.fd, 0, p.hello,
                              transport == core::WireTransport::kVerbs ? std::string() : tcp_note,
-                             transport, extension)) {
+                             transport, extension, features)) {
     refuse_log.warn(fmt::format("slotrpc: handshake with {} failed: the HelloReply could not be "
                                 "written at once", p.peer));
     --session_count;
@@ -544,7 +588,7 @@ Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_shm(
 
 Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_tcp(
     size_t index, int fd, core::ServerSession::Geometry g, const std::string& peer,
-    uint64_t ring_bytes) {
+    uint64_t ring_bytes, uint64_t* lane_token) {
   reactor::Reactor& loop = *loops[index];
   // The link gets a duplicate: the original stays ours for the reply, even
   // when a failure below destroys the link (and closes its fd).
@@ -554,6 +598,8 @@ Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_tcp(
   }
   auto link = loop.tcp().adopt(link_fd, fmt::format("tcp {} -> {}", rpc::local_name(fd), peer));
   if (!link.ok()) return link.status();  // adopt() has closed link_fd
+  // Loop indexes fit the token's 16 route bits (reactor_threads <= 256).
+  if (config.tcp_bulk_lane != 0) *lane_token = link.value()->offer_lane(static_cast<uint16_t>(index));
   auto session = core::ServerSession::create(loop, std::move(link.value()), g, methods, peer,
                                              on_closed(index, ring_bytes));
   if (session.ok()) {

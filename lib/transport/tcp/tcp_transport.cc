@@ -12,6 +12,7 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <random>
 #include <utility>
 
 #include "core/logging.h"
@@ -72,6 +73,8 @@ TcpLink::TcpLink(TcpTransport& owner, tcp::socket socket, std::string descriptio
 }
 
 TcpLink::~TcpLink() {
+  drop_lane(false);
+  if (lane_token_ != 0) owner_.lane_offers_.erase(lane_token_);
   owner_.unstall(this);
   if (in_epoll_) {
     ::epoll_ctl(owner_.epoll_fd_, EPOLL_CTL_DEL, socket_.native_handle(), nullptr);
@@ -216,6 +219,7 @@ void TcpLink::flush_pending() {
     }
     size_t left = static_cast<size_t>(n);
     queued_bytes_ -= left;
+    lane_out_ += left;  // read only for lanes (their fences)
     progress |= n > 0;
     // Walks the frames in the order they went into the iovecs.  The
     // *_chunk_sent() calls queue the next chunk (bulk_pending_ may grow and
@@ -301,26 +305,31 @@ void TcpLink::on_writable() { flush_pending(); }
 
 void TcpLink::update_epoll_interest() {
   const bool want = output_waiting();
-  if (down_ || !in_epoll_ || (want == want_write_ && reading_ == epoll_reading_)) return;
+  // Waiting at a FENCE: nothing more is read until the lane catches up.
+  const bool read = reading_ && !fenced_;
+  if (down_ || !in_epoll_ || (want == want_write_ && read == epoll_reading_)) return;
   // EPOLLOUT only while something waits: a writable socket is the common
   // case and level-triggered EPOLLOUT would wake every poll for nothing.
   // EPOLLIN not while the output budget is exceeded (backpressure); errors
   // and hang-ups are reported regardless.
   epoll_event ev{};
-  ev.events = (reading_ ? EPOLLIN : 0u) | (want ? EPOLLOUT : 0u);
+  ev.events = (read ? EPOLLIN : 0u) | (want ? EPOLLOUT : 0u);
   ev.data.ptr = this;
   if (::epoll_ctl(owner_.epoll_fd_, EPOLL_CTL_MOD, socket_.native_handle(), &ev) != 0) {
     fail(errno_text("epoll_ctl", errno));
     return;
   }
   want_write_ = want;
-  epoll_reading_ = reading_;
+  epoll_reading_ = read;
 }
 
 void TcpLink::on_readable(bool drain_all) {
   // An event taken before the budget was exceeded: what is in the socket
   // stays there.  (A broken socket is drained regardless.)
   if (!reading_ && !drain_all) return;
+  // Waiting at a FENCE (even on a broken socket: what is buffered may only
+  // be delivered after the lane's data).
+  if (fenced_) return;
   const int fd = socket_.native_handle();
   for (int reads = 0; !down_ && (drain_all || reads < kReadBudget); ++reads) {
     // Completions not yet taken by poll() are memory a peer can grow too:
@@ -377,6 +386,8 @@ void TcpLink::on_readable(bool drain_all) {
       staging_end_ += static_cast<size_t>(n);
       if (!parse_staging()) return;
     }
+    if (lane_mode_) lane_received(static_cast<uint64_t>(n));
+    if (fenced_) return;
     // Fewer bytes than asked: the socket is drained; skip the EAGAIN call.
     if (static_cast<size_t>(n) < room && !drain_all) return;
   }
@@ -384,7 +395,7 @@ void TcpLink::on_readable(bool drain_all) {
 
 bool TcpLink::parse_staging() {
   std::byte* const base = staging_.get();
-  while (staging_begin_ < staging_end_) {
+  while (staging_begin_ < staging_end_ && !fenced_) {
     const size_t avail = staging_end_ - staging_begin_;
     if (!in_body_) {
       if (avail < kPrefixSize) break;
@@ -401,8 +412,9 @@ bool TcpLink::parse_staging() {
       if (body_got_ == body_len_ && !finish_frame()) return false;
     }
   }
-  // Whatever is left is under 8 bytes of a prefix: move it to the front so
-  // the next recv gets the whole buffer and direct reads see it empty.
+  // Whatever is left is under 8 bytes of a prefix (or, at a FENCE, the
+  // frames after it): move it to the front so the next recv gets the
+  // whole buffer and direct reads see it empty.
   const size_t left = staging_end_ - staging_begin_;
   if (left != 0 && staging_begin_ != 0) std::memmove(base, base + staging_begin_, left);
   staging_begin_ = 0;
@@ -419,7 +431,7 @@ bool TcpLink::begin_frame(uint32_t word, uint32_t imm) {
   }
   if ((word & TcpTransport::kBulkMarker) == TcpTransport::kBulkMarker) {
     const uint32_t type = word & ~TcpTransport::kBulkMarker;
-    if (type < TcpTransport::kBulkReadRequest || type > TcpTransport::kBulkWriteData || imm != 0) {
+    if (type < TcpTransport::kBulkReadRequest || type > TcpTransport::kBulkFence || imm != 0) {
       fail("bulk frame of unknown type " + std::to_string(type) + " (imm " + std::to_string(imm) +
            ")");
       return false;
@@ -433,6 +445,10 @@ bool TcpLink::begin_frame(uint32_t word, uint32_t imm) {
     body_got_ = 0;
     body_imm_ = 0;
     return true;
+  }
+  if (lane_mode_) {
+    fail("peer sent a slot or control frame on a bulk lane");
+    return false;
   }
   if (len == 0) {
     fail("peer sent a frame with an empty body");
@@ -555,6 +571,12 @@ void TcpLink::fail(std::string reason) {
   serves_.clear();
   serve_in_flight_ = false;
   bulk_queued_ = 0;
+  fenced_ = false;
+  if (lane_token_ != 0) {
+    owner_.lane_offers_.erase(lane_token_);
+    lane_token_ = 0;
+  }
+  drop_lane(true);  // the lane's operations end here too, before kLinkDown
   Completion c;
   c.kind = Completion::Kind::kLinkDown;
   c.context = context_;
@@ -621,10 +643,17 @@ Result<RemoteSegment> TcpLink::expose(const BulkRegistration& registration, size
   if (access != BulkAccess::kRemoteRead && access != BulkAccess::kRemoteWrite)
     return Status(StatusCode::kInvalidArgument, "expose: unknown access");
   if (down_) return Status(StatusCode::kUnavailable, "expose: link down: " + down_reason_);
+  // A large range goes on the lane: the peer's link sees the lane bit in
+  // the key and moves the bytes there.
+  if (lane_ != nullptr && owner_.lane_min_ != 0 && length >= owner_.lane_min_) {
+    std::lock_guard<std::mutex> lock(owner_.lanes_->mu());
+    return lane_->expose(registration, offset, length, access);
+  }
   // Keys count up and are never reused, so a key the peer kept after a
-  // revoke can never name another exposure.  2^32 exposures on one link
-  // (one per bulk segment of a call) end its bulk use rather than wrap.
-  if (last_rkey_ == UINT32_MAX)
+  // revoke can never name another exposure.  2^31 exposures on one link
+  // (one per bulk segment of a call) end its bulk use rather than wrap
+  // (a lane's keys, kLaneKeyBit and up, get the other half).
+  if (last_rkey_ == (lane_mode_ ? UINT32_MAX : TcpTransport::kLaneKeyBit - 1))
     return Status(StatusCode::kResourceExhausted, "expose: the link has used every rkey");
   const uint32_t rkey = ++last_rkey_;
   exposures_.emplace(rkey, Exposure{registration.base + offset, length, access});
@@ -633,6 +662,13 @@ Result<RemoteSegment> TcpLink::expose(const BulkRegistration& registration, size
 }
 
 bool TcpLink::revoke(const RemoteSegment& segment, uint64_t token) {
+  if (!lane_mode_ && (segment.rkey & TcpTransport::kLaneKeyBit) != 0) {
+    // The lane is gone only once this link failed: nothing reaches the
+    // memory any more.
+    if (lane_ == nullptr) return true;
+    std::lock_guard<std::mutex> lock(owner_.lanes_->mu());
+    return lane_->revoke(segment, token);
+  }
   if (exposures_.erase(segment.rkey) == 0) return true;
   if (down_) return true;
   // Write data being received into the range right now: the rest of the
@@ -662,7 +698,7 @@ bool TcpLink::revoke(const RemoteSegment& segment, uint64_t token) {
                  j.tag, j.sent, 0, nullptr, 0);
     serves_.erase(serves_.begin() + static_cast<ptrdiff_t>(i));
   }
-  flush_pending();
+  flush_or_kick();
   return done || down_;
 }
 
@@ -676,6 +712,13 @@ Status TcpLink::read(const BulkRegistration& local, size_t local_offset, const R
                                                     " bytes outside the local or remote range");
   if (!attached_) return Status(StatusCode::kInvalidArgument, "read: link not attached");
   if (down_) return Status(StatusCode::kUnavailable, "read: link down: " + down_reason_);
+  if (!lane_mode_ && (remote.rkey & TcpTransport::kLaneKeyBit) != 0) {
+    if (lane_ == nullptr)
+      return Status(StatusCode::kInvalidArgument,
+                    "read: the peer exposed the range on a bulk lane, and this session has none");
+    std::lock_guard<std::mutex> lock(owner_.lanes_->mu());
+    return lane_->read(local, local_offset, remote, remote_offset, length, token);
+  }
   ReadOp op;
   op.token = token;
   op.tag = next_read_tag_++;
@@ -685,7 +728,7 @@ Status TcpLink::read(const BulkRegistration& local, size_t local_offset, const R
   op.addr = remote.addr + remote_offset;
   reads_.push_back(op);
   request_reads();
-  flush_pending();
+  flush_or_kick();
   return Status::ok_status();
 }
 
@@ -700,6 +743,13 @@ Status TcpLink::write(const BulkRegistration& local, size_t local_offset,
                                                     " bytes outside the local or remote range");
   if (!attached_) return Status(StatusCode::kInvalidArgument, "write: link not attached");
   if (down_) return Status(StatusCode::kUnavailable, "write: link down: " + down_reason_);
+  if (!lane_mode_ && (remote.rkey & TcpTransport::kLaneKeyBit) != 0) {
+    if (lane_ == nullptr)
+      return Status(StatusCode::kInvalidArgument,
+                    "write: the peer exposed the range on a bulk lane, and this session has none");
+    std::lock_guard<std::mutex> lock(owner_.lanes_->mu());
+    return lane_->write(local, local_offset, remote, remote_offset, length, token);
+  }
   // Chunk by chunk (write_next): nothing is copied, each queued chunk
   // points into the caller's memory; the kBulkDone follows the last one.
   WriteJob j;
@@ -710,7 +760,7 @@ Status TcpLink::write(const BulkRegistration& local, size_t local_offset,
   j.length = length;
   writes_.push_back(j);
   write_next();
-  flush_pending();
+  flush_or_kick();
   return Status::ok_status();
 }
 
@@ -719,7 +769,9 @@ void TcpLink::enqueue_bulk(uint32_t type, uint32_t rkey, uint32_t status, uint64
                            uint32_t body_len) {
   // READ_REQs are small frames; data frames (and a failed read's frame,
   // which must follow the chunks of its read) wait behind them.
-  PendingWrite& w = (type == TcpTransport::kBulkReadRequest ? pending_ : bulk_pending_).emplace_back();
+  // A FENCE is a small frame too: ordered with the slot frames after it.
+  const bool small = type == TcpTransport::kBulkReadRequest || type == TcpTransport::kBulkFence;
+  PendingWrite& w = (small ? pending_ : bulk_pending_).emplace_back();
   std::byte* h = w.head.data();
   store_u32_le(h, TcpTransport::kBulkMarker | type);
   store_u32_le(h + 4, 0);
@@ -739,6 +791,8 @@ void TcpLink::enqueue_bulk(uint32_t type, uint32_t rkey, uint32_t status, uint64
 }
 
 void TcpLink::bulk_output_changed() {
+  // A lane carries nothing small: no frame there needs the mark.
+  if (lane_mode_) return;
   const bool want = bulk_queued_ != 0 || !serves_.empty() || !writes_.empty();
   if (want == bulk_lowat_ || down_) return;
   const int fd = socket_.native_handle();
@@ -798,7 +852,7 @@ void TcpLink::write_chunk_sent() {
   if (j.sent < j.length) {
     writes_.push_back(j);  // round robin between this side's writes
   } else {
-    bulk_done(j.token, StatusCode::kOk);  // every byte is in the kernel's hands
+    bulk_done(j.token, StatusCode::kOk, /*wrote=*/true);  // every byte is in the kernel's hands
   }
   write_next();
 }
@@ -819,9 +873,10 @@ void TcpLink::serve_chunk_sent() {
   serve_next();
 }
 
-void TcpLink::bulk_done(uint64_t token, StatusCode code) {
+void TcpLink::bulk_done(uint64_t token, StatusCode code, bool wrote) {
   Completion c;
   c.kind = Completion::Kind::kBulkDone;
+  c.imm = wrote ? 1 : 0;  // read by BulkLanes (a lane write needs a fence)
   c.context = context_;
   c.link = this;
   c.bulk_token = token;
@@ -922,6 +977,12 @@ bool TcpLink::on_bulk_header() {
       body_dest_ = e->base + h.addr;
       break;
     }
+    case TcpTransport::kBulkFence:
+      if (lane_mode_ || lane_ == nullptr) {
+        fail("peer sent a FENCE on a link without a bulk lane");
+        return false;
+      }
+      return on_fence(h.addr);
     default:
       fail("bulk frame of unknown type");
       return false;
@@ -933,11 +994,140 @@ bool TcpLink::on_bulk_header() {
   return true;
 }
 
+// ------------------------------------------------------------ bulk lanes
+//
+// bulk_lanes.h says why; the rules here: a session link owns its lane
+// (lane_, touched only under the lanes' lock), the lane's context_ is the
+// session link, and the lane thread's completions come back through
+// TcpTransport::drain_lane_events on the loop thread.
+
+void TcpLink::flush_or_kick() {
+  // A lane's output queued from the loop thread goes out from the lane
+  // thread: EPOLLOUT wakes it, and the copy never runs on the loop.
+  if (lane_mode_) {
+    update_epoll_interest();
+  } else {
+    flush_pending();
+  }
+}
+
+void TcpLink::lane_received(uint64_t n) {
+  const uint64_t in = lane_in_.fetch_add(n, std::memory_order_acq_rel) + n;
+  uint64_t watch = fence_watch_.load(std::memory_order_acquire);
+  if (watch == 0 || in < watch || !fence_watch_.compare_exchange_strong(watch, 0)) return;
+  // Lane mode has no control frames: kControl here means "the FENCE your
+  // session link waits at is passed" (BulkLanes::to_event).
+  Completion c;
+  c.kind = Completion::Kind::kControl;
+  c.context = context_;
+  c.link = this;
+  owner_.push_completion(c);
+}
+
+bool TcpLink::on_fence(uint64_t lane_offset) {
+  TcpLink& lane = *lane_;
+  if (lane.lane_bytes_in() >= lane_offset) return true;
+  lane.fence_watch_.store(lane_offset, std::memory_order_seq_cst);
+  // Checked again after the watch is set: the lane thread may have passed
+  // the offset in between (then it may also report it; that event finds
+  // this link no longer fenced and does nothing).
+  if (lane.lane_bytes_in() >= lane_offset) {
+    lane.fence_watch_.store(0, std::memory_order_seq_cst);
+    return true;
+  }
+  fenced_ = true;
+  fence_at_ = lane_offset;
+  update_epoll_interest();
+  return !down_;
+}
+
+void TcpLink::resume_after_fence() {
+  if (!fenced_ || down_ || lane_ == nullptr) return;
+  if (lane_->lane_bytes_in() < fence_at_) return;  // an older fence's event
+  fenced_ = false;
+  fence_at_ = 0;
+  if (!parse_staging()) return;
+  update_epoll_interest();
+}
+
+Status TcpLink::attach_lane(int fd) {
+  auto refuse = [fd](StatusCode code, std::string why) {
+    ::close(fd);
+    return Status(code, std::move(why));
+  };
+  if (lane_mode_ || owner_.role_ == TcpTransport::Role::kLanes)
+    return refuse(StatusCode::kInvalidArgument, "a bulk lane cannot have a lane");
+  if (down_) return refuse(StatusCode::kUnavailable, "bulk lane: link down: " + down_reason_);
+  if (lane_ != nullptr) return refuse(StatusCode::kInvalidArgument, "the link has a bulk lane already");
+  auto lanes = owner_.lanes();
+  if (!lanes.ok()) return refuse(lanes.status().code(), lanes.status().message());
+  std::lock_guard<std::mutex> lock(lanes.value()->mu());
+  auto adopted = lanes.value()->transport().adopt(fd, description_ + " (bulk lane)");
+  if (!adopted.ok()) return adopted.status();  // adopt() took the fd
+  std::unique_ptr<TcpLink>& lane = adopted.value();
+  lane->lane_mode_ = true;
+  lane->attached_ = true;  // bulk frames only: begin_frame refuses the rest
+  lane->context_ = this;
+  lane->last_rkey_ = TcpTransport::kLaneKeyBit;
+  lane_ = std::move(lane);
+  core::log().debug("tcp link {}: bulk lane attached", description_);
+  return Status::ok_status();
+}
+
+uint64_t TcpLink::offer_lane(uint16_t route) {
+  if (lane_token_ != 0 || lane_ != nullptr || down_ || lane_mode_) return 0;
+  // Unguessable: whoever presents it gets this session's lane.
+  std::random_device rd;
+  uint64_t token = 0;
+  while (token == 0 || owner_.lane_offers_.count(token) != 0)
+    token = (((uint64_t{rd()} << 32) | rd()) << 16) | route;
+  lane_token_ = token;
+  owner_.lane_offers_.emplace(token, this);
+  return token;
+}
+
+size_t TcpLink::lane_exposures() {
+  if (lane_ == nullptr) return 0;
+  std::lock_guard<std::mutex> lock(owner_.lanes_->mu());
+  return lane_->exposures();
+}
+
+void TcpLink::drop_lane(bool failing) {
+  if (owner_.lanes_ == nullptr) return;
+  BulkLanes& lanes = *owner_.lanes_;
+  std::vector<BulkLanes::Event> events;
+  // Oldest first: the batch the loop is applying, then the lane thread's
+  // queue, then what the lane transport still holds.
+  for (size_t i = owner_.lane_batch_pos_; i < owner_.lane_batch_.size(); ++i) {
+    BulkLanes::Event& e = owner_.lane_batch_[i];
+    if (e.link != this) continue;
+    if (failing) events.push_back(std::move(e));
+    e.link = nullptr;
+  }
+  if (lane_ != nullptr) {
+    std::lock_guard<std::mutex> lock(lanes.mu());
+    if (failing) lane_->fail("its session's link failed: " + down_reason_);
+    lanes.take_for(this, failing ? &events : nullptr);
+    if (failing) lanes.drain_lane(lane_.get(), events);
+    lane_.reset();  // closes the socket: nothing reaches user memory after this
+  } else {
+    lanes.take_for(this, failing ? &events : nullptr);
+  }
+  for (const BulkLanes::Event& e : events)
+    if (e.kind == BulkLanes::Event::Kind::kDone || e.kind == BulkLanes::Event::Kind::kWriteDone)
+      bulk_done(e.token, static_cast<StatusCode>(e.status));
+}
+
 // ----------------------------------------------------------- TcpTransport
 
-TcpTransport::TcpTransport(const Config& config)
+TcpTransport::TcpTransport(const Config& config, Role role)
     : peer_timeout_ms_(config.peer_timeout_ms),
-      bulk_slice_(std::clamp<uint32_t>(config.tcp_bulk_slice, 4096, kBulkChunkBytes)) {
+      bulk_slice_(role == Role::kLanes
+                      ? kLaneSlice
+                      : std::clamp<uint32_t>(config.tcp_bulk_slice, 4096, kBulkChunkBytes)),
+      role_(role),
+      lane_min_(role == Role::kLanes ? 0 : config.tcp_bulk_lane),
+      config_(config) {
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd_ < 0) epoll_errno_ = errno;
   ready_.reserve(kReadyReserve);
@@ -947,6 +1137,7 @@ TcpTransport::TcpTransport(const Config& config)
 TcpTransport::~TcpTransport() {
   // Sockets are bound to io_, which dies with us.
   assert(live_links_ == 0 && "destroy every TcpLink before its TcpTransport");
+  lanes_.reset();  // joins the lane thread; uses epoll_fd_
   if (epoll_fd_ >= 0) ::close(epoll_fd_);
 }
 
@@ -1006,6 +1197,8 @@ size_t TcpTransport::poll(std::span<Completion> out) {
   // Before anything is handed out, so that a link closed here reports its
   // own reason ahead of the session's keepalive verdict in the same turn.
   if (!stalled_.empty()) check_stalled();
+  // What the lane thread finished (one atomic load when there is nothing).
+  if (lanes_pending()) drain_lane_events();
   size_t got = drain(out);
   // Already-queued work comes first; reading more before the consumer has
   // taken it would only grow the queue.
@@ -1025,6 +1218,10 @@ size_t TcpTransport::poll(std::span<Completion> out) {
 }
 
 void TcpTransport::handle_event(const epoll_event& e) {
+  if (lanes_ != nullptr && e.data.ptr == lanes_.get()) {  // the lane thread's wake
+    drain_lane_events();
+    return;
+  }
   auto* link = static_cast<TcpLink*>(e.data.ptr);
   if (link == nullptr) return;  // its link was destroyed after epoll_wait
   {
@@ -1088,5 +1285,77 @@ void TcpTransport::forget(TcpLink* link) {
     ready_head_ = 0;
   }
 }
+
+Result<BulkLanes*> TcpTransport::lanes() {
+  if (lanes_ == nullptr) {
+    if (epoll_fd_ < 0) return Status(StatusCode::kInternal, errno_text("epoll_create1", epoll_errno_));
+    auto started = BulkLanes::start(config_, epoll_fd_);
+    if (!started.ok()) return started.status();
+    lanes_ = std::move(started.value());
+  }
+  return lanes_.get();
+}
+
+bool TcpTransport::lanes_pending() const { return lanes_ != nullptr && lanes_->pending(); }
+
+void TcpTransport::drain_lane_events() {
+  lane_batch_.clear();
+  lane_batch_pos_ = 0;
+  lanes_->take(lane_batch_);
+  // By index: a link failing below takes its remaining events out of the
+  // batch (TcpLink::drop_lane), so none is applied after its kLinkDown.
+  for (; lane_batch_pos_ < lane_batch_.size(); ++lane_batch_pos_) {
+    BulkLanes::Event& e = lane_batch_[lane_batch_pos_];
+    TcpLink* link = e.link;
+    if (link == nullptr || link->down_) continue;
+    switch (e.kind) {
+      case BulkLanes::Event::Kind::kWriteDone:
+        // The bytes are in the lane's kernel buffers, not yet at the peer:
+        // what this link sends after the kBulkDone (the reply) must wait
+        // there until the peer's lane has them all.
+        if (e.status == 0)
+          link->enqueue_bulk(kBulkFence, 0, 0, 0, e.lane_offset, 0, nullptr, 0);
+        link->bulk_done(e.token, static_cast<StatusCode>(e.status));
+        link->flush_pending();
+        break;
+      case BulkLanes::Event::Kind::kDone:
+        link->bulk_done(e.token, static_cast<StatusCode>(e.status));
+        break;
+      case BulkLanes::Event::Kind::kDown:
+        link->fail(e.reason);
+        break;
+      case BulkLanes::Event::Kind::kFence:
+        link->resume_after_fence();
+        break;
+    }
+  }
+  lane_batch_.clear();
+  lane_batch_pos_ = 0;
+}
+
+Status TcpTransport::accept_lane(uint64_t token, int fd) {
+  auto it = lane_offers_.find(token);
+  if (token == 0 || it == lane_offers_.end()) {
+    ::close(fd);
+    return Status(StatusCode::kInvalidArgument,
+                  "no session of this loop offered that bulk lane token (its session may have "
+                  "ended, or it has its lane)");
+  }
+  TcpLink* link = it->second;
+  lane_offers_.erase(it);
+  link->lane_token_ = 0;
+  return link->attach_lane(fd);
+}
+
+std::vector<Completion> TcpTransport::take_completions_of(TcpLink* link) {
+  std::vector<Completion> out;
+  auto first = ready_.begin() + static_cast<ptrdiff_t>(ready_head_);
+  for (auto it = first; it != ready_.end(); ++it)
+    if (it->link == link) out.push_back(*it);
+  forget(link);
+  return out;
+}
+
+std::mutex* TcpTransport::lanes_mutex() { return lanes_ ? &lanes_->mu() : nullptr; }
 
 }  // namespace slotrpc::transport

@@ -51,22 +51,32 @@
 // the output budget (they are this side's own writes, or one chunk per
 // served read), but they do keep the drain clock running, so a peer that
 // stops reading them is closed after peer_timeout_ms like any other.
+//
+// Bulk lanes (bulk_lanes.h): when both ends have them on, a session gets a
+// second connection for transfers through exposures of at least
+// Config::tcp_bulk_lane bytes, moved by a thread of its own.  The exposing
+// side decides: such an exposure is made on the lane, and its rkey (bit 31
+// set) tells the peer's link to read or write it through the lane.  A
+// FENCE frame on this connection keeps each reply behind its lane data.
 #pragma once
 
 #include <sys/epoll.h>
 #include <sys/uio.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <unordered_map>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "slotrpc/config.h"
+#include "transport/tcp/bulk_lanes.h"
 #include "transport/transport.h"
 
 namespace slotrpc::transport {
@@ -117,6 +127,24 @@ class TcpLink final : public Link {
   // For tests: reads the peer asked for that this side is serving.
   size_t bulk_serving() const { return serves_.size(); }
 
+  // ---- Bulk lanes (bulk_lanes.h; not hot path) ----
+  // Adopts `fd`, a connection whose handshake made it this link's lane
+  // (either side), into the loop's lane thread.  Takes the fd even on failure.
+  Status attach_lane(int fd);
+  bool has_lane() const { return lane_ != nullptr; }
+  // Server: the token a client presents on the connection that becomes
+  // this link's lane (TcpTransport::accept_lane), issued once (0: none).
+  // Its low 16 bits are `route` (the server's loop index); the other 48
+  // are random, so a token cannot be guessed.
+  uint64_t offer_lane(uint16_t route);
+  // For tests: exposures made on the lane.
+  size_t lane_exposures();
+  // Lane mode: bytes handed to the kernel (under the lanes' lock) and
+  // bytes received and in place (any thread).
+  uint64_t lane_bytes_out() const { return lane_out_; }
+  uint64_t lane_bytes_in() const { return lane_in_.load(std::memory_order_acquire); }
+  bool fenced() const { return fenced_; }  // for tests: parsing waits for the lane
+
  private:
   friend class TcpTransport;
   TcpLink(TcpTransport& owner, boost::asio::ip::tcp::socket socket, std::string description);
@@ -149,7 +177,18 @@ class TcpLink final : public Link {
   void serve_chunk_sent();
   void write_next();       // queues the next chunk of this side's writes
   void write_chunk_sent();
-  void bulk_done(uint64_t token, StatusCode code);
+  // wrote: the end of a write (a lane's session link then fences it).
+  void bulk_done(uint64_t token, StatusCode code, bool wrote = false);
+  // Lane helpers.  flush_or_kick: a lane's output queued by the loop
+  // thread is sent by the lane thread (EPOLLOUT), so no copy runs on the
+  // loop; a session link flushes as before.
+  void flush_or_kick();
+  bool on_fence(uint64_t lane_offset);  // false once the link has failed
+  void lane_received(uint64_t n);       // lane mode: after n bytes are in place
+  void resume_after_fence();
+  // Drops the lane; `failing`: the session link is failing, so the lane's
+  // outstanding operations end (kBulkDone) before its kLinkDown.
+  void drop_lane(bool failing);
   // Sets or restores TCP_NOTSENT_LOWAT as bulk output starts or ends.
   void bulk_output_changed();
 
@@ -280,6 +319,19 @@ class TcpLink final : public Link {
   uint64_t bulk_queued_ = 0;      // bulk body bytes of bulk_pending_ (in queued_bytes_ too)
   bool bulk_lowat_ = false;       // bulk_notsent_lowat() is set on the socket
   int saved_lowat_ = -1;          // the socket's TCP_NOTSENT_LOWAT before (-1: not read yet)
+
+  // Bulk lane state.  A session link: lane_ (guarded by the lanes' lock),
+  // and while a FENCE waits, fenced_ / fence_at_ (parsing stops there and
+  // EPOLLIN is off).  A lane (lane_mode_): its session link (context_),
+  // its byte counts for fences, and the offset a waiting FENCE watches.
+  std::unique_ptr<TcpLink> lane_;
+  bool lane_mode_ = false;
+  bool fenced_ = false;
+  uint64_t fence_at_ = 0;
+  uint64_t lane_token_ = 0;           // server: offered, not yet claimed
+  uint64_t lane_out_ = 0;             // lane mode: bytes handed to the kernel
+  std::atomic<uint64_t> lane_in_{0};  // lane mode: bytes received and in place
+  std::atomic<uint64_t> fence_watch_{0};  // lane mode: 0, or what a FENCE waits for
 };
 
 class TcpTransport final : public Transport {
@@ -287,7 +339,10 @@ class TcpTransport final : public Transport {
   // Uses config.peer_timeout_ms for the drain timeout (a link whose peer
   // reads nothing for that long while output is queued is closed) and
   // config.tcp_bulk_slice (clamped to 4 KiB .. kBulkChunkBytes).
-  explicit TcpTransport(const Config& config = Config{});
+  // kLanes: the transport of a BulkLanes (its links are lanes: bulk frames
+  // only, no lanes of their own, no low-water mark, kLaneSlice slices).
+  enum class Role : uint8_t { kLoop, kLanes };
+  explicit TcpTransport(const Config& config = Config{}, Role role = Role::kLoop);
   ~TcpTransport() override;
 
   // Takes ownership of a connected socket (handshake already done on it).
@@ -297,7 +352,7 @@ class TcpTransport final : public Transport {
   std::string_view name() const override { return "tcp"; }
   size_t poll(std::span<Completion> out) override;
   int wait_fd() const override { return epoll_fd_; }
-  bool prepare_sleep() override { return ready_head_ == ready_.size(); }
+  bool prepare_sleep() override { return ready_head_ == ready_.size() && !lanes_pending(); }
 
   static constexpr size_t kStagingBytes = 256 * 1024;
   static constexpr uint32_t kDirectReadThreshold = 16 * 1024;
@@ -350,6 +405,27 @@ class TcpTransport final : public Transport {
   static constexpr size_t kReadyLimit = 1024;
   uint32_t peer_timeout_ms() const { return peer_timeout_ms_; }
 
+  // ---- Bulk lanes (bulk_lanes.h) ----
+  // Exposures of at least this many bytes go on a session's lane, if it
+  // has one (Config::tcp_bulk_lane; 0: lanes off).
+  uint64_t lane_min_bytes() const { return lane_min_; }
+  // Slice of lane transfers: larger than the default, since nothing small
+  // shares a lane's socket or thread (docs/benchmarks.md).
+  static constexpr uint32_t kLaneSlice = 256 * 1024;
+  // Rkeys of lane exposures have this bit; the session link's own stay below.
+  static constexpr uint32_t kLaneKeyBit = 0x8000'0000u;
+  // FENCE: a bulk frame with no data on a session's connection; addr is
+  // the sender's lane byte count the frames after it wait for.
+  static constexpr uint32_t kBulkFence = 4;
+  // Server loop: the connection `fd` presented `token` (TcpLink::offer_lane)
+  // in its lane Hello; it becomes that link's lane.  Takes the fd.
+  Status accept_lane(uint64_t token, int fd);
+  // The lane transport's completions for `link`, removed from its queue.
+  std::vector<Completion> take_completions_of(TcpLink* link);
+  // For tests: the lane thread's lock (null before the first lane), to
+  // hold every lane of this loop still.
+  std::mutex* lanes_mutex();
+
  private:
   friend class TcpLink;
   void push_completion(const Completion& c) { ready_.push_back(c); }
@@ -360,9 +436,21 @@ class TcpTransport final : public Transport {
   // Closes every stalled link whose peer has read nothing for the timeout.
   void check_stalled();
   void handle_event(const epoll_event& e);
+  Result<BulkLanes*> lanes();  // started on the first lane
+  bool lanes_pending() const;
+  void drain_lane_events();
 
   uint32_t peer_timeout_ms_;
   uint32_t bulk_slice_;
+  Role role_;
+  uint64_t lane_min_;
+  Config config_;  // what the lane transport is made from
+  std::unique_ptr<BulkLanes> lanes_;
+  // Lane events being applied by drain_lane_events (a failing link takes
+  // its own from here, so none is applied after its kLinkDown).
+  std::vector<BulkLanes::Event> lane_batch_;
+  size_t lane_batch_pos_ = 0;
+  std::unordered_map<uint64_t, TcpLink*> lane_offers_;  // token -> link (server)
 
   boost::asio::io_context io_;  // owns the sockets; never run (we poll with epoll)
   int epoll_fd_ = -1;

@@ -1,0 +1,160 @@
+// TCP bulk lanes end to end (transport/tcp/bulk_lanes.h): a Channel opens
+// its session's lane on the first call with a bulk segment of at least
+// tcp_bulk_lane bytes and not before; large calls then move every byte
+// over it; a lane Hello with a token no session offered is refused by the
+// server, and the server's sessions go on; with lanes off on the server
+// nothing is offered and large calls use the session's connection.
+#include <doctest/doctest.h>
+#include <slotrpc/slotrpc.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/handshake.h"
+#include "../process_util.h"
+#include "../raw_tcp_client.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using slotrpc::CallOptions;
+using slotrpc::Channel;
+using slotrpc::Config;
+using slotrpc::RawReply;
+using slotrpc::Server;
+using slotrpc::ServerCall;
+using slotrpc::ServiceDefinition;
+using slotrpc::Status;
+using slotrpc::StatusCode;
+using slotrpc::TransportKind;
+
+constexpr uint32_t kEcho = slotrpc::method_id("slotrpc.test.Lane.Echo");
+
+// Echo: the one incoming segment, XOR 0x5a, into the one outgoing segment.
+ServiceDefinition echo_service() {
+  ServiceDefinition svc("slotrpc.test.Lane");
+  svc.add_method("Echo", [](ServerCall& call) -> Status {
+    if (call.bulk_in_count() != 1 || call.bulk_out_count() != 1)
+      return Status(StatusCode::kInvalidArgument, "want one segment each way");
+    std::vector<std::byte> buf(call.bulk_in(0));
+    if (Status st = call.read_bulk(0, buf); !st.ok()) return st;
+    for (auto& b : buf) b ^= std::byte{0x5a};
+    if (Status st = call.write_bulk(0, buf); !st.ok()) return st;
+    call.reply().Finish(call.reply().CreateVector(std::vector<uint64_t>{buf.size()}));
+    return {};
+  });
+  return svc;
+}
+
+// Threads of this process that serve bulk lanes (one per event loop with a lane).
+int lane_threads() {
+  int n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::string name = test_process::read_file(task.path() / "comm");
+    if (name.rfind("slotrpc-lanes", 0) == 0) ++n;
+  }
+  return n;
+}
+
+Config tcp_config(uint32_t lane_bytes) {
+  Config c;
+  c.transport = TransportKind::kTcp;
+  c.tcp_bulk_lane = lane_bytes;
+  return c;
+}
+
+// One echo of `size` bytes; every byte checked.
+void echo(Channel& ch, size_t size, uint8_t seed) {
+  std::vector<std::byte> out(size), in(size);
+  for (size_t i = 0; i < size; ++i) out[i] = static_cast<std::byte>((i * 13 + seed) & 0xff);
+  CallOptions o;
+  o.send_bulk(std::span<std::byte>(out)).receive_bulk(std::span<std::byte>(in));
+  RawReply r = ch.call(kEcho, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(fbb.CreateVector(std::vector<uint64_t>{0})); },
+                       std::move(o))
+                   .get();
+  REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+  size_t bad = 0;
+  for (size_t i = 0; i < size; ++i) bad += in[i] != (out[i] ^ std::byte{0x5a});
+  CHECK_MESSAGE(bad == 0, bad << " of " << size << " bytes differ");
+}
+
+bool wait_for(const std::function<bool()>& cond) {
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(1ms);  // polling /proc: nothing to wait on
+  }
+  return true;
+}
+
+// Each test runs on a Runtime of its own: its loops, and their lane
+// threads, end with the test.
+
+TEST_CASE("a channel opens its bulk lane on the first call with a segment of tcp_bulk_lane bytes, not before; large calls then use it") {
+  const int before = lane_threads();
+  slotrpc::Runtime rt(tcp_config(1 << 20));
+  Server server(rt, tcp_config(1 << 20));
+  REQUIRE(server.add_service(echo_service()).ok());
+  REQUIRE(server.start("127.0.0.1:0").ok());
+  auto ch = Channel::connect("127.0.0.1:" + std::to_string(server.port()), rt, tcp_config(1 << 20));
+  REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
+  echo(**ch, 64 * 1024, 1);       // under the threshold: no lane
+  echo(**ch, (1 << 20) - 1, 2);
+  CHECK(lane_threads() == before);
+  echo(**ch, 1 << 20, 3);          // opens the lane (this call itself may not use it)
+  REQUIRE(wait_for([&] { return lane_threads() > before; }));
+  for (uint8_t k = 0; k < 4; ++k) echo(**ch, (size_t{8} << 20) + k, 10 + k);
+  echo(**ch, 4096, 20);            // small segments stay on the connection
+  server.stop();
+}
+
+TEST_CASE("a lane hello with a token no session offered is refused; the server's sessions go on") {
+  Server server(tcp_config(1 << 20));
+  REQUIRE(server.add_service(echo_service()).ok());
+  REQUIRE(server.start("127.0.0.1:0").ok());
+  auto ch = Channel::connect("127.0.0.1:" + std::to_string(server.port()), tcp_config(1 << 20));
+  REQUIRE(ch.ok());
+  for (size_t ext : {size_t{8}, size_t{4}}) {
+    CAPTURE(ext);
+    const int fd = raw_tcp::tcp_connect(server.port());
+    std::vector<std::byte> hello(slotrpc::core::kHelloSize + ext);
+    slotrpc::core::Hello h;
+    h.transport = slotrpc::core::WireTransport::kTcpLane;
+    h.extension_len = static_cast<uint32_t>(ext);
+    slotrpc::core::encode_hello(h, hello.data());
+    if (ext == 8) slotrpc::core::encode_lane_token(0x1234'5678'9abc'0000ull, hello.data() + slotrpc::core::kHelloSize);
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    REQUIRE(slotrpc::rpc::write_all(fd, hello, deadline).ok());
+    std::array<std::byte, slotrpc::core::kHelloSize> buf;
+    REQUIRE(slotrpc::rpc::read_exact(fd, buf, deadline).ok());
+    auto reply = slotrpc::core::decode_hello_reply(buf.data());
+    REQUIRE(reply.ok());
+    CHECK(reply->status != 0);
+    std::string message(reply->message_len, '\0');
+    REQUIRE(slotrpc::rpc::read_exact(fd, std::as_writable_bytes(std::span(message)), deadline).ok());
+    CHECK_MESSAGE(message.find("lane") != std::string::npos, message);
+    ::close(fd);
+  }
+  echo(**ch, 2 << 20, 5);
+  CHECK(server.session_count() == 1);
+  server.stop();
+}
+
+TEST_CASE("with lanes off on the server, no lane is offered and large calls use the connection") {
+  const int before = lane_threads();
+  slotrpc::Runtime rt(tcp_config(1 << 20));
+  Server server(rt, tcp_config(0));
+  REQUIRE(server.add_service(echo_service()).ok());
+  REQUIRE(server.start("127.0.0.1:0").ok());
+  auto ch = Channel::connect("127.0.0.1:" + std::to_string(server.port()), rt, tcp_config(1 << 20));
+  REQUIRE(ch.ok());
+  echo(**ch, 4 << 20, 6);
+  echo(**ch, 4 << 20, 7);
+  CHECK(lane_threads() == before);
+  server.stop();
+}
+
+}  // namespace

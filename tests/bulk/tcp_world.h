@@ -1,0 +1,157 @@
+// The harness of the TCP bulk tests (bulk_tcp_link_test, bulk_tcp_lane_test):
+// two TcpTransports ("processes") in this thread, links between them over
+// real loopback connections, and a pump that polls both until a condition
+// holds, with a generous deadline.
+#pragma once
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <doctest/doctest.h>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/wire_format.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace tcp_world {
+
+using namespace slotrpc;
+using namespace slotrpc::transport;
+using CKind = Completion::Kind;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr auto kTimeout = 60s;  // "does not hang", sanitized builds included
+constexpr uint32_t kSlots = 8;
+constexpr uint32_t kSlotSize = 4096;
+
+// small_buffers: fixed 64 KiB socket buffers on both ends (no autotuning),
+// so that a peer that reads nothing leaves the sender's socket full and
+// it stays full.
+inline std::pair<int, int> loopback_pair(bool small_buffers = false) {
+  int lst = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(lst >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(lst, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(lst, 4) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(lst, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  int c = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(c >= 0);
+  REQUIRE(::connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  int s = ::accept4(lst, nullptr, nullptr, SOCK_CLOEXEC);
+  REQUIRE(s >= 0);
+  ::close(lst);
+  if (small_buffers) {
+    const int v = 64 * 1024;
+    for (int fd : {c, s}) {
+      REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof v) == 0);
+      REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof v) == 0);
+    }
+  }
+  return {c, s};
+}
+
+// One end of a link: its receive ring and every completion it produced.
+struct End {
+  std::unique_ptr<TcpLink> link;
+  std::vector<std::byte> ring;
+  std::vector<Completion> got;
+
+  void start(TcpTransport& t, int fd, const char* name) {
+    auto r = t.adopt(fd, name);
+    REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+    link = std::move(r).value();
+    ring.assign(size_t{kSlots} * kSlotSize, std::byte{0});
+    auto reg = link->register_memory(ring, Access::kRemoteWrite);
+    REQUIRE(reg.ok());
+    REQUIRE(link->attach(reg.value(), MemoryRegion{}, kSlots, kSlotSize, this).ok());
+  }
+  const Completion* find(CKind kind, uint64_t token = 0) const {
+    for (const Completion& c : got)
+      if (c.kind == kind && (kind != CKind::kBulkDone || c.bulk_token == token)) return &c;
+    return nullptr;
+  }
+  bool down() const { return find(CKind::kLinkDown) != nullptr; }
+};
+
+// Two transports (two "processes") and any number of links between them.
+struct World {
+  explicit World(const Config& config = Config{}) : a(config), b(config) {}
+  TcpTransport a, b;
+  std::vector<std::unique_ptr<End>> as, bs;  // as[i] <-> bs[i]
+
+  std::pair<End*, End*> connect(bool small_buffers = false) {
+    auto [c, s] = loopback_pair(small_buffers);
+    as.push_back(std::make_unique<End>());
+    bs.push_back(std::make_unique<End>());
+    as.back()->start(a, c, "a");
+    bs.back()->start(b, s, "b");
+    return {as.back().get(), bs.back().get()};
+  }
+  // Gives the pair x (on a) <-> y (on b) a bulk lane: a second loopback
+  // connection, as the handshake would (transport/tcp/bulk_lanes.h).
+  void lane(End& x, End& y) {
+    auto [c, s] = loopback_pair();
+    REQUIRE(x.link->attach_lane(c).ok());
+    REQUIRE(y.link->attach_lane(s).ok());
+  }
+  void poll_one(TcpTransport& t) {
+    std::array<Completion, 16> buf;
+    const size_t n = t.poll(buf);
+    for (size_t i = 0; i < n; ++i) static_cast<End*>(buf[i].context)->got.push_back(buf[i]);
+  }
+  bool pump_until(const std::function<bool()>& done) {
+    const auto deadline = Clock::now() + kTimeout;
+    while (!done()) {
+      if (Clock::now() > deadline) return false;
+      poll_one(a);
+      poll_one(b);
+    }
+    return true;
+  }
+};
+
+inline std::vector<std::byte> pattern(size_t n, uint32_t seed) {
+  std::vector<std::byte> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    v[i] = static_cast<std::byte>(x >> 24);
+  }
+  return v;
+}
+
+inline BulkRegistration reg(Link& l, std::vector<std::byte>& mem) {
+  auto r = l.register_bulk(BulkSource{mem.data(), mem.size()});
+  REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+  return r.value();
+}
+
+// Every byte, and where the first difference is if any.
+inline void check_equal(const std::vector<std::byte>& got, const std::vector<std::byte>& want) {
+  REQUIRE(got.size() == want.size());
+  const auto mm = std::mismatch(got.begin(), got.end(), want.begin());
+  CHECK_MESSAGE(mm.first == got.end(),
+                "first difference at byte " << (mm.first - got.begin()) << " of " << got.size());
+}
+
+inline void ok_done(End& e, uint64_t token) {
+  const Completion* c = e.find(CKind::kBulkDone, token);
+  REQUIRE(c != nullptr);
+  CHECK(c->bulk_status == 0);
+}
+
+}  // namespace tcp_world
