@@ -95,14 +95,20 @@ struct Channel::Impl : std::enable_shared_from_this<Channel::Impl> {
   // The TCP bulk lane (transport/tcp/bulk_lanes.h) of the current session:
   // opened by a thread of its own on the first call with a bulk segment of
   // at least config.tcp_bulk_lane bytes, so a channel that never moves one
-  // costs no second connection and no lane thread.  Loop thread, except
-  // lane_opening.
+  // costs no second connection and no lane thread.  Calls with such a
+  // segment wait (waiting_for_lane) until the attempt is over, so that
+  // every large transfer runs on the lane, the first one included; small
+  // calls never wait.  Loop thread only.
   uint64_t lane_token = 0;                  // the session's offer; 0: none, or taken
   transport::TcpLink* lane_link = nullptr;  // the session's link, while it lives
   std::thread lane_opener;
-  std::atomic<bool> lane_opening{false};
+  bool lane_opening = false;
+  std::vector<core::PendingCall*> waiting_for_lane;
   void install(Established& e);
-  void maybe_open_lane(const core::PendingCall& pc);
+  // True when `pc` waits for the lane (taken over); false: submit it now.
+  bool hold_for_lane(core::PendingCall* pc);
+  void lane_attempt_over();
+  bool cancel_held(uint64_t request_id);
 };
 
 namespace {
@@ -195,11 +201,10 @@ Result<HandshakeResult> client_handshake(int fd, const Config& cfg, core::WireTr
 }
 
 // --- tcp bulk lane: blocking (off the loop).  Connects a second socket to
-// the server, presents the lane token of the session's HelloReply, and once
-// the server says OK hands the socket to the session's link as its lane
-// (transport/tcp/bulk_lanes.h).
-Status open_lane(const rpc::Endpoint& endpoint, uint64_t token, rpc::Deadline deadline,
-                 reactor::Reactor& loop, core::ClientSession& session, transport::TcpLink* link) {
+// the server and presents the lane token of the session's HelloReply; once
+// the server says OK the socket is returned, for the session's link to
+// take as its lane (transport/tcp/bulk_lanes.h).
+Result<int> open_lane(const rpc::Endpoint& endpoint, uint64_t token, rpc::Deadline deadline) {
   auto connected = rpc::connect_tcp(endpoint, deadline);
   if (!connected.ok()) return connected.status();
   FdGuard fd{connected.value()};
@@ -225,14 +230,7 @@ Status open_lane(const rpc::Endpoint& endpoint, uint64_t token, rpc::Deadline de
   if (reply->status != 0) return Status(StatusCode::kUnavailable, "server refused the lane: " + message);
   if (reply->transport != core::WireTransport::kTcpLane)
     return Status(StatusCode::kUnavailable, "server did not answer the lane hello as a lane");
-  const int lane_fd = fd.release();
-  return on_loop(loop, [&]() -> Status {
-    if (session.closed()) {
-      ::close(lane_fd);
-      return session.close_status();
-    }
-    return link->attach_lane(lane_fd);  // takes the fd
-  });
+  return fd.release();
 }
 
 // --- shm: blocking (off the loop): connects to the server's Unix socket
@@ -541,33 +539,72 @@ void Channel::Impl::install(Established& e) {
   lane_link = e.tcp_link;
 }
 
-void Channel::Impl::maybe_open_lane(const core::PendingCall& pc) {
-  if (lane_token == 0 || lane_opening.load() || !session || session->closed()) return;
+bool Channel::Impl::hold_for_lane(core::PendingCall* pc) {
   size_t biggest = 0;
-  for (const BulkSegment& s : pc.send_bulk) biggest = std::max(biggest, s.length);
-  for (const BulkSegment& s : pc.receive_bulk) biggest = std::max(biggest, s.length);
-  if (biggest < config.tcp_bulk_lane) return;
-  // The previous opener (of an earlier session) has finished: joining
+  for (const BulkSegment& s : pc->send_bulk) biggest = std::max(biggest, s.length);
+  for (const BulkSegment& s : pc->receive_bulk) biggest = std::max(biggest, s.length);
+  if (biggest == 0 || biggest < config.tcp_bulk_lane) return false;
+  if (lane_opening) {
+    waiting_for_lane.push_back(pc);
+    return true;
+  }
+  if (lane_token == 0 || !session || session->closed()) return false;
+  // The opener of an earlier session has finished (its task ran): joining
   // takes no time.
   if (lane_opener.joinable()) lane_opener.join();
   const uint64_t token = std::exchange(lane_token, 0);
-  lane_opening.store(true);
-  // This call and the next ones go on the session's connection until the
-  // lane is up; the exposing side picks per exposure, so nothing waits.
+  lane_opening = true;
+  waiting_for_lane.push_back(pc);
+  // Connect and handshake off the loop (bounded by connect_timeout_ms),
+  // then one task on the loop attaches the lane and lets the calls go.
   lane_opener = std::thread([self = shared_from_this(), s = session, link = lane_link, token] {
     auto endpoint = rpc::parse_address(self->address);
     const auto deadline = Clock::now() + std::chrono::milliseconds(self->config.connect_timeout_ms);
-    Status st = endpoint.ok() ? open_lane(*endpoint, token, deadline, *self->loop, *s, link)
-                              : endpoint.status();
-    if (st.ok()) {
-      core::log().debug("slotrpc: channel to {}: bulk lane open", self->peer);
-    } else {
-      // A session without its lane still works: bulk data shares its connection.
-      core::log().warn("slotrpc: channel to {}: no bulk lane, bulk data shares the connection: {}",
-                       self->peer, st.message());
-    }
-    self->lane_opening.store(false);
+    Result<int> fd = endpoint.ok() ? open_lane(*endpoint, token, deadline) : endpoint.status();
+    self->loop->post([self, s, link, fd]() mutable {
+      Status st = fd.status();
+      if (fd.ok()) {
+        if (self->closing.load() || s->closed()) {
+          ::close(fd.value());
+          st = Status(StatusCode::kCancelled, "the session ended first");
+        } else {
+          st = link->attach_lane(fd.value());  // takes the fd
+        }
+      }
+      if (st.ok()) {
+        core::log().debug("slotrpc: channel to {}: bulk lane open", self->peer);
+      } else if (!self->closing.load()) {
+        // A session without its lane still works: bulk data shares its connection.
+        core::log().warn("slotrpc: channel to {}: no bulk lane, bulk data shares the connection: {}",
+                         self->peer, st.message());
+      }
+      self->lane_attempt_over();
+    });
   });
+  return true;
+}
+
+void Channel::Impl::lane_attempt_over() {
+  lane_opening = false;
+  auto calls = std::move(waiting_for_lane);
+  waiting_for_lane.clear();
+  for (core::PendingCall* pc : calls) {
+    if (closing.load() || !session) {
+      core::ClientSession::fail_later(*loop, pc, Status(StatusCode::kCancelled, "channel closed"));
+    } else {
+      session->submit(pc);  // a session closed meanwhile fails it with its reason
+    }
+  }
+}
+
+bool Channel::Impl::cancel_held(uint64_t request_id) {
+  auto it = std::find_if(waiting_for_lane.begin(), waiting_for_lane.end(),
+                         [request_id](core::PendingCall* pc) { return pc->request_id == request_id; });
+  if (it == waiting_for_lane.end()) return false;
+  core::PendingCall* pc = *it;
+  waiting_for_lane.erase(it);
+  core::ClientSession::fail_later(*loop, pc, Status(StatusCode::kCancelled, "cancelled by the caller"));
+  return true;
 }
 
 void Channel::Impl::reconnected(Result<Established> est) {
@@ -700,6 +737,10 @@ Channel::~Channel() {
     std::thread r = std::move(impl->reconnector);
     lane_opener = std::move(impl->lane_opener);
     impl->lane_token = 0;  // no new opener from here on
+    auto held = std::move(impl->waiting_for_lane);
+    impl->waiting_for_lane.clear();
+    for (core::PendingCall* pc : held)
+      core::ClientSession::fail_later(*impl->loop, pc, Status(StatusCode::kCancelled, "channel closed"));
     if (impl->session) {
       impl->session->shutdown(Status(StatusCode::kCancelled, "channel closed"));
       impl->runtime->retire(impl->loop_index, std::move(impl->session));
@@ -733,7 +774,7 @@ CallHandle Channel::submit(core::PendingCall* pc) {
   if (!impl_->loop->on_this_thread()) impl_->handoffs.fetch_add(1, std::memory_order_relaxed);
   impl_->loop->run_or_post([impl = impl_.get(), pc] {
     if (impl->session) {
-      if (impl->lane_token != 0) impl->maybe_open_lane(*pc);
+      if ((impl->lane_token != 0 || impl->lane_opening) && impl->hold_for_lane(pc)) return;
       impl->session->submit(pc);
     } else {  // unreachable: connect() leaves a session behind
       core::ClientSession::fail_later(*impl->loop, pc, Status(StatusCode::kUnavailable, "no session"));
@@ -744,6 +785,7 @@ CallHandle Channel::submit(core::PendingCall* pc) {
     auto impl = weak.lock();
     if (!impl || impl->closing.load()) return;
     impl->loop->run_or_post([impl, id] {
+      if (impl->cancel_held(id)) return;
       if (impl->session) impl->session->cancel(id, Status(StatusCode::kCancelled, "cancelled by the caller"));
     });
   });
@@ -923,6 +965,9 @@ Channel::Stats Channel::stats() const {
     out.max_inline = c.link.max_inline;
     out.shared_receive_queue = c.link.shared_receive_queue;
     out.memory_window = c.link.memory_window;
+    out.bulk_lane = c.link.bulk_lane;
+    out.bulk_lane_bytes_sent = c.link.lane_bytes_sent;
+    out.bulk_lane_bytes_received = c.link.lane_bytes_received;
     out.closed = impl->session->closed();
     out.reconnect_attempts = impl->reconnect_attempts;
     out.reconnects = impl->reconnects;

@@ -154,6 +154,9 @@ struct LinkStats {
   uint32_t max_inline = 0;      // verbs: the queue pair's real max_inline_data
   bool shared_receive_queue = false;  // verbs: receives come from the loop's SRQ
   bool memory_window = false;         // verbs: the peer writes through a type-2 window
+  bool bulk_lane = false;             // tcp: the session has its bulk lane
+  uint64_t lane_bytes_sent = 0;       // tcp: bytes sent on it
+  uint64_t lane_bytes_received = 0;   // tcp: bytes received on it
 };
 
 class Link {

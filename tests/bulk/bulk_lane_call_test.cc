@@ -81,15 +81,6 @@ void echo(Channel& ch, size_t size, uint8_t seed) {
   CHECK_MESSAGE(bad == 0, bad << " of " << size << " bytes differ");
 }
 
-bool wait_for(const std::function<bool()>& cond) {
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(1ms);  // polling /proc: nothing to wait on
-  }
-  return true;
-}
-
 // Each test runs on a Runtime of its own: its loops, and their lane
 // threads, end with the test.
 
@@ -104,10 +95,19 @@ TEST_CASE("a channel opens its bulk lane on the first call with a segment of tcp
   echo(**ch, 64 * 1024, 1);       // under the threshold: no lane
   echo(**ch, (1 << 20) - 1, 2);
   CHECK(lane_threads() == before);
-  echo(**ch, 1 << 20, 3);          // opens the lane (this call itself may not use it)
-  REQUIRE(wait_for([&] { return lane_threads() > before; }));
+  CHECK_FALSE((*ch)->stats().bulk_lane);
+  // Opens the lane, and waits for it: this call's data moves there too.
+  echo(**ch, 1 << 20, 3);
+  CHECK(lane_threads() > before);
+  auto st = (*ch)->stats();
+  REQUIRE(st.bulk_lane);
+  CHECK(st.bulk_lane_bytes_sent >= (1u << 20));      // the request data the server read
+  CHECK(st.bulk_lane_bytes_received >= (1u << 20));  // the reply data it wrote
   for (uint8_t k = 0; k < 4; ++k) echo(**ch, (size_t{8} << 20) + k, 10 + k);
+  const auto before_small = (*ch)->stats();
+  CHECK(before_small.bulk_lane_bytes_received >= st.bulk_lane_bytes_received + (size_t{32} << 20));
   echo(**ch, 4096, 20);            // small segments stay on the connection
+  CHECK((*ch)->stats().bulk_lane_bytes_received == before_small.bulk_lane_bytes_received);
   server.stop();
 }
 
@@ -154,6 +154,7 @@ TEST_CASE("with lanes off on the server, no lane is offered and large calls use 
   echo(**ch, 4 << 20, 6);
   echo(**ch, 4 << 20, 7);
   CHECK(lane_threads() == before);
+  CHECK_FALSE((*ch)->stats().bulk_lane);
   server.stop();
 }
 

@@ -1086,6 +1086,17 @@ uint64_t TcpLink::offer_lane(uint16_t route) {
   return token;
 }
 
+LinkStats TcpLink::stats() const {
+  LinkStats s = stats_;
+  if (lane_ != nullptr) {
+    std::lock_guard<std::mutex> lock(owner_.lanes_->mu());
+    s.bulk_lane = true;
+    s.lane_bytes_sent = lane_->lane_out_;
+    s.lane_bytes_received = lane_->lane_in_.load(std::memory_order_relaxed);
+  }
+  return s;
+}
+
 size_t TcpLink::lane_exposures() {
   if (lane_ == nullptr) return 0;
   std::lock_guard<std::mutex> lock(owner_.lanes_->mu());

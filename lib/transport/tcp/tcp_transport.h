@@ -96,7 +96,7 @@ class TcpLink final : public Link {
   void post(std::span<const Outgoing> batch) override;
   void close(std::string reason) override;
   std::string describe() const override { return description_; }
-  LinkStats stats() const override { return stats_; }
+  LinkStats stats() const override;  // takes the lanes' lock when there is a lane
 
   // For tests and monitoring: bytes queued for the peer and not yet
   // written to the socket, the budget they may reach, and whether the link
