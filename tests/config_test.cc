@@ -16,6 +16,7 @@
 #include "slotrpc/server.h"
 
 using slotrpc::Config;
+using slotrpc::LaneScheduling;
 using slotrpc::PollMode;
 using slotrpc::StatusCode;
 using slotrpc::TransportKind;
@@ -501,6 +502,19 @@ TEST_CASE("config: valid environment overrides apply") {
     REQUIRE(r.ok());
     CHECK(r->slot_count == 16);
   }
+  SUBCASE("SLOTRPC_TCP_LANE_SCHED") {
+    for (auto [name_, mode] : {std::pair{"normal", LaneScheduling::kNormal},
+                              std::pair{"batch", LaneScheduling::kBatch}}) {
+      const char* const name = name_;
+      EnvVar v("SLOTRPC_TCP_LANE_SCHED", name);
+      Config c;
+      c.tcp_lane_sched = mode == LaneScheduling::kBatch ? LaneScheduling::kNormal : LaneScheduling::kBatch;
+      auto r = c.with_environment();
+      CAPTURE(name);
+      REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+      CHECK(r->tcp_lane_sched == mode);
+    }
+  }
   SUBCASE("SLOTRPC_POLL_MODE") {
     for (auto [name_, mode] : {std::pair{"busy", PollMode::kBusy},
                               std::pair{"blocking", PollMode::kBlocking},
@@ -688,7 +702,8 @@ TEST_CASE("config: enumerated variables must name a known value") {
                         Case{"SLOTRPC_POLL_MODE", "", "blocking"},
                         Case{"SLOTRPC_TRANSPORT", "rdma", "verbs"},
                         Case{"SLOTRPC_TRANSPORT", "tcp ", "tcp"},
-                        Case{"SLOTRPC_LOG_LEVEL", "loud", "warn"}}) {
+                        Case{"SLOTRPC_LOG_LEVEL", "loud", "warn"},
+                        Case{"SLOTRPC_TCP_LANE_SCHED", "idle", "batch"}}) {
     EnvVar v(c.var, c.value);
     auto r = Config{}.with_environment();
     CAPTURE(c.var);

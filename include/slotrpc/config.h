@@ -21,6 +21,13 @@ enum class PollMode : uint8_t {
   kAdaptive,  // spin for `spin_us`, then sleep (default)
 };
 
+// How the kernel schedules a loop's TCP bulk lane thread (docs/tuning.md,
+// "TCP bulk lanes").
+enum class LaneScheduling : uint8_t {
+  kNormal,  // like any thread: bulk keeps its speed on a busy host
+  kBatch,   // SCHED_BATCH: never preempts an event loop that wakes for a small call
+};
+
 enum class TransportKind : uint8_t {
   kAuto,   // shm on one host, else verbs when both ends have an RDMA device, else TCP
   kTcp,
@@ -104,6 +111,7 @@ struct SLOTRPC_API Config {
   // runs there, so small calls never queue behind it in a socket or a
   // loop (docs/tuning.md, "TCP bulk lanes").  0 turns lanes off.
   uint32_t tcp_bulk_lane = 1024 * 1024;
+  LaneScheduling tcp_lane_sched = LaneScheduling::kNormal;  // SLOTRPC_TCP_LANE_SCHED normal|batch
   uint32_t max_pending_handshakes = 1024;         // SLOTRPC_MAX_PENDING_HANDSHAKES
   uint32_t max_pending_handshakes_per_host = 256; // SLOTRPC_MAX_PENDING_HANDSHAKES_PER_HOST
 
@@ -143,6 +151,7 @@ struct SLOTRPC_API Config {
 SLOTRPC_API std::string_view to_string(PollMode mode);
 SLOTRPC_API std::string_view to_string(TransportKind kind);
 SLOTRPC_API std::string_view to_string(RelaxedOrdering mode);
+SLOTRPC_API std::string_view to_string(LaneScheduling mode);
 SLOTRPC_API std::string_view to_string(SharedReceiveQueue mode);
 
 }  // namespace slotrpc

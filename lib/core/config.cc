@@ -83,7 +83,7 @@ std::span<const std::string_view> named_settings() {
       "SLOTRPC_POLL_MODE", "SLOTRPC_TRANSPORT",  "SLOTRPC_LOG_LEVEL",
       "SLOTRPC_DEVICE",    "SLOTRPC_GID_INDEX", "SLOTRPC_RELAXED_ORDERING",
       "SLOTRPC_SRQ",       "SLOTRPC_MAX_RING_MEMORY", "SLOTRPC_METRICS_ADDRESS",
-      "SLOTRPC_UNIX_PATH", "SLOTRPC_MAX_BULK_BYTES",
+      "SLOTRPC_UNIX_PATH", "SLOTRPC_MAX_BULK_BYTES", "SLOTRPC_TCP_LANE_SCHED",
   };
   return kNames;
 }
@@ -126,6 +126,8 @@ constexpr std::pair<std::string_view, PollMode> kPollModes[] = {
 constexpr std::pair<std::string_view, TransportKind> kTransports[] = {
     {"auto", TransportKind::kAuto}, {"tcp", TransportKind::kTcp}, {"verbs", TransportKind::kVerbs},
     {"shm", TransportKind::kShm}};
+constexpr std::pair<std::string_view, LaneScheduling> kLaneScheds[] = {
+    {"normal", LaneScheduling::kNormal}, {"batch", LaneScheduling::kBatch}};
 constexpr std::pair<std::string_view, RelaxedOrdering> kRelaxedOrdering[] = {
     {"off", RelaxedOrdering::kOff}, {"on", RelaxedOrdering::kOn}, {"auto", RelaxedOrdering::kAuto}};
 constexpr std::pair<std::string_view, SharedReceiveQueue> kSrqModes[] = {
@@ -230,6 +232,12 @@ std::string_view to_string(RelaxedOrdering mode) {
   return "?";
 }
 
+std::string_view to_string(LaneScheduling mode) {
+  for (const auto& [name, value] : core::kLaneScheds)
+    if (value == mode) return name;
+  return "?";
+}
+
 std::string_view to_string(SharedReceiveQueue mode) {
   for (const auto& [name, value] : core::kSrqModes)
     if (value == mode) return name;
@@ -284,6 +292,11 @@ Status Config::validate() const {
                   to_string(relaxed_ordering), kRelaxedOrdering).ok()) {
     return out_of_range("Config.relaxed_ordering (SLOTRPC_RELAXED_ORDERING)",
                         std::to_string(static_cast<int>(relaxed_ordering)), "off, on or auto");
+  }
+  if (!parse_name("Config.tcp_lane_sched (SLOTRPC_TCP_LANE_SCHED)", to_string(tcp_lane_sched),
+                  kLaneScheds).ok()) {
+    return out_of_range("Config.tcp_lane_sched (SLOTRPC_TCP_LANE_SCHED)",
+                        std::to_string(static_cast<int>(tcp_lane_sched)), "normal or batch");
   }
   if (!parse_name("Config.srq (SLOTRPC_SRQ)", to_string(srq), kSrqModes).ok()) {
     return out_of_range("Config.srq (SLOTRPC_SRQ)", std::to_string(static_cast<int>(srq)),
@@ -342,6 +355,11 @@ Result<Config> Config::with_environment() const {
     auto v = parse_gid_index("SLOTRPC_GID_INDEX", text);
     if (!v.ok()) return v.status();
     out.gid_index = v.value();
+  }
+  if (const char* text = std::getenv("SLOTRPC_TCP_LANE_SCHED")) {
+    auto v = parse_name("SLOTRPC_TCP_LANE_SCHED", text, kLaneScheds);
+    if (!v.ok()) return v.status();
+    out.tcp_lane_sched = v.value();
   }
   if (const char* text = std::getenv("SLOTRPC_RELAXED_ORDERING")) {
     auto v = parse_name("SLOTRPC_RELAXED_ORDERING", text, kRelaxedOrdering);

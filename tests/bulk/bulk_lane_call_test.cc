@@ -3,10 +3,15 @@
 // tcp_bulk_lane bytes and not before; large calls then move every byte
 // over it; a lane Hello with a token no session offered is refused by the
 // server, and the server's sessions go on; with lanes off on the server
-// nothing is offered and large calls use the session's connection.
+// nothing is offered and large calls use the session's connection; a lane
+// that cannot be opened leaves the session as it was.
 #include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <slotrpc/slotrpc.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -14,6 +19,7 @@
 #include <vector>
 
 #include "core/handshake.h"
+#include "../log_capture.h"
 #include "../process_util.h"
 #include "../raw_tcp_client.h"
 
@@ -80,6 +86,71 @@ void echo(Channel& ch, size_t size, uint8_t seed) {
   for (size_t i = 0; i < size; ++i) bad += in[i] != (out[i] ^ std::byte{0x5a});
   CHECK_MESSAGE(bad == 0, bad << " of " << size << " bytes differ");
 }
+
+// Forwards the first connection it accepts to the server at `to`, both
+// ways, and closes every later one at once: a server whose session works
+// but whose lanes cannot be reached.
+class FirstOnlyProxy {
+ public:
+  explicit FirstOnlyProxy(uint16_t to) {
+    lst_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(lst_ >= 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    REQUIRE(::bind(lst_, reinterpret_cast<sockaddr*>(&addr), len) == 0);
+    REQUIRE(::listen(lst_, 8) == 0);
+    REQUIRE(::getsockname(lst_, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this, to] { run(to); });
+  }
+  ~FirstOnlyProxy() {
+    stop_ = true;
+    thread_.join();
+    ::close(lst_);
+  }
+  uint16_t port() const { return port_; }
+  int refused() const { return refused_.load(); }
+
+ private:
+  static bool copy(int from, int to) {
+    std::byte buf[65536];
+    const ssize_t n = ::recv(from, buf, sizeof buf, 0);
+    if (n <= 0) return false;
+    for (ssize_t sent = 0; sent < n;) {
+      const ssize_t k = ::send(to, buf + sent, static_cast<size_t>(n - sent), MSG_NOSIGNAL);
+      if (k <= 0) return false;
+      sent += k;
+    }
+    return true;
+  }
+  void run(uint16_t to) {
+    int a = -1, b = -1;
+    while (!stop_) {
+      pollfd p[3] = {{lst_, POLLIN, 0}, {a, POLLIN, 0}, {b, POLLIN, 0}};
+      if (::poll(p, 3, 20) <= 0) continue;  // 20 ms: how soon ~FirstOnlyProxy is noticed
+      if (p[0].revents != 0) {
+        const int c = ::accept4(lst_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c >= 0 && a < 0) {
+          a = c;
+          b = raw_tcp::tcp_connect(to);
+        } else if (c >= 0) {
+          ::close(c);
+          ++refused_;
+        }
+      }
+      if ((p[1].revents != 0 && !copy(a, b)) || (p[2].revents != 0 && !copy(b, a))) break;
+    }
+    if (a >= 0) ::close(a);
+    if (b >= 0) ::close(b);
+  }
+  int lst_ = -1;
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> refused_{0};
+  std::thread thread_;
+};
 
 // Each test runs on a Runtime of its own: its loops, and their lane
 // threads, end with the test.
@@ -156,6 +227,26 @@ TEST_CASE("with lanes off on the server, no lane is offered and large calls use 
   CHECK(lane_threads() == before);
   CHECK_FALSE((*ch)->stats().bulk_lane);
   server.stop();
+}
+
+TEST_CASE("a lane that cannot be opened leaves the session as it was: large calls run on its connection") {
+  slotrpc::Runtime rt(tcp_config(1 << 20));
+  Server server(rt, tcp_config(1 << 20));
+  REQUIRE(server.add_service(echo_service()).ok());
+  REQUIRE(server.start("127.0.0.1:0").ok());
+  FirstOnlyProxy proxy(server.port());
+  slotrpc::test::LogCapture logs;
+  auto ch = Channel::connect("127.0.0.1:" + std::to_string(proxy.port()), rt, tcp_config(1 << 20));
+  REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
+  // Waits for the lane attempt, which fails, then runs on the connection.
+  echo(**ch, 2 << 20, 8);
+  CHECK(proxy.refused() == 1);
+  CHECK_FALSE((*ch)->stats().bulk_lane);
+  CHECK(logs.matching({"no bulk lane"}).size() == 1);
+  // One attempt per session: the next large call goes straight on.
+  echo(**ch, 2 << 20, 9);
+  CHECK(proxy.refused() == 1);
+  ch->reset();
 }
 
 }  // namespace

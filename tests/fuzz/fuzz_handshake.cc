@@ -52,7 +52,7 @@ void check_refusal(const Status& s) {
 void fuzz_hello(const uint8_t* b) {
   const uint64_t transport = le(b + 6, 2);
   const bool valid = le(b, 4) == 0x48505253 && le(b + 4, 2) == 1 &&
-                     (transport == 1 || transport == 2 || transport == 3) && le(b + 16, 4) <= 4096;
+                     (transport >= 1 && transport <= 4) && le(b + 16, 4) <= 4096;  // 4: a tcp session's bulk lane
   auto r = decode_hello(reinterpret_cast<const std::byte*>(b));
   FUZZ_CHECK(r.ok() == valid);
   if (!r.ok()) return check_refusal(r.status());
@@ -71,7 +71,7 @@ void fuzz_hello(const uint8_t* b) {
 
 void fuzz_hello_reply(const uint8_t* b) {
   const uint64_t transport = le(b + 24, 2);
-  const bool valid = le(b, 4) == 0x41505253 && le(b + 4, 2) == 1 && transport <= 3 &&
+  const bool valid = le(b, 4) == 0x41505253 && le(b + 4, 2) == 1 && transport <= 4 &&
                      le(b + 16, 4) <= 4096 && le(b + 20, 4) <= 1024;
   auto r = decode_hello_reply(reinterpret_cast<const std::byte*>(b));
   FUZZ_CHECK(r.ok() == valid);

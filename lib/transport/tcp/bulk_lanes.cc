@@ -40,6 +40,7 @@ Result<std::unique_ptr<BulkLanes>> BulkLanes::start(const Config& loop_config, i
   ev.data.ptr = l.get();
   if (::epoll_ctl(loop_epoll_fd, EPOLL_CTL_ADD, l->wake_fd_, &ev) != 0) return sys_error("epoll_ctl");
   l->loop_epoll_fd_ = loop_epoll_fd;
+  l->batch_ = loop_config.tcp_lane_sched == LaneScheduling::kBatch;
   try {
     l->thread_ = std::thread([p = l.get()] { p->run(); });
   } catch (const std::system_error& e) {
@@ -63,15 +64,20 @@ BulkLanes::~BulkLanes() {
 
 void BulkLanes::run() {
   pthread_setname_np(pthread_self(), "slotrpc-lanes");
-  // SCHED_BATCH: the kernel treats this thread as the CPU-bound background
-  // work it is and lets it preempt no one on wake-up, so an event loop that
-  // wakes for a small call runs first.  On 2 vCPUs beside a 1 GiB transfer
-  // it took the small calls' p99 within 2x of idle in 7 runs of 8, against
-  // 3 of 8 without (docs/benchmarks.md).  Nice values did worse.  Any
-  // process may choose it; where it cannot, the thread runs as it is.
-  sched_param param{};
-  if (int err = pthread_setschedparam(pthread_self(), SCHED_BATCH, &param); err != 0)
-    core::log().debug("bulk lanes: SCHED_BATCH refused: {}", std::strerror(err));
+  // SCHED_BATCH (Config::tcp_lane_sched = batch): the kernel treats this
+  // thread as the background work it is and lets it preempt no one when it
+  // wakes, so an event loop that wakes for a small call runs first.  On 2
+  // vCPUs beside a 1 GiB transfer that took the small calls' p99 within 2x
+  // of idle in 7 runs of 8 against 3 of 8, but on a host whose cores are
+  // all busy every wake-up of this thread waits for a time slice, and bulk
+  // data moved up to 60 % slower (docs/benchmarks.md); so it is a choice,
+  // not the default.  Any process may choose it; where it cannot, the
+  // thread runs as it is.
+  if (batch_) {
+    sched_param param{};
+    if (int err = pthread_setschedparam(pthread_self(), SCHED_BATCH, &param); err != 0)
+      core::log().debug("bulk lanes: SCHED_BATCH refused: {}", std::strerror(err));
+  }
   std::array<Completion, 64> buf;
   std::array<epoll_event, 2> evs;
   for (;;) {

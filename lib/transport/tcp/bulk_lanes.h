@@ -106,6 +106,7 @@ class BulkLanes {
   int wake_fd_ = -1;   // eventfd: the loop's wake (in the loop's epoll set)
   int stop_fd_ = -1;   // eventfd: stops the lane thread
   int wait_fd_ = -1;   // epoll of the lane thread: transport_'s epoll fd and stop_fd_
+  bool batch_ = false;  // the thread runs SCHED_BATCH (Config::tcp_lane_sched)
   std::thread thread_;
 
   std::mutex events_mu_;

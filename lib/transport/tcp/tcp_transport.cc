@@ -702,20 +702,31 @@ bool TcpLink::revoke(const RemoteSegment& segment, uint64_t token) {
   return done || down_;
 }
 
-Status TcpLink::read(const BulkRegistration& local, size_t local_offset, const RemoteSegment& remote,
-                     uint64_t remote_offset, size_t length, uint64_t token) {
-  if (local.domain != bulk_domain() || local.base == nullptr)
-    return Status(StatusCode::kInvalidArgument, "read: not a tcp bulk registration");
+Status TcpLink::check_transfer(const char* what, const BulkRegistration& local,
+                               size_t local_offset, const RemoteSegment& remote,
+                               uint64_t remote_offset, size_t length, bool* on_lane) const {
+  auto invalid = [what](const std::string& why) {
+    return Status(StatusCode::kInvalidArgument, std::string(what) + ": " + why);
+  };
+  if (local.domain != bulk_domain() || local.base == nullptr) return invalid("not a tcp bulk registration");
   if (length == 0 || local_offset > local.length || length > local.length - local_offset ||
       remote_offset > remote.length || length > remote.length - remote_offset)
-    return Status(StatusCode::kInvalidArgument, "read: " + std::to_string(length) +
-                                                    " bytes outside the local or remote range");
-  if (!attached_) return Status(StatusCode::kInvalidArgument, "read: link not attached");
-  if (down_) return Status(StatusCode::kUnavailable, "read: link down: " + down_reason_);
-  if (!lane_mode_ && (remote.rkey & TcpTransport::kLaneKeyBit) != 0) {
-    if (lane_ == nullptr)
-      return Status(StatusCode::kInvalidArgument,
-                    "read: the peer exposed the range on a bulk lane, and this session has none");
+    return invalid(std::to_string(length) + " bytes outside the local or remote range");
+  if (!attached_) return invalid("link not attached");
+  if (down_) return Status(StatusCode::kUnavailable, std::string(what) + ": link down: " + down_reason_);
+  *on_lane = !lane_mode_ && (remote.rkey & TcpTransport::kLaneKeyBit) != 0;
+  if (*on_lane && lane_ == nullptr)
+    return invalid("the peer exposed the range on a bulk lane, and this session has none");
+  return Status::ok_status();
+}
+
+Status TcpLink::read(const BulkRegistration& local, size_t local_offset, const RemoteSegment& remote,
+                     uint64_t remote_offset, size_t length, uint64_t token) {
+  bool on_lane = false;
+  if (Status st = check_transfer("read", local, local_offset, remote, remote_offset, length, &on_lane);
+      !st.ok())
+    return st;
+  if (on_lane) {
     std::lock_guard<std::mutex> lock(owner_.lanes_->mu());
     return lane_->read(local, local_offset, remote, remote_offset, length, token);
   }
@@ -735,18 +746,11 @@ Status TcpLink::read(const BulkRegistration& local, size_t local_offset, const R
 Status TcpLink::write(const BulkRegistration& local, size_t local_offset,
                       const RemoteSegment& remote, uint64_t remote_offset, size_t length,
                       uint64_t token) {
-  if (local.domain != bulk_domain() || local.base == nullptr)
-    return Status(StatusCode::kInvalidArgument, "write: not a tcp bulk registration");
-  if (length == 0 || local_offset > local.length || length > local.length - local_offset ||
-      remote_offset > remote.length || length > remote.length - remote_offset)
-    return Status(StatusCode::kInvalidArgument, "write: " + std::to_string(length) +
-                                                    " bytes outside the local or remote range");
-  if (!attached_) return Status(StatusCode::kInvalidArgument, "write: link not attached");
-  if (down_) return Status(StatusCode::kUnavailable, "write: link down: " + down_reason_);
-  if (!lane_mode_ && (remote.rkey & TcpTransport::kLaneKeyBit) != 0) {
-    if (lane_ == nullptr)
-      return Status(StatusCode::kInvalidArgument,
-                    "write: the peer exposed the range on a bulk lane, and this session has none");
+  bool on_lane = false;
+  if (Status st = check_transfer("write", local, local_offset, remote, remote_offset, length, &on_lane);
+      !st.ok())
+    return st;
+  if (on_lane) {
     std::lock_guard<std::mutex> lock(owner_.lanes_->mu());
     return lane_->write(local, local_offset, remote, remote_offset, length, token);
   }

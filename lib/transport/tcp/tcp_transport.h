@@ -185,6 +185,11 @@ class TcpLink final : public Link {
   void flush_or_kick();
   bool on_fence(uint64_t lane_offset);  // false once the link has failed
   void lane_received(uint64_t n);       // lane mode: after n bytes are in place
+  // The arguments of a read or write; *on_lane: the peer exposed the range
+  // on the lane, which then does the transfer.
+  Status check_transfer(const char* what, const BulkRegistration& local, size_t local_offset,
+                        const RemoteSegment& remote, uint64_t remote_offset, size_t length,
+                        bool* on_lane) const;
   void resume_after_fence();
   // Drops the lane; `failing`: the session link is failing, so the lane's
   // outstanding operations end (kBulkDone) before its kLinkDown.
