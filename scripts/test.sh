@@ -207,7 +207,10 @@ setsid bash -c '
   echo "$rc" > "$2/subproject_check.rc"
 ' bash "$ROOT" "$BG_DIR" &
 BG_PID=$!
-trap 'kill -TERM -- "-$BG_PID" 2>/dev/null || true; rm -rf -- "$BG_DIR"' EXIT
+FUZZ_BG_PID=""  # phase 4's build, when it runs beside the ASan tests (phase 3)
+trap 'kill -TERM -- "-$BG_PID" 2>/dev/null || true
+      [[ -n "$FUZZ_BG_PID" ]] && kill -TERM -- "-$FUZZ_BG_PID" 2>/dev/null
+      rm -rf -- "$BG_DIR"' EXIT
 
 banner "[build-test] meson test (2c runs beside it)"
 run_meson_tests build-test
@@ -249,6 +252,27 @@ finish_check tcp_only_check
 banner "examples/kv with README's subproject recipe (subprojects/slotrpc -> this checkout)"
 finish_check subproject_check
 
+# --- 4 (early): the fuzz build, in the background -------------------------
+# Phase 3's tests run one at a time for the most part (the rxe VM alone
+# takes over three minutes) and leave CPU idle; the fuzz targets' build
+# (configure + compile, 85 s on its own) runs beside them at nice 19, so it
+# takes only what they leave and slows them little.  Phase 4 waits for it.
+FUZZ_TARGETS=(header handshake tcp_session method_verify)
+FUZZ_BUILD_ARGS=(-Doptimization=2 -Ddebug=false -Dfuzzing=true -Db_sanitize=address,undefined -Db_lundef=false)
+start_fuzz_build() {
+  local reconfigure=()
+  [[ -f build-fuzz/meson-private/coredata.dat ]] && reconfigure=(--reconfigure)
+  # setsid: a process group of its own (the EXIT trap stops it on failure).
+  setsid nice -n 19 env "${SUITE_LD[@]}" CXX=clang++ bash -c '
+    dir=$1; shift
+    rc=0
+    { meson setup build-fuzz "$@" && meson compile -C build-fuzz '"${FUZZ_TARGETS[*]/#/tests/fuzz/fuzz_}"'; } \
+      > "$dir/fuzz_build.log" 2>&1 || rc=$?
+    echo "$rc" > "$dir/fuzz_build.rc"
+  ' bash "$BG_DIR" "${reconfigure[@]}" "${FUZZ_BUILD_ARGS[@]}" &
+  FUZZ_BG_PID=$!
+}
+
 # --- 3. sanitizer build ------------------------------------------------------
 # SLOTRPC_TEST_SKIP_ASAN=1 is for local iteration only; CI never sets it.
 if [[ "${SLOTRPC_TEST_SKIP_ASAN:-0}" == 1 ]]; then
@@ -260,7 +284,12 @@ else
   # them under the sanitizers only costs time.
   setup_and_compile build-asan --buildtype=debug \
     -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false -Dunity_library=true
-  banner "[build-asan] meson test"
+  if [[ "${SLOTRPC_TEST_SKIP_FUZZ:-0}" != 1 ]]; then
+    start_fuzz_build
+    banner "[build-asan] meson test (the fuzz build runs beside it at nice 19)"
+  else
+    banner "[build-asan] meson test"
+  fi
   run_meson_tests build-asan
 fi
 
@@ -270,7 +299,6 @@ fi
 # each for FUZZ_SECONDS of wall time from an empty work corpus plus its seed
 # corpus and regressions, so the phase costs the same on every run:
 # configure + compile + FUZZ_SECONDS.
-FUZZ_TARGETS=(header handshake tcp_session method_verify)
 FUZZ_SECONDS=30
 
 # start_fuzzer DIR TARGET: runs fuzz_TARGET in the background; its exit
@@ -317,14 +345,28 @@ else
   fuzz_start=$SECONDS
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-  banner "[build-fuzz] meson setup (clang, ASan/UBSan, libFuzzer)"
-  # No -g (-Ddebug=false): a crash still names its functions, and its
-  # input replays with tests/fuzz/fuzz_TARGET_replay in a debug build
-  # (docs/fuzzing.md); the compile took 80 s instead of 88 s.
-  CXX=clang++ meson_setup build-fuzz -Doptimization=2 -Ddebug=false -Dfuzzing=true \
-    -Db_sanitize=address,undefined -Db_lundef=false
-  banner "[build-fuzz] meson compile (fuzz targets only)"
-  meson compile -C build-fuzz "${FUZZ_TARGETS[@]/#/tests/fuzz/fuzz_}"
+  # No -g (-Ddebug=false in FUZZ_BUILD_ARGS): a crash still names its
+  # functions, and its input replays with tests/fuzz/fuzz_TARGET_replay in
+  # a debug build (docs/fuzzing.md); the compile took 80 s instead of 88 s.
+  if [[ -n "$FUZZ_BG_PID" ]]; then
+    banner "[build-fuzz] waiting for its build (clang, ASan/UBSan, libFuzzer; begun beside the ASan tests)"
+    wait "$FUZZ_BG_PID" || true
+    FUZZ_BG_PID=""
+    rc=$(cat "$BG_DIR/fuzz_build.rc" 2>/dev/null || echo 1)
+    tail -n 5 "$BG_DIR/fuzz_build.log"
+    if ((rc != 0)); then
+      cat "$BG_DIR/fuzz_build.log" >&2
+      printf 'test.sh: the fuzz build failed (exit %s)\n' "$rc" >&2
+      TOTAL_FAILED=$((TOTAL_FAILED + 1))
+      print_summary
+      exit 1
+    fi
+  else
+    banner "[build-fuzz] meson setup (clang, ASan/UBSan, libFuzzer)"
+    CXX=clang++ meson_setup build-fuzz "${FUZZ_BUILD_ARGS[@]}"
+    banner "[build-fuzz] meson compile (fuzz targets only)"
+    meson compile -C build-fuzz "${FUZZ_TARGETS[@]/#/tests/fuzz/fuzz_}"
+  fi
   banner "[build-fuzz] ${FUZZ_TARGETS[*]}: ${FUZZ_SECONDS}s each, at the same time"
   for t in "${FUZZ_TARGETS[@]}"; do start_fuzzer build-fuzz "$t"; done
   wait
