@@ -154,6 +154,24 @@ struct HandshakeResult {
   std::vector<std::byte> extension;
 };
 
+// Reads a HelloReply with its message and extension; the caller judges it.
+Result<HandshakeResult> read_hello_reply(int fd, rpc::Deadline deadline) {
+  std::array<std::byte, core::kHelloSize> buf;
+  Status st = rpc::read_exact(fd, buf, deadline);
+  if (!st.ok()) return st;
+  auto reply = core::decode_hello_reply(buf.data());
+  if (!reply.ok()) return reply.status();
+  HandshakeResult r;
+  r.reply = reply.value();
+  r.message.assign(reply->message_len, '\0');
+  st = rpc::read_exact(fd, std::as_writable_bytes(std::span(r.message)), deadline);
+  if (!st.ok()) return st;
+  r.extension.resize(reply->extension_len);
+  st = rpc::read_exact(fd, r.extension, deadline);
+  if (!st.ok()) return st;
+  return r;
+}
+
 // Sends our Hello (with the transport's extension) and reads the server's
 // answer.
 // `after_hello` (shm) runs after the Hello is written, before the reply
@@ -176,25 +194,15 @@ Result<HandshakeResult> client_handshake(int fd, const Config& cfg, core::WireTr
     st = after_hello();
     if (!st.ok()) return st;
   }
-  std::array<std::byte, core::kHelloSize> buf;
-  st = rpc::read_exact(fd, buf, deadline);
-  if (!st.ok()) return st;
-  auto reply = core::decode_hello_reply(buf.data());
+  auto reply = read_hello_reply(fd, deadline);
   if (!reply.ok()) return reply.status();
-  HandshakeResult r;
-  r.reply = reply.value();
-  r.message.assign(reply->message_len, '\0');
-  st = rpc::read_exact(fd, std::as_writable_bytes(std::span(r.message)), deadline);
-  if (!st.ok()) return st;
-  r.extension.resize(reply->extension_len);
-  st = rpc::read_exact(fd, r.extension, deadline);
-  if (!st.ok()) return st;
-  if (reply->status != 0) {
-    const auto code = is_known_status_code(reply->status) ? static_cast<StatusCode>(reply->status)
-                                                          : StatusCode::kUnavailable;
+  HandshakeResult& r = reply.value();
+  if (r.reply.status != 0) {
+    const auto code = is_known_status_code(r.reply.status) ? static_cast<StatusCode>(r.reply.status)
+                                                           : StatusCode::kUnavailable;
     return Status(code, "server refused the session: " + r.message);
   }
-  if (reply->slot_count != cfg.slot_count || reply->slot_size != cfg.slot_size) {
+  if (r.reply.slot_count != cfg.slot_count || r.reply.slot_size != cfg.slot_size) {
     return Status(StatusCode::kUnavailable, "server answered with a different ring geometry");
   }
   return r;
@@ -216,19 +224,11 @@ Result<int> open_lane(const rpc::Endpoint& endpoint, uint64_t token, rpc::Deadli
   core::encode_lane_token(token, hello_buf.data() + core::kHelloSize);
   Status st = rpc::write_all(fd.fd, hello_buf, deadline);
   if (!st.ok()) return st;
-  std::array<std::byte, core::kHelloSize> buf;
-  st = rpc::read_exact(fd.fd, buf, deadline);
-  if (!st.ok()) return st;
-  auto reply = core::decode_hello_reply(buf.data());
+  auto reply = read_hello_reply(fd.fd, deadline);
   if (!reply.ok()) return reply.status();
-  std::string message(reply->message_len, '\0');
-  st = rpc::read_exact(fd.fd, std::as_writable_bytes(std::span(message)), deadline);
-  if (!st.ok()) return st;
-  std::vector<std::byte> extension(reply->extension_len);
-  st = rpc::read_exact(fd.fd, extension, deadline);
-  if (!st.ok()) return st;
-  if (reply->status != 0) return Status(StatusCode::kUnavailable, "server refused the lane: " + message);
-  if (reply->transport != core::WireTransport::kTcpLane)
+  if (reply->reply.status != 0)
+    return Status(StatusCode::kUnavailable, "server refused the lane: " + reply->message);
+  if (reply->reply.transport != core::WireTransport::kTcpLane)
     return Status(StatusCode::kUnavailable, "server did not answer the lane hello as a lane");
   return fd.release();
 }

@@ -74,7 +74,6 @@ TcpLink::TcpLink(TcpTransport& owner, tcp::socket socket, std::string descriptio
 
 TcpLink::~TcpLink() {
   drop_lane(false);
-  if (lane_token_ != 0) owner_.lane_offers_.erase(lane_token_);
   owner_.unstall(this);
   if (in_epoll_) {
     ::epoll_ctl(owner_.epoll_fd_, EPOLL_CTL_DEL, socket_.native_handle(), nullptr);
@@ -572,10 +571,6 @@ void TcpLink::fail(std::string reason) {
   serve_in_flight_ = false;
   bulk_queued_ = 0;
   fenced_ = false;
-  if (lane_token_ != 0) {
-    owner_.lane_offers_.erase(lane_token_);
-    lane_token_ = 0;
-  }
   drop_lane(true);  // the lane's operations end here too, before kLinkDown
   Completion c;
   c.kind = Completion::Kind::kLinkDown;
@@ -1108,6 +1103,11 @@ size_t TcpLink::lane_exposures() {
 }
 
 void TcpLink::drop_lane(bool failing) {
+  // An offer not yet claimed goes too (a server's lanes may not have started).
+  if (lane_token_ != 0) {
+    owner_.lane_offers_.erase(lane_token_);
+    lane_token_ = 0;
+  }
   if (owner_.lanes_ == nullptr) return;
   BulkLanes& lanes = *owner_.lanes_;
   std::vector<BulkLanes::Event> events;

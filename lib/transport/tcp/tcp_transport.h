@@ -191,8 +191,9 @@ class TcpLink final : public Link {
                         const RemoteSegment& remote, uint64_t remote_offset, size_t length,
                         bool* on_lane) const;
   void resume_after_fence();
-  // Drops the lane; `failing`: the session link is failing, so the lane's
-  // outstanding operations end (kBulkDone) before its kLinkDown.
+  // Drops the lane and any unclaimed offer; `failing`: the session link is
+  // failing, so the lane's outstanding operations end (kBulkDone) before
+  // its kLinkDown.
   void drop_lane(bool failing);
   // Sets or restores TCP_NOTSENT_LOWAT as bulk output starts or ends.
   void bulk_output_changed();
