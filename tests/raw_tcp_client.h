@@ -59,7 +59,10 @@ inline int tcp_connect(uint16_t port) {
 
 // A TCP connection with the handshake done by hand, as lib/rpc/channel.cc
 // does it: `slot_count` slots of `slot_size` bytes (64 of 64 KiB by default).
-inline int raw_connect(uint16_t port, uint32_t slot_count = 64, uint32_t slot_size = 65536) {
+// `features`: the kFeature* bits of the Hello (kFeaturePack: the server may
+// send PACKs of replies); none, like a client predating the field.
+inline int raw_connect(uint16_t port, uint32_t slot_count = 64, uint32_t slot_size = 65536,
+                       uint16_t features = 0) {
   const auto deadline = Clock::now() + 5s;
   const int fd = tcp_connect(port);
   std::array<std::byte, slotrpc::core::kHelloSize> buf{};
@@ -67,6 +70,7 @@ inline int raw_connect(uint16_t port, uint32_t slot_count = 64, uint32_t slot_si
   hello.transport = slotrpc::core::WireTransport::kTcp;
   hello.slot_count = slot_count;
   hello.slot_size = slot_size;
+  hello.features = features;
   slotrpc::core::encode_hello(hello, buf.data());
   slotrpc::Status st = slotrpc::rpc::write_all(fd, buf, deadline);
   REQUIRE_MESSAGE(st.ok(), st.to_string());

@@ -217,6 +217,16 @@ class SLOTRPC_API Channel {
     bool bulk_lane = false;
     uint64_t bulk_lane_bytes_sent = 0;
     uint64_t bulk_lane_bytes_received = 0;
+    // Packing (Config::pack_small; docs/design.md, "Packing"): PACKs of
+    // requests sent and the requests inside them; PACKs of replies
+    // received.  The link's work requests (verbs) or frames (tcp, shm) and
+    // the messages they carried: messages / work_requests is the messages
+    // per work request.
+    uint64_t packs_sent = 0;
+    uint64_t packed_requests = 0;
+    uint64_t packs_received = 0;
+    uint64_t work_requests = 0;
+    uint64_t link_messages = 0;
   };
   Stats stats() const;
 

@@ -112,6 +112,13 @@ struct SLOTRPC_API Config {
   // loop (docs/tuning.md, "TCP bulk lanes").  0 turns lanes off.
   uint32_t tcp_bulk_lane = 1024 * 1024;
   LaneScheduling tcp_lane_sched = LaneScheduling::kNormal;  // SLOTRPC_TCP_LANE_SCHED normal|batch
+  // SLOTRPC_PACK_SMALL: requests and replies of at most this many bytes
+  // (32-byte header + payload) that are ready in the same event-loop turn
+  // travel together in one slot message, one work request or frame
+  // (docs/tuning.md, "Packing").  Nothing waits to be packed.  Used on a
+  // tcp or verbs session whose two ends have it on; 0 turns it off (and
+  // refuses PACKs from the peer).
+  uint32_t pack_small = 512;
   uint32_t max_pending_handshakes = 1024;         // SLOTRPC_MAX_PENDING_HANDSHAKES
   uint32_t max_pending_handshakes_per_host = 256; // SLOTRPC_MAX_PENDING_HANDSHAKES_PER_HOST
 

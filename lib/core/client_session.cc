@@ -291,7 +291,7 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
   if (call->counters != nullptr) call->counters->calls.bytes_out += kHeaderSize + h.payload_len;
   link_->arm(slot);  // the reply may now land in our receive slot
   outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), slot,
-                           s.generation);
+                           s.generation, /*packable=*/true);
   loop_.request_flush(this);
 
   if (call->client_stream) reserve_out(slot, call);
@@ -552,6 +552,7 @@ void ClientSession::on_message(const transport::Completion& c) {
   if (e != HeaderError::kOk) {
     return protocol_error(fmt::format("malformed reply header in slot {}: {}", c.slot, to_string(e)));
   }
+  if (h.kind() == Kind::kPack) return on_pack(c, h);
   owner_counters().client.calls.bytes_in += c.length;
   if (h.kind() == Kind::kStreamMessage) return on_stream_message(h, bytes);
   if (h.kind() != Kind::kReply && h.kind() != Kind::kError) {
@@ -634,6 +635,54 @@ void ClientSession::on_message(const transport::Completion& c) {
   RawReply reply(Status(), payload, shared_from_this(), h.slot, h.generation);
   if (!received.empty()) reply.set_bulk_received(std::move(received));
   end_call(call, std::move(reply));
+}
+
+// A PACK of replies (lib/core/pack.h): the whole pack is checked first,
+// every reply against an outstanding call whose slot the server may write;
+// only then is each copied into its own slot and handled exactly as if it
+// had come alone.  Anything wrong closes the session, like a bad frame.
+void ClientSession::on_pack(const transport::Completion& c, const Header& h) {
+  if (!pack_parser_) {
+    return protocol_error(fmt::format("PACK in slot {}, but this client did not offer packing", c.slot));
+  }
+  if (imm_generation(c.imm) != static_cast<uint16_t>(h.generation)) {
+    return protocol_error(fmt::format("PACK in slot {}: immediate and header disagree on the generation", c.slot));
+  }
+  const std::string_view bad = pack_parser_->parse(recv_ring_.slot(c.slot), h, geometry_.slot_count,
+                                                   geometry_.slot_size, PackSender::kServer);
+  if (!bad.empty()) return protocol_error(fmt::format("malformed PACK in slot {}: {}", c.slot, bad));
+  const std::span<const PackedEntry> entries = pack_parser_->entries();
+  for (const PackedEntry& e : entries) {
+    const Slot& s = slots_[e.header.slot];
+    const bool outstanding = s.state == SlotState::kInFlight || s.state == SlotState::kZombie;
+    if (!outstanding || e.header.generation != s.generation || e.header.request_id != s.request_id ||
+        (e.header.slot != c.slot && !link_->armed(e.header.slot))) {
+      return protocol_error(fmt::format(
+          "packed reply for slot {} generation {} request {} matches no outstanding call",
+          e.header.slot, e.header.generation, e.header.request_id));
+    }
+  }
+  ++packs_received_;
+  unpacked_.assign(entries.begin(), entries.end());  // capacity reserved: no allocation
+  scatter_pack(recv_ring_.slot(0), geometry_.slot_size, unpacked_);
+  for (const PackedEntry& e : unpacked_) {
+    if (e.header.slot != c.slot) link_->claim_armed(e.header.slot);
+  }
+  for (const PackedEntry& e : unpacked_) {
+    if (closed_) return;
+    transport::Completion inner = c;
+    inner.slot = e.header.slot;
+    inner.length = kHeaderSize + e.header.payload_len;
+    inner.imm = make_imm(e.header.slot, e.header.generation);
+    on_message(inner);
+  }
+}
+
+void ClientSession::configure_packing(uint32_t pack_small, bool server_accepts) {
+  if (pack_small == 0) return;
+  pack_parser_ = std::make_unique<PackParser>(geometry_.slot_count);
+  unpacked_.reserve(geometry_.slot_count);
+  if (server_accepts) outbox_.enable_packing(send_ring_.slot(0), geometry_.slot_size, pack_small);
 }
 
 void ClientSession::on_stream_message(const Header& h, const std::byte* bytes) {
@@ -929,6 +978,9 @@ ClientSession::Counters ClientSession::counters() const {
   c.queued = queued_;
   c.late_replies_dropped = late_replies_dropped_;
   c.messages_sent = messages_sent_;
+  c.packs_sent = outbox_.packs_sent();
+  c.packed_messages = outbox_.packed_messages();
+  c.packs_received = packs_received_;
   if (link_) c.link = link_->stats();
   return c;
 }

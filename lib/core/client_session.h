@@ -31,6 +31,7 @@
 #include "core/liveness.h"
 #include "core/out_stream.h"
 #include "core/outbox.h"
+#include "core/pack.h"
 #include "core/session_base.h"
 #include "core/slot_builder.h"
 #include "core/slot_ring.h"
@@ -140,6 +141,11 @@ class ClientSession final : public SessionBase,
   void set_loop_handle(std::weak_ptr<reactor::Reactor> handle) { loop_handle_ = std::move(handle); }
   // Before the first call: the kFeature* bits of the server's HelloReply.
   void set_peer_features(uint16_t features) { peer_features_ = features; }
+  // Before the first call, when this client offered PACK in its Hello
+  // (Config::pack_small != 0, not shm): accepts PACKs of replies from now
+  // on, and sends PACKs of requests of at most `pack_small` bytes when the
+  // server announced PACK too (lib/core/pack.h).
+  void configure_packing(uint32_t pack_small, bool server_accepts);
 
   // Loop thread (the stream's doorbell).  Client and bidi streams: sends
   // what the writer handed over (messages built in their send slots, the
@@ -162,6 +168,9 @@ class ClientSession final : public SessionBase,
     uint32_t lent = 0;  // slots lent to server streams or reserved for client streams
     uint64_t late_replies_dropped = 0;
     uint64_t messages_sent = 0;
+    uint64_t packs_sent = 0;        // PACKs of requests posted
+    uint64_t packed_messages = 0;   // requests inside them
+    uint64_t packs_received = 0;    // PACKs of replies taken apart
     transport::LinkStats link;  // zeros once the session is closed
   };
   Counters counters() const;
@@ -199,6 +208,7 @@ class ClientSession final : public SessionBase,
   static void on_keepalive(void* self, uint64_t);
 
   void on_message(const transport::Completion& c);
+  void on_pack(const transport::Completion& c, const Header& h);
   void on_control(const transport::Completion& c);
   void send_on(uint16_t slot, PendingCall* call);
   void free_slot(uint16_t slot);
@@ -257,6 +267,10 @@ class ClientSession final : public SessionBase,
   uint64_t messages_sent_ = 0;
   uint16_t peer_features_ = 0;
   uint64_t max_bulk_bytes_ = 4ull << 30;
+  // Set when this session accepts PACKs (configure_packing).
+  std::unique_ptr<PackParser> pack_parser_;
+  std::vector<PackedEntry> unpacked_;  // a parsed pack's entries while they are dispatched
+  uint64_t packs_received_ = 0;
   // Bulk calls that ended and wait for their revokes (kBulkDone with the
   // call's request id).  Few at a time; searched linearly (cold path).
   std::vector<PendingCall*> revoking_;

@@ -35,6 +35,7 @@ void encode_hello(const Hello& h, std::byte* out) {
   put32(out + 8, h.slot_count);
   put32(out + 12, h.slot_size);
   put32(out + 16, h.extension_len);
+  put16(out + 20, h.features);
 }
 
 Result<Hello> decode_hello(const std::byte* in) {
@@ -51,6 +52,8 @@ Result<Hello> decode_hello(const std::byte* in) {
   h.slot_count = get32(in + 8);
   h.slot_size = get32(in + 12);
   h.extension_len = get32(in + 16);
+  // Bits this server does not know are ignored: a newer client's features.
+  h.features = get16(in + 20);
   if (h.extension_len > kMaxHandshakeExtension)
     return bad(fmt::format("extension of {} bytes (max {})", h.extension_len, kMaxHandshakeExtension));
   return h;

@@ -34,6 +34,11 @@ inline constexpr uint16_t kKnownFeatures = kFeatureClientStreams | kFeatureBulk;
 // lane with a Hello of transport kTcpLane (docs/protocol.md, "TCP bulk lanes").
 inline constexpr uint16_t kFeatureTcpLane = 0x0004;
 inline constexpr size_t kLaneTokenSize = 8;
+// PACK (kind 12, lib/core/pack.h): the side that announces it accepts
+// PACKs.  Both sides announce it: the server in its HelloReply, the client
+// in its Hello's features (offset 20).  A side sends PACKs only to a peer
+// that announced it; one that did not never receives a PACK.  Not on shm.
+inline constexpr uint16_t kFeaturePack = 0x0008;
 void encode_lane_token(uint64_t token, std::byte* out);
 uint64_t decode_lane_token(const std::byte* in);
 
@@ -48,6 +53,9 @@ struct Hello {
   uint32_t slot_count = 0;
   uint32_t slot_size = 0;
   uint32_t extension_len = 0;
+  // kFeature* bits the client accepts (only kFeaturePack so far); 0 from a
+  // client predating the field.
+  uint16_t features = 0;
 };
 
 struct HelloReply {

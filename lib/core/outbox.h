@@ -10,12 +10,18 @@
 // peer one PONG, added by post_to().  A PING costs the receiver a flag, not
 // a queued frame, so a peer that floods PINGs cannot multiply this side's
 // output (docs/protocol.md, "Liveness").
+//
+// Packing (lib/core/pack.h): with enable_packing(), consecutive small slot
+// messages the session marked packable go out as one PACK.  Only what this
+// turn produced is grouped; nothing is held back for it.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <vector>
 
+#include "core/pack.h"
 #include "core/wire_format.h"
 #include "transport/transport.h"
 
@@ -39,12 +45,36 @@ class Outbox {
   explicit Outbox(uint32_t slot_count)
       : control_(size_t{slot_count} + 8) {
     messages_.reserve(2 * size_t{slot_count} + 8);
+    packable_.reserve(2 * size_t{slot_count} + 8);
+    pieces_.reserve(slot_count);
   }
 
+  // Packs from now on: `send_ring` is the session's send ring (slot i at
+  // send_ring + i * slot_size, where the messages are built), and messages
+  // of at most `max_message` bytes may be packed.  Called once, before the
+  // first post, and only when the peer announced the PACK feature.
+  void enable_packing(std::byte* send_ring, uint32_t slot_size, uint32_t max_message) {
+    max_message = std::min(max_message, slot_size / 4);
+    const uint32_t capacity = pack_capacity(slot_size, max_message);
+    if (max_message < kHeaderSize || capacity < kHeaderSize + 2 * pack_padded(max_message)) {
+      // Slots too small to hold two packable messages and the pack.
+      return;
+    }
+    send_ring_ = send_ring;
+    slot_size_ = slot_size;
+    pack_max_message_ = max_message;
+    pack_capacity_ = capacity;
+  }
+  bool packing() const { return send_ring_ != nullptr; }
+
   // `msg` (header + payload) stays in its send slot until the peer answers.
-  void add_slot_message(const std::byte* msg, uint32_t length, uint16_t slot, uint32_t generation) {
+  // `packable`: a request, reply or error the peer may receive inside a
+  // PACK (pack.h); whether it is small enough is decided here.
+  void add_slot_message(const std::byte* msg, uint32_t length, uint16_t slot, uint32_t generation,
+                        bool packable = false) {
     messages_.push_back(
         transport::Outgoing{msg, length, make_imm(slot, generation), transport::Lane::kSlot});
+    packable_.push_back(packable && length <= pack_max_message_);
   }
 
   // False when every control buffer is in use: post first.
@@ -56,6 +86,7 @@ class Outbox {
     messages_.push_back(transport::Outgoing{bytes, static_cast<uint32_t>(kHeaderSize),
                                             make_imm(h.slot, h.generation),
                                             transport::Lane::kControl});
+    packable_.push_back(false);
   }
 
   // Answers a PING: one PONG goes out with the next post, echoing the
@@ -66,7 +97,8 @@ class Outbox {
   }
   bool pong_owed() const { return pong_owed_; }
 
-  // Posts everything as one batch and empties the box; returns how many.
+  // Posts everything as one batch and empties the box; returns how many
+  // messages (a PACK counts what it carries).
   size_t post_to(transport::Link& link) {
     if (pong_owed_) {
       pong_owed_ = false;
@@ -74,21 +106,70 @@ class Outbox {
       encode_header(h, pong_.data());
       messages_.push_back(transport::Outgoing{pong_.data(), static_cast<uint32_t>(kHeaderSize),
                                               make_imm(0, 0), transport::Lane::kControl});
+      packable_.push_back(false);
     }
     const size_t n = messages_.size();
-    if (n != 0) link.post(messages_);
+    if (packing() && n > 1) pack_runs();
+    if (!messages_.empty()) link.post(messages_);
     clear();
     return n;
   }
 
   void clear() {
     messages_.clear();
+    packable_.clear();
     control_used_ = 0;
     pong_owed_ = false;
   }
 
+  // Over the session's life: PACKs posted and the messages inside them.
+  uint64_t packs_sent() const { return packs_sent_; }
+  uint64_t packed_messages() const { return packed_messages_; }
+
  private:
+  // Replaces each run of two or more consecutive packable messages with
+  // PACKs of at most pack_capacity_ bytes, in place.  A PACK takes the
+  // place of its first message, so no message moves past one that is not
+  // in its pack (a CANCEL or a grant keeps its order with the requests).
+  void pack_runs() {
+    const size_t n = messages_.size();
+    size_t w = 0;
+    for (size_t r = 0; r < n;) {
+      size_t e = r;
+      uint32_t bytes = kHeaderSize;
+      while (e < n && packable_[e] && bytes + pack_padded(messages_[e].length) <= pack_capacity_) {
+        bytes += pack_padded(messages_[e].length);
+        ++e;
+      }
+      if (e - r >= 2) {
+        pieces_.clear();
+        for (size_t i = r; i < e; ++i) pieces_.push_back(PackPiece{messages_[i].data, messages_[i].length});
+        const PackOut out = write_pack(send_ring_, slot_size_, imm_slot(messages_[r].imm), pieces_);
+        if (out.data != nullptr) {
+          const auto count = static_cast<uint16_t>(e - r);
+          messages_[w++] = transport::Outgoing{out.data, out.length, messages_[r].imm,
+                                               transport::Lane::kSlot, count};
+          ++packs_sent_;
+          packed_messages_ += count;
+          r = e;
+          continue;
+        }
+      }
+      if (e == r) e = r + 1;  // not packable: goes alone
+      for (; r < e; ++r) messages_[w++] = messages_[r];
+    }
+    messages_.resize(w);
+  }
+
   std::vector<transport::Outgoing> messages_;
+  std::vector<uint8_t> packable_;  // parallel to messages_
+  std::vector<PackPiece> pieces_;
+  std::byte* send_ring_ = nullptr;  // packing off while null
+  uint32_t slot_size_ = 0;
+  uint32_t pack_max_message_ = 0;
+  uint32_t pack_capacity_ = 0;
+  uint64_t packs_sent_ = 0;
+  uint64_t packed_messages_ = 0;
   std::vector<std::array<std::byte, kHeaderSize>> control_;
   size_t control_used_ = 0;
   std::array<std::byte, kHeaderSize> pong_{};

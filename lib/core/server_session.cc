@@ -113,6 +113,7 @@ void ServerSession::on_message(const transport::Completion& c) {
   if (e != HeaderError::kOk) {
     return protocol_error(fmt::format("malformed request header in slot {}: {}", c.slot, to_string(e)));
   }
+  if (h.kind() == Kind::kPack) return on_pack(c, h);
   if (h.kind() == Kind::kClientMessage) return on_client_message(c, h);
   if (h.kind() != Kind::kRequest) {
     return protocol_error(fmt::format("unexpected message kind 0x{:02x} in slot {}", h.flags, h.slot));
@@ -200,6 +201,52 @@ void ServerSession::on_message(const transport::Completion& c) {
   }
   ++running_;
   loop_.spawn(&ServerSession::run_handler, this, h.slot);
+}
+
+// A PACK of requests (lib/core/pack.h): the whole pack is checked first,
+// every request against an idle slot the client may write; only then is
+// each copied into its own slot and handled exactly as if it had come
+// alone (so its handler reads it in place there).  Anything wrong closes
+// the session, like a bad frame.
+void ServerSession::on_pack(const transport::Completion& c, const Header& h) {
+  if (!pack_parser_) {
+    return protocol_error(fmt::format("PACK in slot {}, but this server did not announce packing", c.slot));
+  }
+  if (imm_generation(c.imm) != static_cast<uint16_t>(h.generation)) {
+    return protocol_error(fmt::format("PACK in slot {}: immediate and header disagree on the generation", c.slot));
+  }
+  const std::string_view bad = pack_parser_->parse(recv_ring_.slot(c.slot), h, geometry_.slot_count,
+                                                   geometry_.slot_size, PackSender::kClient);
+  if (!bad.empty()) return protocol_error(fmt::format("malformed PACK in slot {}: {}", c.slot, bad));
+  const std::span<const PackedEntry> entries = pack_parser_->entries();
+  for (const PackedEntry& e : entries) {
+    const uint16_t j = e.header.slot;
+    if (slots_[j].state != SlotState::kIdle || granted_to_[j] >= 0 || in_owner_[j] >= 0 ||
+        (j != c.slot && !link_->armed(j))) {
+      return protocol_error(fmt::format("packed request for slot {}, which is not idle", j));
+    }
+  }
+  ++packs_received_;
+  unpacked_.assign(entries.begin(), entries.end());  // capacity reserved: no allocation
+  scatter_pack(recv_ring_.slot(0), geometry_.slot_size, unpacked_);
+  for (const PackedEntry& e : unpacked_) {
+    if (e.header.slot != c.slot) link_->claim_armed(e.header.slot);
+  }
+  for (const PackedEntry& e : unpacked_) {
+    if (closed_) return;
+    transport::Completion inner = c;
+    inner.slot = e.header.slot;
+    inner.length = kHeaderSize + e.header.payload_len;
+    inner.imm = make_imm(e.header.slot, e.header.generation);
+    on_message(inner);
+  }
+}
+
+void ServerSession::configure_packing(uint32_t pack_small, bool client_accepts) {
+  if (pack_small == 0) return;
+  pack_parser_ = std::make_unique<PackParser>(geometry_.slot_count);
+  unpacked_.reserve(geometry_.slot_count);
+  if (client_accepts) outbox_.enable_packing(send_ring_.slot(0), geometry_.slot_size, pack_small);
 }
 
 // A request with bulk segments: its descriptor block is checked (a block
@@ -347,7 +394,7 @@ void ServerSession::send_reply(uint16_t slot, Status status) {
   s.client_stream = false;
   link_->arm(slot);  // the client may write this slot again once it has the reply
   outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), slot,
-                           s.generation);
+                           s.generation, /*packable=*/true);
   loop_.request_flush(this);
 }
 

@@ -22,6 +22,7 @@
 #include "core/liveness.h"
 #include "core/method_table.h"
 #include "core/outbox.h"
+#include "core/pack.h"
 #include "core/session_base.h"
 #include "core/slot_builder.h"
 #include "core/slot_ring.h"
@@ -38,6 +39,14 @@ class ServerSession final : public SessionBase {
   void set_counters(std::shared_ptr<metrics::LoopCounters> counters) { owner_counters_ = std::move(counters); }
   // Loop thread, right after create(): the owner's Config::max_bulk_bytes.
   void set_max_bulk_bytes(uint64_t bytes) { max_bulk_bytes_ = bytes; }
+  // Loop thread, right after create(), when this server announces PACK
+  // (Config::pack_small != 0, not shm): accepts PACKs of requests, and
+  // sends PACKs of replies of at most `pack_small` bytes when the client's
+  // Hello offered PACK too (lib/core/pack.h).
+  void configure_packing(uint32_t pack_small, bool client_accepts);
+  // PACKs sent and taken apart, over the session's life (tests, metrics).
+  uint64_t packs_sent() const { return outbox_.packs_sent(); }
+  uint64_t packs_received() const { return packs_received_; }
   struct Geometry {
     uint32_t slot_count;
     uint32_t slot_size;
@@ -125,6 +134,7 @@ class ServerSession final : public SessionBase {
   static void on_keepalive(void* self, uint64_t);
 
   void on_message(const transport::Completion& c);
+  void on_pack(const transport::Completion& c, const Header& h);
   void on_control(const transport::Completion& c);
   void send_reply(uint16_t slot, Status status);
   void send_control(Kind kind, uint16_t slot, uint32_t generation, uint64_t request_id,
@@ -174,6 +184,10 @@ class ServerSession final : public SessionBase {
   std::vector<int32_t> granted_to_;
   std::vector<uint32_t> grant_generation_;
   Outbox outbox_;
+  // Set when this session accepts PACKs (configure_packing).
+  std::unique_ptr<PackParser> pack_parser_;
+  std::vector<PackedEntry> unpacked_;  // a parsed pack's entries while they are dispatched
+  uint64_t packs_received_ = 0;
   uint32_t running_ = 0;
   uint64_t max_bulk_bytes_ = 4ull << 30;
   bool closed_ = false;

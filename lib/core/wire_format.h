@@ -34,9 +34,12 @@ enum class Kind : uint8_t {
   kHalfClose = 10,     // control: the client will write no more to the call in `slot`
   kStreamAck = 11,     // control, server -> client: the handler is done with the client
                        // message in `slot`; `method_id` = the call slot
+  // Packing (protocol feature kFeaturePack, lib/core/pack.h):
+  kPack = 12,          // slot: `method_id` complete messages back to back, the first
+                       // for slot `slot`; each is dispatched as if it came alone
 };
 inline constexpr uint8_t kKindMask = 0x0f;
-inline constexpr uint8_t kMaxKind = 11;
+inline constexpr uint8_t kMaxKind = 12;
 // On a kRequest: the server writes a stream of messages (server streaming).
 inline constexpr uint8_t kFlagServerStream = 0x10;
 // On a kRequest: the client writes a stream of messages (client streaming;

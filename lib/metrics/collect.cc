@@ -130,6 +130,8 @@ MetricsSnapshot Collector::finish(const Namer& name) {
     t.inline_sends = s.inline_sends;
     t.noninline_sends = s.noninline_sends;
     t.doorbells = s.doorbells;
+    t.messages = s.messages;
+    t.packs = s.packs;
     t.signaled = s.signaled;
     t.backlogged = s.backlogged;
     t.completions_per_poll = polls.snapshot();

@@ -78,6 +78,8 @@ struct LoopCounters {
     into.inline_sends += s.inline_sends;
     into.noninline_sends += s.noninline_sends;
     into.doorbells += s.doorbells;
+    into.messages += s.messages;
+    into.packs += s.packs;
     into.signaled += s.signaled;
     into.backlogged += s.backlogged;
   }

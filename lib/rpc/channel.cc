@@ -186,6 +186,9 @@ Result<HandshakeResult> client_handshake(int fd, const Config& cfg, core::WireTr
   hello.slot_count = cfg.slot_count;
   hello.slot_size = cfg.slot_size;
   hello.extension_len = static_cast<uint32_t>(extension.size());
+  // PACKs of replies are welcome unless packing is off; never on shm, where
+  // a message costs no work request.
+  if (cfg.pack_small != 0 && propose != core::WireTransport::kShm) hello.features |= core::kFeaturePack;
   core::encode_hello(hello, out.data());
   std::copy(extension.begin(), extension.end(), out.begin() + core::kHelloSize);
   Status st = rpc::write_all(fd, out, deadline);
@@ -443,6 +446,8 @@ Result<Established> establish(Channel::Impl& impl) {
       if (vsession->closed()) return vsession->close_status();
       Status s = vlink->connect(info.value(), link_fd, e.peer);
       vsession->set_peer_features(hs->reply.features);
+      vsession->configure_packing(impl.config.pack_small,
+                                  (hs->reply.features & core::kFeaturePack) != 0);
       if (s.ok()) vsession->link_ready();
       return s;
     });
@@ -483,6 +488,8 @@ Result<Established> establish(Channel::Impl& impl) {
     s.value()->set_counters(impl.counters);
     s.value()->set_max_bulk_bytes(impl.config.max_bulk_bytes);
     s.value()->set_peer_features(hs->reply.features);
+    s.value()->configure_packing(impl.config.pack_small,
+                                 (hs->reply.features & core::kFeaturePack) != 0);
     return s;
   });
   if (!created.ok()) return fail(created.status());
@@ -968,6 +975,11 @@ Channel::Stats Channel::stats() const {
     out.bulk_lane = c.link.bulk_lane;
     out.bulk_lane_bytes_sent = c.link.lane_bytes_sent;
     out.bulk_lane_bytes_received = c.link.lane_bytes_received;
+    out.packs_sent = c.packs_sent;
+    out.packed_requests = c.packed_messages;
+    out.packs_received = c.packs_received;
+    out.work_requests = c.link.slot_sends + c.link.control_sends;
+    out.link_messages = c.link.messages;
     out.closed = impl->session->closed();
     out.reconnect_attempts = impl->reconnect_attempts;
     out.reconnects = impl->reconnects;

@@ -472,6 +472,7 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
   core::WireTransport transport = core::WireTransport::kTcp;
   uint16_t features = core::kKnownFeatures;
   transport::shm::ShmLink* shm_link = nullptr;  // owned by the session
+  bool packing = false;  // tcp and verbs sessions, when pack_small is on
   try {
     if (p.local) {
       auto s = open_shm(index, p.fd, g, p.peer, ring_bytes, shm_link);
@@ -487,6 +488,7 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
       if (ext.ok()) {
         extension = std::move(ext.value());
         transport = core::WireTransport::kVerbs;
+        packing = true;
       } else {
         const std::string why = explain_setup_failure(ext.status());
         const bool exhausted = ext.status().code() == StatusCode::kResourceExhausted ||
@@ -510,6 +512,7 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
                     "server cannot set up the session: " + why);
       }
       session = std::move(s.value());
+      packing = true;
       if (lane_token != 0) {
         extension.resize(core::kLaneTokenSize);
         core::encode_lane_token(lane_token, extension.data());
@@ -525,6 +528,10 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
     session.reset();
     return fail(StatusCode::kResourceExhausted,
                 fmt::format("server cannot set up the session: {}", e.what()));
+  }
+  if (packing && config.pack_small != 0) {
+    session->configure_packing(config.pack_small, (p.hello.features & core::kFeaturePack) != 0);
+    features |= core::kFeaturePack;
   }
   // The reply is written here, on the loop thread, before this task
   // returns: the session cannot have flushed a frame (its first PING is a

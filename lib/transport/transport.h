@@ -64,6 +64,9 @@ struct Outgoing {
   uint32_t length = 0;
   uint32_t imm = 0;  // core::make_imm(slot, generation)
   Lane lane = Lane::kSlot;
+  // Messages this one carries: 1, or a PACK's count (lib/core/pack.h).
+  // Transports only add it to LinkStats::messages.
+  uint16_t messages = 1;
 };
 
 struct Completion {
@@ -144,11 +147,17 @@ struct RemoteSegment {
 // Per-link counters for tests and monitoring; transports fill what applies
 // (TCP leaves the verbs-only ones at 0).
 struct LinkStats {
-  uint64_t slot_sends = 0;      // slot-lane messages handed to the network
+  // slot_sends + control_sends are the link's work requests (verbs) or
+  // frames (TCP, shm); `messages` what they carried, so messages per work
+  // request = messages / (slot_sends + control_sends).
+  uint64_t slot_sends = 0;      // slot-lane messages handed to the network (a PACK counts once)
   uint64_t control_sends = 0;   // control-lane messages
+  uint64_t messages = 0;        // protocol messages in them (a PACK counts what it carries)
+  uint64_t packs = 0;           // slot sends that were PACKs
   uint64_t inline_sends = 0;    // verbs: posted with IBV_SEND_INLINE (header + payload <= max inline)
   uint64_t noninline_sends = 0; // verbs: read by the NIC from the registered send slot
-  uint64_t doorbells = 0;       // verbs: ibv_post_send calls (one per post() that had room)
+  uint64_t doorbells = 0;       // verbs: ibv_post_send calls (one per post() that had room);
+                                // tcp: sendmsg calls that wrote frames
   uint64_t signaled = 0;        // verbs: sends posted with IBV_SEND_SIGNALED
   uint64_t backlogged = 0;      // verbs: messages that waited for send-queue room
   uint32_t max_inline = 0;      // verbs: the queue pair's real max_inline_data
@@ -193,6 +202,13 @@ class Link {
   void arm(uint16_t slot) {
     if (slot < armed_.size()) armed_[slot] = true;
   }
+  // For a PACK's inner messages (lib/core/pack.h), which the core copies
+  // from the pack's slot into their own: armed() says whether the peer may
+  // write `slot` now, and claim_armed() disarms it as the arrival of a
+  // message of its own would have, so the peer may not write it again
+  // until it is armed again.
+  bool armed(uint16_t slot) const { return slot < armed_.size() && armed_[slot]; }
+  bool claim_armed(uint16_t slot) { return take_armed(slot); }
 
   // Memory the peer reads in place (slot i at data() + i * slot_size), or
   // empty.  Only the shared-memory transport has it: a session that builds

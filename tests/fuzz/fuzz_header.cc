@@ -45,7 +45,7 @@ HeaderError reference_validate(const uint8_t* b, size_t received, uint32_t slot_
   if (le16(b) != 0x5253) return HeaderError::kBadMagic;
   if (b[2] != 1) return HeaderError::kBadVersion;
   const unsigned kind = b[3] & 0x0f, flags = b[3] & 0xf0;
-  if (kind < 1 || kind > 11) return HeaderError::kBadKind;
+  if (kind < 1 || kind > 12) return HeaderError::kBadKind;
   // 0x10 server stream, 0x20 client stream, 0x40 bulk: on requests; 0x40
   // alone on a reply (protocol.md, section 4); nothing else anywhere.
   const bool request_flags = (flags & ~0x70u) == 0 && kind == 1;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/handshake.h"
+#include "core/pack.h"
 #include "core/wire_format.h"
 #include "echo_generated.h"
 #include "slotrpc/service.h"
@@ -373,6 +374,41 @@ void method_verify_corpus() {
 
 }  // namespace
 
+// PACKs (fuzz_pack.cc): byte 0 is the mode (bit 0: server sends, bit 1:
+// round trip), then a slot as received, or the round trip's messages.
+void pack_corpus() {
+  constexpr uint32_t kSlots = 16, kSlotSize = 4096;
+  auto pack_of = [&](bool server, std::vector<std::pair<uint16_t, uint32_t>> msgs) {
+    std::vector<std::byte> ring(size_t{kSlots} * kSlotSize);
+    std::vector<PackPiece> pieces;
+    uint32_t gen = 5;
+    for (auto [slot, len] : msgs) {
+      Header h;
+      h.flags = static_cast<uint8_t>(server ? Kind::kReply : Kind::kRequest);
+      h.method_id = 1;
+      h.request_id = slot + 100;
+      h.payload_len = len;
+      h.slot = slot;
+      h.generation = gen++;
+      std::byte* msg = ring.data() + size_t{slot} * kSlotSize + kSlotSize - kHeaderSize - len;
+      encode_header(h, msg);
+      for (uint32_t k = 0; k < len; ++k) msg[kHeaderSize + k] = static_cast<std::byte>(k);
+      pieces.push_back(PackPiece{msg, kHeaderSize + len});
+    }
+    const PackOut out = write_pack(ring.data(), kSlotSize, msgs[0].first, pieces);
+    Bytes b{static_cast<uint8_t>(server ? 1 : 0)};
+    const auto* p = reinterpret_cast<const uint8_t*>(out.data);
+    b.insert(b.end(), p, p + out.length);
+    return b;
+  };
+  write("pack", "client-two-requests", pack_of(false, {{3, 12}, {7, 20}}));
+  write("pack", "server-three-replies", pack_of(true, {{0, 0}, {1, 5}, {15, 64}}));
+  Bytes bad = pack_of(false, {{2, 8}, {2, 8}});
+  write("pack", "bad-duplicate-slot", bad);
+  write("pack", "round-trip-client", Bytes{2, 3, 4, 1, 2, 3, 4, 9, 0, 12, 2, 7, 7});
+  write("pack", "round-trip-server", Bytes{3, 0, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 5, 3, 1, 2, 3});
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: fuzz_make_corpus DIR   (writes DIR/<target>/...)\n");
@@ -383,6 +419,7 @@ int main(int argc, char** argv) {
   handshake_corpus();
   tcp_session_corpus();
   method_verify_corpus();
+  pack_corpus();
   std::printf("wrote %d files under %s\n", written, out_root.c_str());
   return 0;
 }

@@ -140,6 +140,7 @@ void ShmLink::post(std::span<const Outgoing> batch) {
     // Order is kept: once anything waits, everything after it waits too.
     if (backlog_.empty() && write_descriptor(o, o.data)) {
       ++(o.lane == Lane::kControl ? stats_.control_sends : stats_.slot_sends);
+      stats_.messages += o.messages;
       continue;
     }
     if (down_) return;
@@ -235,6 +236,7 @@ void ShmLink::flush_backlog() {
     const std::byte* src = p.o.lane == Lane::kControl ? p.control.data() : p.o.data;
     if (!write_descriptor(p.o, src)) break;
     ++(p.o.lane == Lane::kControl ? stats_.control_sends : stats_.slot_sends);
+    stats_.messages += p.o.messages;
   }
   if (down_) return;
   check_drain(i != 0);

@@ -154,6 +154,8 @@ void TcpLink::post(std::span<const Outgoing> batch) {
     w.sent = 0;
     queued_bytes_ += w.head_len + w.body_len;
     ++(control ? stats_.control_sends : stats_.slot_sends);
+    stats_.messages += o.messages;
+    if (o.messages > 1) ++stats_.packs;
   }
   flush_pending();
 }
@@ -209,6 +211,7 @@ void TcpLink::flush_pending() {
     // sendmsg rather than writev: MSG_NOSIGNAL turns a dead peer into EPIPE
     // instead of a process-killing SIGPIPE.
     const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ++stats_.doorbells;
     if (n < 0) {
       const int err = errno;
       if (err == EINTR) continue;

@@ -77,6 +77,7 @@ bool VerbsLink::prepare(size_t i, const Outgoing& o) {
       ++stats_.noninline_sends;
     }
     ++stats_.control_sends;
+    ++stats_.messages;
   } else {
     const uint16_t slot = core::imm_slot(o.imm);
     if (slot >= slot_count_ || o.length > slot_size_) {
@@ -101,6 +102,8 @@ bool VerbsLink::prepare(size_t i, const Outgoing& o) {
       ++stats_.noninline_sends;
     }
     ++stats_.slot_sends;
+    stats_.messages += o.messages;
+    if (o.messages > 1) ++stats_.packs;
   }
   // Selective signaling: every signal_every_-th request reports, and
   // retires itself and the unsignaled ones before it.
