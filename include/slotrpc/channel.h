@@ -227,6 +227,9 @@ class SLOTRPC_API Channel {
     uint64_t packs_received = 0;
     uint64_t work_requests = 0;
     uint64_t link_messages = 0;
+    // Verbs: the packets those work requests took (acknowledgements not
+    // counted); packets / messages is the packets per message.
+    uint64_t link_packets = 0;
   };
   Stats stats() const;
 

@@ -117,6 +117,9 @@ struct TransportMetrics {
   uint64_t noninline_sends = 0; // verbs: read by the NIC from the send slot
   uint64_t messages = 0;        // protocol messages those sends carried (a PACK counts its messages)
   uint64_t packs = 0;           // slot sends that were PACKs (several small messages, one send)
+  uint64_t packets = 0;         // verbs: request packets of those sends (ceil(bytes / path MTU) each)
+  uint64_t bulk_requests = 0;   // bulk transfers started: verbs READ/WRITE work requests; tcp READ_REQ
+                                // and WRITE_DATA frames
   uint64_t doorbells = 0;       // verbs: ibv_post_send calls; tcp: sendmsg calls
   uint64_t signaled = 0;        // verbs: sends posted IBV_SEND_SIGNALED
   uint64_t backlogged = 0;      // verbs: sends that waited for send-queue room

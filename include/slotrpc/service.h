@@ -44,10 +44,13 @@ class ServerBulk {
  public:
   virtual size_t count(bool incoming) const = 0;
   virtual uint64_t length(bool incoming, size_t i) const = 0;
-  // Moves `local.length` bytes between `local` and segment i at `offset`:
-  // pulls request data (incoming) or pushes reply data (outgoing), on the
-  // handler's fiber, which waits until every byte has moved.
-  virtual Status transfer(bool incoming, size_t i, const BulkSegment& local, uint64_t offset) = 0;
+  // Moves the bytes of `pieces`, in order and back to back, between them
+  // and segment i from `offset`: pulls request data (incoming) or pushes
+  // reply data (outgoing), on the handler's fiber, which waits until every
+  // byte has moved.  Pieces adjacent in one registration move as one
+  // transfer.
+  virtual Status transfer(bool incoming, size_t i, std::span<const BulkSegment> pieces,
+                          uint64_t offset) = 0;
 
  protected:
   ~ServerBulk() = default;
@@ -126,13 +129,31 @@ class ServerCall {
     return bulk_op(false, i, BulkSegment::of(src, src_offset, length), offset);
   }
 
+  // Scatter and gather (issue 18): incoming segment i, from `offset`, into
+  // `pieces` one after the other (piece k gets the bytes after piece
+  // k - 1's), or `pieces` one after the other into outgoing segment i.
+  // Pieces that are adjacent in memory and in one registration (pages of
+  // one pool, say) move as ONE transfer, split only at the path's largest
+  // message: 16384 adjacent 4 KiB pages cost what one 64 MiB range costs.
+  // Pieces that are not adjacent each start a new transfer, one after the
+  // other.  Errors as above; the pieces' total must fit the segment.
+  Status read_bulk(size_t i, std::span<const BulkSegment> pieces, uint64_t offset = 0) {
+    return bulk_op(true, i, pieces, offset);
+  }
+  Status write_bulk(size_t i, std::span<const BulkSegment> pieces, uint64_t offset = 0) {
+    return bulk_op(false, i, pieces, offset);
+  }
+
  private:
   friend class core::ServerSession;
   ServerCall() = default;
   Status bulk_op(bool incoming, size_t i, const BulkSegment& local, uint64_t offset) {
+    return bulk_op(incoming, i, std::span<const BulkSegment>(&local, 1), offset);
+  }
+  Status bulk_op(bool incoming, size_t i, std::span<const BulkSegment> pieces, uint64_t offset) {
     if (bulk_ == nullptr)
       return Status(StatusCode::kInvalidArgument, "this call carries no bulk segments");
-    return bulk_->transfer(incoming, i, local, offset);
+    return bulk_->transfer(incoming, i, pieces, offset);
   }
   detail::ServerBulk* bulk_ = nullptr;
   detail::StreamWriterImpl* stream_ = nullptr;

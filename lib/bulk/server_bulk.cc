@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "bulk/call_exposure.h"
 #include "bulk/registration_cache.h"
@@ -31,7 +32,29 @@ void ServerCallBulk::on_done(uint64_t token, uint16_t status) {
   }
 }
 
-Status ServerCallBulk::transfer(bool incoming, size_t i, const BulkSegment& local,
+// One transfer: started on the link, then this fiber waits for its
+// kBulkDone.  The link reports every transfer exactly once, a failed link
+// too (before its kLinkDown), so the wait always ends.
+uint16_t ServerCallBulk::move(bool incoming, const transport::BulkRegistration& local,
+                              size_t local_offset, const transport::RemoteSegment& seg,
+                              uint64_t remote_offset, uint64_t length, Status* start_error) {
+  token_ = (uint64_t{slot_} << 48) | (++seq_ & ((uint64_t{1} << 48) - 1));
+  pending_ = true;
+  Status started = incoming ? link_.read(local, local_offset, seg, remote_offset, length, token_)
+                            : link_.write(local, local_offset, seg, remote_offset, length, token_);
+  if (!started.ok()) {
+    pending_ = false;
+    *start_error = std::move(started);
+    return static_cast<uint16_t>(start_error->code());
+  }
+  while (pending_) {
+    waiter_ = reactor::FiberPool::current();
+    reactor::FiberPool::suspend();
+  }
+  return status_;
+}
+
+Status ServerCallBulk::transfer(bool incoming, size_t i, std::span<const BulkSegment> pieces,
                                 uint64_t offset) {
   const char* op = incoming ? "read_bulk" : "write_bulk";
   if (!active_)
@@ -43,7 +66,12 @@ Status ServerCallBulk::transfer(bool incoming, size_t i, const BulkSegment& loca
                   fmt::format("{}: no {} bulk segment {} (the call has {})", op,
                               incoming ? "incoming" : "outgoing", i, n));
   const transport::RemoteSegment& seg = incoming ? block_.read(i) : block_.write(i);
-  const uint64_t len = local.length;
+  uint64_t len = 0;
+  for (const BulkSegment& p : pieces) {
+    if (p.length > UINT64_MAX - len)
+      return Status(StatusCode::kInvalidArgument, fmt::format("{}: the pieces' lengths overflow", op));
+    len += p.length;
+  }
   if (offset > seg.length || len > seg.length - offset) {
     if (incoming)
       return Status(StatusCode::kInvalidArgument,
@@ -56,42 +84,79 @@ Status ServerCallBulk::transfer(bool incoming, size_t i, const BulkSegment& loca
                               len, offset, i, seg.length));
   }
   if (len == 0) return {};
-  if (Status st = check_segment(local, incoming ? "read_bulk's destination" : "write_bulk's source");
-      !st.ok())
-    return st;
+  for (const BulkSegment& p : pieces) {
+    if (p.length == 0) continue;
+    if (Status st = check_segment(p, incoming ? "read_bulk's destination" : "write_bulk's source");
+        !st.ok())
+      return st;
+  }
   if (*closed_) return Status(StatusCode::kUnavailable, fmt::format("{}: the session is closed", op));
   if (reactor::FiberPool::current() == nullptr)
     return Status(StatusCode::kInternal, fmt::format("{} used outside its handler", op));
-  auto r = resolve(link_, local);
-  if (!r.ok()) return r.status();
-  token_ = (uint64_t{slot_} << 48) | (++seq_ & ((uint64_t{1} << 48) - 1));
-  pending_ = true;
-  Status started = incoming ? link_.read(r.value().registration, r.value().offset, seg, offset, len, token_)
-                            : link_.write(r.value().registration, r.value().offset, seg, offset, len, token_);
-  if (!started.ok()) {
-    pending_ = false;
-    RegistrationCache::instance().release(r.value().lease);
-    return started;
+
+  // Runs of pieces contiguous in memory and in one registration become one
+  // transfer each (the link splits it only at the path's largest message).
+  // A piece inside the registration of the run before it needs no lookup
+  // in the registration cache: the run's lease covers it.
+  RegistrationCache& cache = RegistrationCache::instance();
+  std::vector<uint64_t> leases;
+  transport::BulkRegistration reg{};
+  size_t run_offset = 0;  // of the current run, in `reg`
+  uint64_t run_len = 0;
+  uint64_t remote = offset;
+  uint16_t code = 0;
+  Status start_error;
+  auto flush = [&]() {
+    if (run_len == 0) return true;
+    code = move(incoming, reg, run_offset, seg, remote, run_len, &start_error);
+    remote += run_len;
+    run_len = 0;
+    return code == static_cast<uint16_t>(StatusCode::kOk);
+  };
+  bool ok = true;
+  for (const BulkSegment& p : pieces) {
+    if (p.length == 0) continue;
+    const std::byte* first = p.region.impl() != nullptr ? p.region.data() + p.offset : p.address;
+    const bool inside = reg.base != nullptr && first >= reg.base &&
+                        static_cast<size_t>(first - reg.base) <= reg.length &&
+                        p.length <= reg.length - static_cast<size_t>(first - reg.base);
+    if (inside && run_len != 0 && first == reg.base + run_offset + run_len) {
+      run_len += p.length;  // adjacent: the run grows
+      continue;
+    }
+    if (!(ok = flush())) break;
+    if (inside) {
+      run_offset = static_cast<size_t>(first - reg.base);
+      run_len = p.length;
+      continue;
+    }
+    auto r = resolve(link_, p);
+    if (!r.ok()) {
+      start_error = r.status();
+      code = static_cast<uint16_t>(r.status().code());
+      ok = false;
+      break;
+    }
+    leases.push_back(r.value().lease);
+    reg = r.value().registration;
+    run_offset = r.value().offset;
+    run_len = p.length;
   }
-  // The link reports every transfer exactly once, a failed link too (before
-  // its kLinkDown), so this wait always ends.
-  while (pending_) {
-    waiter_ = reactor::FiberPool::current();
-    reactor::FiberPool::suspend();
-  }
-  RegistrationCache::instance().release(r.value().lease);
-  const auto code = static_cast<StatusCode>(status_);
-  if (code == StatusCode::kOk) {
+  if (ok) ok = flush();
+  for (uint64_t lease : leases) cache.release(lease);
+  if (!start_error.ok()) return start_error;
+  if (ok) {
     if (!incoming) written_[i] = std::max(written_[i], offset + len);
     return {};
   }
-  if (code == StatusCode::kInvalidArgument)
-    return Status(code, fmt::format("{} of segment {}: the client's memory refused the transfer "
-                                    "(its call ended and the segment was revoked)",
-                                    op, i));
-  if (code == StatusCode::kUnavailable)
-    return Status(code, fmt::format("{} of segment {}: the session was lost during the transfer", op, i));
-  return Status(code, fmt::format("{} of segment {} failed", op, i));
+  const auto status = static_cast<StatusCode>(code);
+  if (status == StatusCode::kInvalidArgument)
+    return Status(status, fmt::format("{} of segment {}: the client's memory refused the transfer "
+                                      "(its call ended and the segment was revoked)",
+                                      op, i));
+  if (status == StatusCode::kUnavailable)
+    return Status(status, fmt::format("{} of segment {}: the session was lost during the transfer", op, i));
+  return Status(status, fmt::format("{} of segment {} failed", op, i));
 }
 
 }  // namespace slotrpc::bulk

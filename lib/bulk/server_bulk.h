@@ -45,9 +45,16 @@ class ServerCallBulk final : public ::slotrpc::detail::ServerBulk {
 
   size_t count(bool incoming) const override { return incoming ? block_.reads : block_.writes; }
   uint64_t length(bool incoming, size_t i) const override;
-  Status transfer(bool incoming, size_t i, const BulkSegment& local, uint64_t offset) override;
+  Status transfer(bool incoming, size_t i, std::span<const BulkSegment> pieces,
+                  uint64_t offset) override;
 
  private:
+  // One Link::read or Link::write of `length` bytes at `local_offset` of
+  // `local`, `remote_offset` into segment `seg`; waits for its kBulkDone.
+  uint16_t move(bool incoming, const transport::BulkRegistration& local, size_t local_offset,
+                const transport::RemoteSegment& seg, uint64_t remote_offset, uint64_t length,
+                Status* start_error);
+
   reactor::Reactor& loop_;
   transport::Link& link_;
   const uint16_t slot_;

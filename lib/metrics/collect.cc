@@ -132,6 +132,8 @@ MetricsSnapshot Collector::finish(const Namer& name) {
     t.doorbells = s.doorbells;
     t.messages = s.messages;
     t.packs = s.packs;
+    t.packets = s.packets;
+    t.bulk_requests = s.bulk_requests;
     t.signaled = s.signaled;
     t.backlogged = s.backlogged;
     t.completions_per_poll = polls.snapshot();

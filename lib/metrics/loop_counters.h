@@ -80,6 +80,8 @@ struct LoopCounters {
     into.doorbells += s.doorbells;
     into.messages += s.messages;
     into.packs += s.packs;
+    into.packets += s.packets;
+    into.bulk_requests += s.bulk_requests;
     into.signaled += s.signaled;
     into.backlogged += s.backlogged;
   }

@@ -195,6 +195,13 @@ std::string to_prometheus(const MetricsSnapshot& m) {
        &TransportMetrics::messages},
       {"slotrpc_transport_packs_total", "Slot sends that were PACKs of several small messages.",
        &TransportMetrics::packs},
+      {"slotrpc_transport_packets_total",
+       "Verbs: request packets the sends took (ceil(bytes / path MTU) each; acknowledgements not counted).",
+       &TransportMetrics::packets},
+      {"slotrpc_transport_bulk_requests_total",
+       "Bulk transfers started: verbs RDMA READ/WRITE work requests (one per chunk); tcp READ_REQ and "
+       "WRITE_DATA frames.",
+       &TransportMetrics::bulk_requests},
       {"slotrpc_transport_doorbells_total",
        "Verbs: ibv_post_send calls (one per batch); tcp: sendmsg calls.",
        &TransportMetrics::doorbells},

@@ -980,6 +980,7 @@ Channel::Stats Channel::stats() const {
     out.packs_received = c.packs_received;
     out.work_requests = c.link.slot_sends + c.link.control_sends;
     out.link_messages = c.link.messages;
+    out.link_packets = c.link.packets;
     out.closed = impl->session->closed();
     out.reconnect_attempts = impl->reconnect_attempts;
     out.reconnects = impl->reconnects;

@@ -154,6 +154,11 @@ struct LinkStats {
   uint64_t control_sends = 0;   // control-lane messages
   uint64_t messages = 0;        // protocol messages in them (a PACK counts what it carries)
   uint64_t packs = 0;           // slot sends that were PACKs
+  uint64_t packets = 0;         // verbs: request packets those sends took (ceil(length / path MTU)
+                                // each; acknowledgements not counted)
+  uint64_t bulk_requests = 0;   // bulk transfers this side started, in units of what it posts:
+                                // verbs, RDMA READ / WRITE work requests (one per chunk); tcp,
+                                // READ_REQ frames and WRITE_DATA frames (one per slice)
   uint64_t inline_sends = 0;    // verbs: posted with IBV_SEND_INLINE (header + payload <= max inline)
   uint64_t noninline_sends = 0; // verbs: read by the NIC from the registered send slot
   uint64_t doorbells = 0;       // verbs: ibv_post_send calls (one per post() that had room);

@@ -52,8 +52,11 @@ void print_table(std::ostream& out, const MetricsSnapshot& m, const MetricsSnaps
                        us(Histogram::quantile(h, 0.99)), us(Histogram::quantile(h, 0.999)), us(h.max));
   }
   for (const TransportMetrics& t : m.transports) {
-    out << fmt::format("transport {}: {} sessions, {} slot sends, {} control sends", t.transport,
-                       t.sessions, t.slot_sends, t.control_sends);
+    const uint64_t sends = t.slot_sends + t.control_sends;
+    out << fmt::format("transport {}: {} sessions, {} slot sends, {} control sends, {} messages "
+                       "({:.2f} per send; {} packs)",
+                       t.transport, t.sessions, t.slot_sends, t.control_sends, t.messages,
+                       sends == 0 ? 0.0 : double(t.messages) / double(sends), t.packs);
     if (t.transport == "verbs") {
       const uint64_t wrs = t.slot_sends + t.control_sends;
       out << fmt::format(", {} inline / {} non-inline, {} doorbells ({:.1f} work requests each), "

@@ -88,7 +88,8 @@ Status AdminServiceImpl::Metrics(const AdminMetricsRequest&, ReplyBuilder<AdminM
   for (const TransportMetrics& t : m.transports) {
     transports.push_back(CreateAdminTransport(
         b, b.CreateString(t.transport), t.sessions, t.slot_sends, t.control_sends, t.inline_sends,
-        t.noninline_sends, t.doorbells, t.signaled, t.backlogged, encode(b, t.completions_per_poll)));
+        t.noninline_sends, t.doorbells, t.signaled, t.backlogged, encode(b, t.completions_per_poll),
+        t.messages, t.packs, t.packets, t.bulk_requests));
   }
   std::vector<fb::Offset<AdminHwCounter>> hw;
   for (const HwCounter& c : m.hw_counters) {
@@ -152,6 +153,10 @@ Result<MetricsSnapshot> fetch_metrics(Channel& channel, CallOptions options) {
       t.doorbells = x->doorbells();
       t.signaled = x->signaled();
       t.backlogged = x->backlogged();
+      t.messages = x->messages();
+      t.packs = x->packs();
+      t.packets = x->packets();
+      t.bulk_requests = x->bulk_requests();
       t.completions_per_poll = decode(x->completions_per_poll());
       m.transports.push_back(std::move(t));
     }

@@ -773,6 +773,7 @@ void TcpLink::enqueue_bulk(uint32_t type, uint32_t rkey, uint32_t status, uint64
   // which must follow the chunks of its read) wait behind them.
   // A FENCE is a small frame too: ordered with the slot frames after it.
   const bool small = type == TcpTransport::kBulkReadRequest || type == TcpTransport::kBulkFence;
+  if (type == TcpTransport::kBulkReadRequest || type == TcpTransport::kBulkWriteData) ++stats_.bulk_requests;
   PendingWrite& w = (small ? pending_ : bulk_pending_).emplace_back();
   std::byte* h = w.head.data();
   store_u32_le(h, TcpTransport::kBulkMarker | type);

@@ -339,6 +339,7 @@ size_t VerbsLink::prepare_chunks(size_t j, size_t room, uint32_t index) {
     unsignaled_ = 0;
     ++send_seq_;
     op.posted += len;
+    ++stats_.bulk_requests;
     ++op.outstanding;
     ++in_flight;
     b.in_flight.push_back({BulkState::Kind::kChunk, index});

@@ -78,6 +78,7 @@ bool VerbsLink::prepare(size_t i, const Outgoing& o) {
     }
     ++stats_.control_sends;
     ++stats_.messages;
+    ++stats_.packets;
   } else {
     const uint16_t slot = core::imm_slot(o.imm);
     if (slot >= slot_count_ || o.length > slot_size_) {
@@ -103,6 +104,7 @@ bool VerbsLink::prepare(size_t i, const Outgoing& o) {
     }
     ++stats_.slot_sends;
     stats_.messages += o.messages;
+    stats_.packets += o.length <= path_mtu_ ? 1 : (o.length + path_mtu_ - 1) / path_mtu_;
     if (o.messages > 1) ++stats_.packs;
   }
   // Selective signaling: every signal_every_-th request reports, and

@@ -269,6 +269,7 @@ Status VerbsLink::connect(const QpInfo& peer, int control_fd, const std::string&
                               dev.name(), dev.link_layer()));
   const Config& cfg = owner_.config_;
   const ibv_mtu mtu = static_cast<ibv_mtu>(std::min<int>(peer.mtu, dev.active_mtu()));
+  if (const uint32_t bytes = mtu_bytes(mtu); bytes != 0) path_mtu_ = bytes;
 
   ibv_qp_attr at{};
   at.qp_state = IBV_QPS_RTR;

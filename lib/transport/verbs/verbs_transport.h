@@ -226,6 +226,7 @@ class VerbsLink final : public Link {
   uint32_t sq_depth_ = 0;
   uint32_t rq_depth_ = 0;
   uint32_t max_inline_ = 0;
+  uint32_t path_mtu_ = 1024;  // bytes, set by connect(); for LinkStats::packets
   uint32_t signal_every_ = 1;
   uint32_t created_slots_ = 0;
   int cq_budget_ = 0;  // CQ entries reserved for this link
