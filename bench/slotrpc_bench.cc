@@ -269,8 +269,37 @@ slotrpc::ServiceDefinition bulk_service(BulkPool& pool) {
     const BulkPool::Buffer& b = pool.at(i);
     slotrpc::Status st;
     if (!in) b.data[0] = b.data[n - 1] = std::byte{kFill};
-    if (in) st = call.read_bulk(0, b.region, 0, n);
-    if (st.ok() && out) st = call.write_bulk(0, b.region, 0, n);
+    // The request: {page bytes, per page}.  With pages, the buffer is a
+    // scatter list of adjacent pages (--bulk-pages), moved by one scatter
+    // read_bulk / gather write_bulk, or by one call per page
+    // (--bulk-per-page: what a handler had to do before issue 18).
+    uint64_t page = 0, per_page = 0;
+    if (call.request().size() >= 8) {
+      const auto* v = flatbuffers::GetRoot<flatbuffers::Vector<uint64_t>>(call.request().data());
+      if (v->size() >= 2) {
+        page = v->Get(0);
+        per_page = v->Get(1);
+      }
+    }
+    std::vector<slotrpc::BulkSegment> pages;
+    if (page != 0) {
+      for (uint64_t at = 0; at < n; at += page)
+        pages.push_back(slotrpc::BulkSegment::of(b.region, at, std::min(page, n - at)));
+    }
+    auto move = [&](bool reading) {
+      if (pages.empty())
+        return reading ? call.read_bulk(0, b.region, 0, n) : call.write_bulk(0, b.region, 0, n);
+      if (per_page == 0) return reading ? call.read_bulk(0, pages) : call.write_bulk(0, pages);
+      for (size_t k = 0; k < pages.size(); ++k) {
+        const std::span<const slotrpc::BulkSegment> one(&pages[k], 1);
+        const uint64_t at = k * page;
+        slotrpc::Status s = reading ? call.read_bulk(0, one, at) : call.write_bulk(0, one, at);
+        if (!s.ok()) return s;
+      }
+      return slotrpc::Status();
+    };
+    if (in) st = move(true);
+    if (st.ok() && out) st = move(false);
     pool.give(i);
     if (!st.ok()) return st;
     auto& reply = call.reply();
@@ -291,6 +320,12 @@ class BulkDriver final : public EchoDriver {
   // server (read: RDMA READ) or pushed by it (write: RDMA WRITE).
   enum class Direction { kEcho, kRead, kWrite };
   void set_direction(Direction d) { direction_ = d; }
+  // The server moves its buffer as pages of `page` bytes (0: one range),
+  // in one scatter / gather call or one call per page.
+  void set_pages(uint64_t page, bool per_page) {
+    page_ = page;
+    per_page_ = per_page;
+  }
 
   slotrpc::Status connect() {
     if (channel_) return {};
@@ -313,7 +348,10 @@ class BulkDriver final : public EchoDriver {
     if (direction_ != Direction::kRead) o.receive_bulk(p.dst_region, 0, size);
     const bool check = direction_ != Direction::kRead;
     channel_->call(
-        kBulkEcho, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(fbb.CreateVector(std::vector<uint64_t>{0})); },
+        kBulkEcho,
+        [page = page_, per_page = per_page_](flatbuffers::FlatBufferBuilder& fbb) {
+          fbb.Finish(fbb.CreateVector(std::vector<uint64_t>{page, per_page ? 1u : 0u}));
+        },
         std::move(o), [&p, size, check, done = std::move(done)](slotrpc::RawReply&& r) {
           std::string err;
           if (!r.ok()) {
@@ -474,6 +512,8 @@ class BulkDriver final : public EchoDriver {
   std::deque<Pair> pairs_;
   uint64_t size_ = 0;
   Direction direction_ = Direction::kEcho;
+  uint64_t page_ = 0;
+  bool per_page_ = false;
 };
 
 int serve_slotrpc(const std::string& host, const std::string& port_file, uint32_t slot_size) {
@@ -826,6 +866,8 @@ int main(int argc, char** argv) {
   std::string host = "127.0.0.1", json_path, serve, port_file;
   std::vector<uint64_t> bulk_sizes = {65536, 1u << 20, 16u << 20, 256u << 20};
   uint64_t bulk_calls = 20, bulk_outstanding = 1, load_size = 1ull << 30, load_idle_calls = 2000;
+  uint64_t bulk_pages = 0;
+  bool bulk_per_page = false;
 
   CLI::App app("slotrpc beside gRPC (same schema, same loop) and a busy-polling socket ping-pong, client and "
                "server in two processes: latency per payload size, throughput per outstanding calls and channels.",
@@ -849,6 +891,12 @@ int main(int argc, char** argv) {
                  "Modes bulk, bulk-read, bulk-write: slotrpc calls in flight, each with buffers of its own "
                  "(2 x SIZE bytes a call; the socket ping-pong keeps one)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{256}))->capture_default_str();
+  app.add_option("--bulk-pages", bulk_pages,
+                 "Modes bulk, bulk-read, bulk-write: the server moves its buffer as a scatter list of pages "
+                 "of this many bytes, adjacent in one registered region (0: one range)")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 31))->capture_default_str();
+  app.add_flag("--bulk-per-page", bulk_per_page,
+               "With --bulk-pages: one read_bulk / write_bulk per page instead of one for the list");
   app.add_option("--load-size", load_size, "Mode bulk-load: bytes of the large bulk echo")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 31))->capture_default_str();
   app.add_option("--load-idle-calls", load_idle_calls, "Mode bulk-load: 64 B calls measured alone first")
@@ -1010,6 +1058,9 @@ int main(int argc, char** argv) {
         continue;
       }
       run_info["poll_mode"] = std::string(slotrpc::to_string(d.channel().config().poll_mode));
+      d.set_pages(bulk_pages, bulk_per_page);
+      run_info["bulk_pages"] = std::to_string(bulk_pages);
+      run_info["bulk_per_page"] = bulk_per_page ? "yes" : "no";
       for (const auto& [mode, on, dir] : {std::tuple{"bulk", do_bulk, BulkDriver::Direction::kEcho},
                                           std::tuple{"bulk-read", do_bulk_read, BulkDriver::Direction::kRead},
                                           std::tuple{"bulk-write", do_bulk_write, BulkDriver::Direction::kWrite}}) {
