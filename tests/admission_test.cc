@@ -188,7 +188,13 @@ TEST_CASE("idle and slow sockets neither keep a client out nor slow its calls") 
           << " us, beside the junk " << p99_junk << " us; junk reconnects " << reconnects);
   // Promptly: a fifth of the deadline a blocked accept path would need.
   CHECK(worst_connect_ms < ts.server->config().connect_timeout_ms / 5.0);
-  CHECK(p99_junk <= std::max(2 * p99_quiet, p99_quiet + 2000.0));
+  // Calls are not held up by the junk.  What this guards against is an
+  // accept or handshake path that waits on an idle socket: calls then stall
+  // for up to connect_timeout_ms (5 s) each time.  A bound of a twentieth
+  // of that catches it and nothing else: a ratio to the quiet p99 (tried
+  // first) failed in CI when a parallel test loaded both cores (2.9 ms
+  // against 0.23 ms quiet, a scheduling figure, not a stall).
+  CHECK(p99_junk < ts.server->config().connect_timeout_ms * 1000.0 / 20);
 }
 
 TEST_CASE("SLOTRPC_MAX_SESSIONS refuses the session beyond it, and a closed one frees its place") {

@@ -642,17 +642,16 @@ void ClientSession::on_message(const transport::Completion& c) {
 // only then is each copied into its own slot and handled exactly as if it
 // had come alone.  Anything wrong closes the session, like a bad frame.
 void ClientSession::on_pack(const transport::Completion& c, const Header& h) {
-  if (!pack_parser_) {
+  if (!pack_) {
     return protocol_error(fmt::format("PACK in slot {}, but this client did not offer packing", c.slot));
   }
   if (imm_generation(c.imm) != static_cast<uint16_t>(h.generation)) {
     return protocol_error(fmt::format("PACK in slot {}: immediate and header disagree on the generation", c.slot));
   }
-  const std::string_view bad = pack_parser_->parse(recv_ring_.slot(c.slot), h, geometry_.slot_count,
-                                                   geometry_.slot_size, PackSender::kServer);
+  const std::string_view bad = pack_->parse(recv_ring_.slot(c.slot), h, geometry_.slot_count,
+                                            geometry_.slot_size, PackSender::kServer);
   if (!bad.empty()) return protocol_error(fmt::format("malformed PACK in slot {}: {}", c.slot, bad));
-  const std::span<const PackedEntry> entries = pack_parser_->entries();
-  for (const PackedEntry& e : entries) {
+  for (const PackedEntry& e : pack_->entries()) {
     const Slot& s = slots_[e.header.slot];
     const bool outstanding = s.state == SlotState::kInFlight || s.state == SlotState::kZombie;
     if (!outstanding || e.header.generation != s.generation || e.header.request_id != s.request_id ||
@@ -662,26 +661,13 @@ void ClientSession::on_pack(const transport::Completion& c, const Header& h) {
           e.header.slot, e.header.generation, e.header.request_id));
     }
   }
-  ++packs_received_;
-  unpacked_.assign(entries.begin(), entries.end());  // capacity reserved: no allocation
-  scatter_pack(recv_ring_.slot(0), geometry_.slot_size, unpacked_);
-  for (const PackedEntry& e : unpacked_) {
-    if (e.header.slot != c.slot) link_->claim_armed(e.header.slot);
-  }
-  for (const PackedEntry& e : unpacked_) {
-    if (closed_) return;
-    transport::Completion inner = c;
-    inner.slot = e.header.slot;
-    inner.length = kHeaderSize + e.header.payload_len;
-    inner.imm = make_imm(e.header.slot, e.header.generation);
-    on_message(inner);
-  }
+  pack_->deliver(recv_ring_.slot(0), geometry_.slot_size, *link_, c, [this] { return !closed_.load(); },
+                 [this](const transport::Completion& inner) { on_message(inner); });
 }
 
 void ClientSession::configure_packing(uint32_t pack_small, bool server_accepts) {
   if (pack_small == 0) return;
-  pack_parser_ = std::make_unique<PackParser>(geometry_.slot_count);
-  unpacked_.reserve(geometry_.slot_count);
+  pack_ = std::make_unique<PackReceiver>(geometry_.slot_count);
   if (server_accepts) outbox_.enable_packing(send_ring_.slot(0), geometry_.slot_size, pack_small);
 }
 
@@ -980,7 +966,7 @@ ClientSession::Counters ClientSession::counters() const {
   c.messages_sent = messages_sent_;
   c.packs_sent = outbox_.packs_sent();
   c.packed_messages = outbox_.packed_messages();
-  c.packs_received = packs_received_;
+  c.packs_received = pack_ ? pack_->received() : 0;
   if (link_) c.link = link_->stats();
   return c;
 }

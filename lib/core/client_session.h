@@ -268,9 +268,7 @@ class ClientSession final : public SessionBase,
   uint16_t peer_features_ = 0;
   uint64_t max_bulk_bytes_ = 4ull << 30;
   // Set when this session accepts PACKs (configure_packing).
-  std::unique_ptr<PackParser> pack_parser_;
-  std::vector<PackedEntry> unpacked_;  // a parsed pack's entries while they are dispatched
-  uint64_t packs_received_ = 0;
+  std::unique_ptr<PackReceiver> pack_;
   // Bulk calls that ended and wait for their revokes (kBulkDone with the
   // call's request id).  Few at a time; searched linearly (cold path).
   std::vector<PendingCall*> revoking_;

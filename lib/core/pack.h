@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "core/wire_format.h"
+#include "transport/transport.h"
 
 namespace slotrpc::core {
 
@@ -76,6 +77,50 @@ class PackParser {
 // the start of the carrier slot.  Afterwards every message sits where an
 // unpacked one would.
 void scatter_pack(std::byte* ring, uint32_t slot_size, std::span<const PackedEntry> entries);
+
+// A session's receiving end, shared by both kinds of session: parse(),
+// then the session checks each of entries() against its own slot state,
+// then deliver() (ClientSession::on_pack, ServerSession::on_pack).
+class PackReceiver {
+ public:
+  explicit PackReceiver(uint32_t slot_count) : parser_(slot_count) { delivering_.reserve(slot_count); }
+
+  std::string_view parse(const std::byte* slot_bytes, const Header& pack, uint32_t slot_count,
+                         uint32_t slot_size, PackSender sender) {
+    return parser_.parse(slot_bytes, pack, slot_count, slot_size, sender);
+  }
+  std::span<const PackedEntry> entries() const { return parser_.entries(); }
+
+  // Copies each message of the pack `c` delivered into its own slot of
+  // `ring`, claims those slots on `link` as the peer's writes (the pack's
+  // own was claimed by its arrival), then hands each to `deliver_one` as
+  // a kMessage completion of its own, in order, while `alive()`.
+  template <class Alive, class DeliverOne>
+  void deliver(std::byte* ring, uint32_t slot_size, transport::Link& link,
+               const transport::Completion& c, Alive alive, DeliverOne deliver_one) {
+    ++received_;
+    // A copy: delivering may run handlers, which must not find the
+    // parser's entries changed under this loop.  Capacity reserved.
+    delivering_.assign(parser_.entries().begin(), parser_.entries().end());
+    scatter_pack(ring, slot_size, delivering_);
+    for (const PackedEntry& e : delivering_)
+      if (e.header.slot != c.slot) link.claim_armed(e.header.slot);
+    for (const PackedEntry& e : delivering_) {
+      if (!alive()) return;
+      transport::Completion inner = c;
+      inner.slot = e.header.slot;
+      inner.length = kHeaderSize + e.header.payload_len;
+      inner.imm = make_imm(e.header.slot, e.header.generation);
+      deliver_one(inner);
+    }
+  }
+  uint64_t received() const { return received_; }
+
+ private:
+  PackParser parser_;
+  std::vector<PackedEntry> delivering_;
+  uint64_t received_ = 0;
+};
 
 // Sender side, used by the Outbox: writes a PACK of `messages` (each a
 // complete message of at most max_message bytes, in order) into the send

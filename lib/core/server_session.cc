@@ -209,43 +209,29 @@ void ServerSession::on_message(const transport::Completion& c) {
 // alone (so its handler reads it in place there).  Anything wrong closes
 // the session, like a bad frame.
 void ServerSession::on_pack(const transport::Completion& c, const Header& h) {
-  if (!pack_parser_) {
+  if (!pack_) {
     return protocol_error(fmt::format("PACK in slot {}, but this server did not announce packing", c.slot));
   }
   if (imm_generation(c.imm) != static_cast<uint16_t>(h.generation)) {
     return protocol_error(fmt::format("PACK in slot {}: immediate and header disagree on the generation", c.slot));
   }
-  const std::string_view bad = pack_parser_->parse(recv_ring_.slot(c.slot), h, geometry_.slot_count,
-                                                   geometry_.slot_size, PackSender::kClient);
+  const std::string_view bad = pack_->parse(recv_ring_.slot(c.slot), h, geometry_.slot_count,
+                                            geometry_.slot_size, PackSender::kClient);
   if (!bad.empty()) return protocol_error(fmt::format("malformed PACK in slot {}: {}", c.slot, bad));
-  const std::span<const PackedEntry> entries = pack_parser_->entries();
-  for (const PackedEntry& e : entries) {
+  for (const PackedEntry& e : pack_->entries()) {
     const uint16_t j = e.header.slot;
     if (slots_[j].state != SlotState::kIdle || granted_to_[j] >= 0 || in_owner_[j] >= 0 ||
         (j != c.slot && !link_->armed(j))) {
       return protocol_error(fmt::format("packed request for slot {}, which is not idle", j));
     }
   }
-  ++packs_received_;
-  unpacked_.assign(entries.begin(), entries.end());  // capacity reserved: no allocation
-  scatter_pack(recv_ring_.slot(0), geometry_.slot_size, unpacked_);
-  for (const PackedEntry& e : unpacked_) {
-    if (e.header.slot != c.slot) link_->claim_armed(e.header.slot);
-  }
-  for (const PackedEntry& e : unpacked_) {
-    if (closed_) return;
-    transport::Completion inner = c;
-    inner.slot = e.header.slot;
-    inner.length = kHeaderSize + e.header.payload_len;
-    inner.imm = make_imm(e.header.slot, e.header.generation);
-    on_message(inner);
-  }
+  pack_->deliver(recv_ring_.slot(0), geometry_.slot_size, *link_, c, [this] { return !closed_; },
+                 [this](const transport::Completion& inner) { on_message(inner); });
 }
 
 void ServerSession::configure_packing(uint32_t pack_small, bool client_accepts) {
   if (pack_small == 0) return;
-  pack_parser_ = std::make_unique<PackParser>(geometry_.slot_count);
-  unpacked_.reserve(geometry_.slot_count);
+  pack_ = std::make_unique<PackReceiver>(geometry_.slot_count);
   if (client_accepts) outbox_.enable_packing(send_ring_.slot(0), geometry_.slot_size, pack_small);
 }
 

@@ -46,7 +46,7 @@ class ServerSession final : public SessionBase {
   void configure_packing(uint32_t pack_small, bool client_accepts);
   // PACKs sent and taken apart, over the session's life (tests, metrics).
   uint64_t packs_sent() const { return outbox_.packs_sent(); }
-  uint64_t packs_received() const { return packs_received_; }
+  uint64_t packs_received() const { return pack_ ? pack_->received() : 0; }
   struct Geometry {
     uint32_t slot_count;
     uint32_t slot_size;
@@ -185,9 +185,7 @@ class ServerSession final : public SessionBase {
   std::vector<uint32_t> grant_generation_;
   Outbox outbox_;
   // Set when this session accepts PACKs (configure_packing).
-  std::unique_ptr<PackParser> pack_parser_;
-  std::vector<PackedEntry> unpacked_;  // a parsed pack's entries while they are dispatched
-  uint64_t packs_received_ = 0;
+  std::unique_ptr<PackReceiver> pack_;
   uint32_t running_ = 0;
   uint64_t max_bulk_bytes_ = 4ull << 30;
   bool closed_ = false;
