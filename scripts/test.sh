@@ -257,7 +257,7 @@ finish_check subproject_check
 # takes over three minutes) and leave CPU idle; the fuzz targets' build
 # (configure + compile, 85 s on its own) runs beside them at nice 19, so it
 # takes only what they leave and slows them little.  Phase 4 waits for it.
-FUZZ_TARGETS=(header handshake tcp_session method_verify)
+FUZZ_TARGETS=(header handshake tcp_session method_verify pack)
 FUZZ_BUILD_ARGS=(-Doptimization=2 -Ddebug=false -Dfuzzing=true -Db_sanitize=address,undefined -Db_lundef=false)
 start_fuzz_build() {
   local reconfigure=()
@@ -295,7 +295,7 @@ fi
 
 # --- 4. fuzzing ---------------------------------------------------------------
 # Every run fuzzes each target briefly; the long runs are in docs/fuzzing.md.
-# The four targets run at the same time (the machine's cores share them),
+# The five targets run at the same time (the machine's cores share them),
 # each for FUZZ_SECONDS of wall time from an empty work corpus plus its seed
 # corpus and regressions, so the phase costs the same on every run:
 # configure + compile + FUZZ_SECONDS.

@@ -427,6 +427,11 @@ void ClientSession::on_stream_ack(const Header& h) {
         "stream ack for slot {} generation {} request {} matches no client message in flight",
         h.slot, h.generation, h.request_id));
   }
+  if (outbox_.holds(send_ring_.slot(h.slot), geometry_.slot_size) || link_->sending(h.slot)) {
+    // The message it acknowledges has not left: the server cannot have
+    // read it.  The writer's next message in that slot would overwrite it.
+    return protocol_error(fmt::format("stream ack for slot {} before the message in it was sent", h.slot));
+  }
   if (!stream_active(s)) {
     s.stream_owner = -1;
     return free_slot(h.slot);

@@ -122,6 +122,14 @@ class Outbox {
     pong_owed_ = false;
   }
 
+  // Whether a slot message built in [slot, slot + size) waits here (not
+  // yet posted).  Cold: the sessions ask on a STREAM_GRANT / STREAM_ACK.
+  bool holds(const std::byte* slot, size_t size) const {
+    for (const transport::Outgoing& o : messages_)
+      if (o.lane == transport::Lane::kSlot && o.data >= slot && o.data < slot + size) return true;
+    return false;
+  }
+
   // Over the session's life: PACKs posted and the messages inside them.
   uint64_t packs_sent() const { return packs_sent_; }
   uint64_t packed_messages() const { return packed_messages_; }

@@ -526,6 +526,12 @@ void ServerSession::on_grant(const Header& h) {
   if (slots_[lent].state != SlotState::kIdle || granted_to_[lent] >= 0) {
     return protocol_error(fmt::format("slot {} lent to a stream while it is in use", lent));
   }
+  if (outbox_.holds(send_ring_.slot(lent), geometry_.slot_size) || link_->sending(lent)) {
+    // Our last message from slot `lent` has not left: the client cannot
+    // have read it, so it cannot be lending the slot.  Building the stream
+    // message there would overwrite the one still queued.
+    return protocol_error(fmt::format("slot {} lent to a stream before our message in it was sent", lent));
+  }
   Slot& s = slots_[owner];
   if (s.state != SlotState::kRunning || !s.streaming || s.request_id != h.request_id) {
     // The stream ended while this grant was on its way: the client takes

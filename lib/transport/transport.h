@@ -215,6 +215,13 @@ class Link {
   bool armed(uint16_t slot) const { return slot < armed_.size() && armed_[slot]; }
   bool claim_armed(uint16_t slot) { return take_armed(slot); }
 
+  // True while a slot message posted from send slot `slot` has not wholly
+  // left (TCP: not yet all in the kernel).  The peer cannot have read it,
+  // so a peer that hands the slot back meanwhile (a STREAM_GRANT, a
+  // STREAM_ACK) breaks the protocol, and the session must not build the
+  // next message there.  Transports that do not track it say false.
+  bool sending(uint16_t slot) const { return slot < sending_.size() && sending_[slot] != 0; }
+
   // Memory the peer reads in place (slot i at data() + i * slot_size), or
   // empty.  Only the shared-memory transport has it: a session that builds
   // its send slots there (instead of in its own SlotRing) sends with no
@@ -295,6 +302,8 @@ class Link {
   void size_arming(uint32_t slot_count) { armed_.assign(slot_count, false); }
 
   std::string down_reason_;
+  // Per send slot: slot messages from it not yet wholly sent (sending()).
+  std::vector<uint16_t> sending_;
 
  private:
   std::vector<bool> armed_;

@@ -63,10 +63,14 @@ void fuzz_hello(const uint8_t* b) {
   uint8_t out[kHelloSize];
   encode_hello(h, reinterpret_cast<std::byte*>(out));
   FUZZ_CHECK(std::memcmp(out, b, 20) == 0);
-  for (size_t i = 20; i < kHelloSize; ++i) FUZZ_CHECK(out[i] == 0);
+  // The client's feature bits (offset 20, PACK) round-trip, unknown ones
+  // included; the rest is zero.
+  FUZZ_CHECK(h.features == le(b + 20, 2) && le(out + 20, 2) == h.features);
+  for (size_t i = 22; i < kHelloSize; ++i) FUZZ_CHECK(out[i] == 0);
   auto again = decode_hello(reinterpret_cast<const std::byte*>(out));
   FUZZ_CHECK(again.ok() && again->transport == h.transport && again->slot_count == h.slot_count &&
-             again->slot_size == h.slot_size && again->extension_len == h.extension_len);
+             again->slot_size == h.slot_size && again->extension_len == h.extension_len &&
+             again->features == h.features);
 }
 
 void fuzz_hello_reply(const uint8_t* b) {

@@ -123,7 +123,7 @@ void round_trip(const uint8_t* data, size_t size, PackSender sender) {
     for (uint32_t k = 0; k < len; ++k)
       msg[kHeaderSize + k] = static_cast<std::byte>(i + k < size ? data[i + k] : 0);
     i += len;
-    pieces.push_back(PackPiece{msg, kHeaderSize + len});
+    pieces.push_back(PackPiece{msg, static_cast<uint32_t>(kHeaderSize + len)});
     headers.push_back(h);
   }
   if (pieces.size() < 2) return;

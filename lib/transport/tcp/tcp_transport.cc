@@ -97,7 +97,7 @@ Result<MemoryRegion> TcpLink::register_memory(std::span<std::byte> memory, Acces
 
 void TcpLink::deregister(MemoryRegion& region) { region = MemoryRegion{}; }
 
-Status TcpLink::attach(const MemoryRegion& receive_ring, const MemoryRegion& /*send_ring*/,
+Status TcpLink::attach(const MemoryRegion& receive_ring, const MemoryRegion& send_ring,
                        uint32_t slot_count, uint32_t slot_size, void* context) {
   if (attached_) return Status(StatusCode::kInvalidArgument, "tcp link already attached");
   // The slot index travels in the low 16 bits of the immediate.
@@ -111,10 +111,12 @@ Status TcpLink::attach(const MemoryRegion& receive_ring, const MemoryRegion& /*s
                   "receive ring of " + std::to_string(receive_ring.length) + " bytes cannot hold " +
                       std::to_string(slot_count) + " slots of " + std::to_string(slot_size));
   ring_ = receive_ring;
+  send_ring_ = send_ring;
   slot_count_ = slot_count;
   slot_size_ = slot_size;
   context_ = context;
   size_arming(slot_count);
+  sending_.assign(slot_count, 0);
   budget_bytes_ = TcpTransport::output_budget(slot_count, slot_size);
   attached_ = true;
   return Status::ok_status();
@@ -150,6 +152,14 @@ void TcpLink::post(std::span<const Outgoing> batch) {
       w.head_len = kPrefixSize;
       w.body = o.data;
       w.body_len = o.length;
+      // Until its last byte is in the kernel, the peer cannot have this
+      // message, so it may not write the slot it came from (see the
+      // receive side).
+      if (send_ring_.base != nullptr && o.data >= send_ring_.base &&
+          o.data < send_ring_.base + size_t{slot_count_} * slot_size_) {
+        w.send_slot = static_cast<int32_t>(static_cast<size_t>(o.data - send_ring_.base) / slot_size_);
+        ++sending_[static_cast<size_t>(w.send_slot)];
+      }
     }
     w.sent = 0;
     queued_bytes_ += w.head_len + w.body_len;
@@ -243,6 +253,7 @@ void TcpLink::flush_pending() {
       }
       left -= take;
       if (take == rest) {
+        if (w.send_slot >= 0) --sending_[static_cast<size_t>(w.send_slot)];
         write_chunk_done |= w.on_sent == OnSent::kWriteChunk;
         serve_chunk_done |= w.on_sent == OnSent::kServeChunk;
         ++head;
@@ -478,6 +489,14 @@ bool TcpLink::begin_frame(uint32_t word, uint32_t imm) {
     }
     if (!take_armed(slot)) {
       fail("peer wrote slot " + std::to_string(slot) + " which was not armed");
+      return false;
+    }
+    if (sending_[slot] != 0) {
+      // Our message from this slot (a reply, say) is still queued: the peer
+      // cannot have read it, so it cannot be done with the slot.  Taking
+      // its write would let the next message built there overwrite the
+      // queued one before it leaves.
+      fail("peer wrote slot " + std::to_string(slot) + " before our message from it was sent");
       return false;
     }
     body_dest_ = ring_.base + size_t{slot} * slot_size_;

@@ -90,7 +90,8 @@ class TcpLink final : public Link {
   // Sockets read and write any memory: nothing to pin, keys are 0.
   Result<MemoryRegion> register_memory(std::span<std::byte> memory, Access access) override;
   void deregister(MemoryRegion& region) override;
-  // send_ring is not needed: sendmsg reads slot bodies from any memory.
+  // sendmsg reads slot bodies from any memory; send_ring tells which slot a
+  // body lives in (the peer may not write that slot while it is queued).
   Status attach(const MemoryRegion& receive_ring, const MemoryRegion& send_ring,
                 uint32_t slot_count, uint32_t slot_size, void* context) override;
   void post(std::span<const Outgoing> batch) override;
@@ -211,6 +212,7 @@ class TcpLink final : public Link {
     uint32_t sent = 0;  // bytes of head + body already written
     OnSent on_sent = OnSent::kNothing;
     bool bulk_body = false;  // body is bulk data (not counted in the budget)
+    int32_t send_slot = -1;  // slot lane: the send slot the body lives in
   };
 
   // Drops the sent prefix of an output queue.
@@ -259,6 +261,7 @@ class TcpLink final : public Link {
   std::string description_;
   void* context_ = nullptr;
   MemoryRegion ring_{};
+  MemoryRegion send_ring_{};
   uint32_t slot_count_ = 0;
   uint32_t slot_size_ = 0;
   bool attached_ = false;
