@@ -26,8 +26,7 @@ class Liveness {
   enum class Verdict { kQuiet, kPing, kDead };
 
   explicit Liveness(Clock::time_point now) : last_heard_(now) {}
-  // Never moves back (arrivals are stamped with their batch's poll time).
-  void heard(Clock::time_point now) { last_heard_ = std::max(last_heard_, now); }
+  void heard(Clock::time_point now) { last_heard_ = now; }
   Clock::time_point last_heard() const { return last_heard_; }
 
   Verdict check(Clock::time_point now, const Config& cfg) const {

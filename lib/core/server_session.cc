@@ -106,7 +106,7 @@ void ServerSession::flush_thunk(SessionBase* s) { static_cast<ServerSession*>(s)
 
 void ServerSession::on_message(const transport::Completion& c) {
   if (closed_) return;
-  liveness_.heard(loop_.received_at());
+  liveness_.heard(Clock::now());
   const std::byte* bytes = recv_ring_.slot(c.slot);
   const Header h = decode_header(bytes);
   HeaderError e = validate_header(h, c.length, geometry_.slot_count, geometry_.slot_size, c.slot);
@@ -396,7 +396,7 @@ void ServerSession::count_finished(Slot& s, StatusCode code) {
 
 void ServerSession::on_control(const transport::Completion& c) {
   if (closed_) return;
-  liveness_.heard(loop_.received_at());
+  liveness_.heard(Clock::now());
   const Header h = decode_header(c.control.data());
   HeaderError e = validate_header(h, kHeaderSize, geometry_.slot_count, geometry_.slot_size, h.slot);
   if (e != HeaderError::kOk) {

@@ -272,12 +272,7 @@ bool Reactor::run_turn() {
   // are direct calls).  A session callback may destroy a link, never a
   // transport, so the batch stays valid while it is handed out.
   auto deliver = [this](size_t n, Histogram& per_poll) {
-    if (n == 0) return false;
-    per_poll.record(n);
-    // One clock read for the batch: sessions stamp arrivals with it
-    // (received_at()) instead of reading the clock per message, which on
-    // some machines (an emulated HPET, say) is a system call each.
-    received_at_ = Clock::now();
+    if (n != 0) per_poll.record(n);
     for (size_t i = 0; i < n; ++i) {
       const transport::Completion& c = completions_[i];
       auto* session = static_cast<core::SessionBase*>(c.context);

@@ -123,10 +123,6 @@ class Reactor {
   void add_monitor_hook(const std::shared_ptr<monitor::SampleHook>& hook);
 
   // Loop thread.  The session's flush() runs at the end of this turn.
-  // Loop thread, inside a completion callback: when the batch being
-  // delivered was polled (one clock read per batch, not per message).
-  Clock::time_point received_at() const { return received_at_; }
-
   void request_flush(core::SessionBase* s) {
     if (!s->flush_queued) {
       s->flush_queued = true;
@@ -170,7 +166,6 @@ class Reactor {
   FiberPool fibers_;
   std::vector<Fiber*> ready_fibers_;
   std::vector<Fiber*> running_fibers_;
-  Clock::time_point received_at_{};
   std::vector<core::SessionBase*> flush_list_;
   std::vector<core::SessionBase*> flushing_;
   std::vector<transport::Completion> completions_;
