@@ -44,9 +44,6 @@ class ServerSession final : public SessionBase {
   // sends PACKs of replies of at most `pack_small` bytes when the client's
   // Hello offered PACK too (lib/core/pack.h).
   void configure_packing(uint32_t pack_small, bool client_accepts);
-  // PACKs sent and taken apart, over the session's life (tests, metrics).
-  uint64_t packs_sent() const { return outbox_.packs_sent(); }
-  uint64_t packs_received() const { return pack_ ? pack_->received() : 0; }
   struct Geometry {
     uint32_t slot_count;
     uint32_t slot_size;
