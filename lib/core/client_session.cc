@@ -59,7 +59,7 @@ ClientSession::ClientSession(reactor::Reactor& loop, std::unique_ptr<transport::
       slots_(g.slot_count),
       outbox_(g.slot_count),
       released_(g.slot_count + 1),
-      liveness_(Clock::now()) {
+      liveness_(last_heard, Clock::now()) {
   release_bell_.run = &ClientSession::on_release_bell;
   release_bell_.owner = this;
   on_completion = &ClientSession::on_completion_thunk;
@@ -281,7 +281,7 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
   h.payload_len = flatbuffer_len + static_cast<uint32_t>(block_bytes);
   h.slot = slot;
   h.generation = s.generation;
-  h.timeout_us = remaining_us(call->deadline, Clock::now());
+  h.timeout_us = call->deadline ? remaining_us(call->deadline, Clock::now()) : 0;  // no clock read without one
   // An empty payload may leave the builder without memory: put the header
   // at the start of the slot then.  A bulk block sits between the header
   // and the FlatBuffer (expose_bulk wrote it there).
@@ -550,7 +550,7 @@ void ClientSession::flush() {
 }
 
 void ClientSession::on_message(const transport::Completion& c) {
-  liveness_.heard(Clock::now());
+  loop_.heard(this);
   const std::byte* bytes = recv_ring_.slot(c.slot);
   const Header h = decode_header(bytes);
   HeaderError e = validate_header(h, c.length, geometry_.slot_count, geometry_.slot_size, c.slot);
@@ -714,7 +714,7 @@ void ClientSession::end_stream(uint16_t owner_slot) {
 }
 
 void ClientSession::on_control(const transport::Completion& c) {
-  liveness_.heard(Clock::now());
+  loop_.heard(this);
   const Header h = decode_header(c.control.data());
   HeaderError e = validate_header(h, kHeaderSize, geometry_.slot_count, geometry_.slot_size, h.slot);
   if (e != HeaderError::kOk) {

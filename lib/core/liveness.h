@@ -5,8 +5,13 @@
 // due -- the next PING or the peer's death, whichever comes first, counted
 // from when the peer was last heard -- not on a fixed period.  So a frozen
 // peer is declared dead peer_timeout_ms after it was last heard (plus the
-// loop's timer tick), not up to keepalive_ms later.  heard() stays one
-// store on the hot path: nothing is re-armed per message; a timer that
+// loop's timer tick), not up to keepalive_ms later.  Hearing costs no clock
+// read on the hot path: a message marks its session (Reactor::heard), the
+// reactor stamps SessionBase::last_heard once the turn's completions have
+// been handed out, with the clock read it makes for its timers anyway, so
+// "last heard" is never earlier than the handling of what was heard (a
+// caller that saw a reply knows the peer's death is at least
+// peer_timeout_ms away).  Nothing is re-armed per message; a timer that
 // fires and finds the peer heard since simply re-arms for the new due time.
 #pragma once
 
@@ -25,8 +30,13 @@ class Liveness {
  public:
   enum class Verdict { kQuiet, kPing, kDead };
 
-  explicit Liveness(Clock::time_point now) : last_heard_(now) {}
-  void heard(Clock::time_point now) { last_heard_ = now; }
+  // `last_heard` is the session's SessionBase::last_heard, which the
+  // reactor stamps; it outlives this object (both are the session's).
+  Liveness(Clock::time_point& last_heard, Clock::time_point now) : last_heard_(last_heard) {
+    last_heard_ = now;
+  }
+  // Off the message path (a link that just came up, say).
+  void heard(Clock::time_point now) { last_heard_ = std::max(last_heard_, now); }
   Clock::time_point last_heard() const { return last_heard_; }
 
   Verdict check(Clock::time_point now, const Config& cfg) const {
@@ -55,7 +65,7 @@ class Liveness {
   }
 
  private:
-  Clock::time_point last_heard_;
+  Clock::time_point& last_heard_;
 };
 
 }  // namespace slotrpc::core

@@ -35,7 +35,7 @@ ServerSession::ServerSession(reactor::Reactor& loop, std::unique_ptr<transport::
       granted_to_(g.slot_count, -1),
       grant_generation_(g.slot_count, 0),
       outbox_(g.slot_count),
-      liveness_(Clock::now()) {
+      liveness_(last_heard, Clock::now()) {
   on_completion = &ServerSession::on_completion_thunk;
   SessionBase::flush = &ServerSession::flush_thunk;
   builders_.reserve(g.slot_count);
@@ -106,7 +106,7 @@ void ServerSession::flush_thunk(SessionBase* s) { static_cast<ServerSession*>(s)
 
 void ServerSession::on_message(const transport::Completion& c) {
   if (closed_) return;
-  liveness_.heard(Clock::now());
+  loop_.heard(this);
   const std::byte* bytes = recv_ring_.slot(c.slot);
   const Header h = decode_header(bytes);
   HeaderError e = validate_header(h, c.length, geometry_.slot_count, geometry_.slot_size, c.slot);
@@ -155,7 +155,7 @@ void ServerSession::on_message(const transport::Completion& c) {
   s.payload_offset = 0;
   s.bulk = false;
   s.timeout_us = h.timeout_us;
-  s.received = liveness_.last_heard();
+  s.received = loop_.received_at();
   s.method = methods_.find(h.method_id);
   s.counters = nullptr;
   if (s.method != nullptr) {
@@ -396,7 +396,7 @@ void ServerSession::count_finished(Slot& s, StatusCode code) {
 
 void ServerSession::on_control(const transport::Completion& c) {
   if (closed_) return;
-  liveness_.heard(Clock::now());
+  loop_.heard(this);
   const Header h = decode_header(c.control.data());
   HeaderError e = validate_header(h, kHeaderSize, geometry_.slot_count, geometry_.slot_size, h.slot);
   if (e != HeaderError::kOk) {

@@ -200,6 +200,11 @@ void Reactor::wake() {
 // memory, descriptors) catches its own exceptions and refuses the session;
 // this is the last line, so that nothing ever reaches std::terminate.
 void Reactor::forget(core::SessionBase* s) {
+  if (s->heard_queued) {
+    s->heard_queued = false;
+    for (auto& p : heard_list_)
+      if (p == s) p = nullptr;
+  }
   if (!s->flush_queued) return;
   s->flush_queued = false;
   for (auto& p : flush_list_)
@@ -212,10 +217,13 @@ void Reactor::loop() {
   thread_id_.store(std::this_thread::get_id());
   tls_reactor = this;
   pthread_setname_np(pthread_self(), name_.substr(0, 15).c_str());
+  // The idle clock uses each turn's own clock read (turn_now_): one read a
+  // turn, busy or idle, which matters where a read is a system call (an
+  // emulated HPET, docs/benchmarks.md).
   Clock::time_point idle_since = Clock::now();
   while (!stop_.load(std::memory_order_relaxed)) {
     if (run_turn()) {
-      idle_since = Clock::now();
+      idle_since = turn_now_;
       continue;
     }
     // Idle.  Both spinning modes (busy, adaptive) yield the CPU between
@@ -233,7 +241,7 @@ void Reactor::loop() {
     // Spinning: adaptive sleeps after spin_us (0: at once); busy after
     // busy_sleep_us (0: never), so that busy polling survives
     // oversubscription (docs/tuning.md).  Work resets the idle clock.
-    const auto idle = Clock::now() - idle_since;
+    const auto idle = turn_now_ - idle_since;
     const bool sleep_now = config_.poll_mode == PollMode::kAdaptive
                                ? idle >= std::chrono::microseconds(config_.spin_us)
                                : config_.busy_sleep_us != 0 && idle >= std::chrono::microseconds(config_.busy_sleep_us);
@@ -272,21 +280,36 @@ bool Reactor::run_turn() {
   // are direct calls).  A session callback may destroy a link, never a
   // transport, so the batch stays valid while it is handed out.
   auto deliver = [this](size_t n, Histogram& per_poll) {
-    if (n != 0) per_poll.record(n);
+    if (n == 0) return false;
+    per_poll.record(n);
+    received_at_ = Clock::now();  // one read per batch (received_at())
     for (size_t i = 0; i < n; ++i) {
       const transport::Completion& c = completions_[i];
       auto* session = static_cast<core::SessionBase*>(c.context);
       if (session != nullptr) session->on_completion(session, c);
     }
     stats_.completions += n;
-    return n > 0;
+    return true;
   };
   if (verbs_) worked |= deliver(verbs_->poll(completions_), counters_.verbs.completions_per_poll);
   if (shm_) worked |= deliver(shm_->poll(completions_), counters_.shm.completions_per_poll);
   worked |= deliver(tcp_.poll(completions_), counters_.tcp.completions_per_poll);
 
+  // The turn's clock read: it stamps the sessions that heard their peer in
+  // the batches above (after every callback of theirs ran, so never earlier
+  // than what the application saw), then decides which timers are due, so
+  // that a session heard in this turn is never declared dead by it.
+  const Clock::time_point now = Clock::now();
+  turn_now_ = now;
+  if (!heard_list_.empty()) {
+    for (core::SessionBase* s : heard_list_) {
+      if (s == nullptr) continue;
+      s->heard_queued = false;
+      s->last_heard = now;
+    }
+    heard_list_.clear();
+  }
   if (timers_.live() != 0) {
-    const Clock::time_point now = Clock::now();
     if (timers_.next_deadline() <= now) {
       // A timer leaves the heap before its callback runs, so after a throw
       // the remaining due timers simply run in the next turn.

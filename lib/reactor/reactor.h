@@ -129,7 +129,22 @@ class Reactor {
       flush_list_.push_back(s);
     }
   }
-  // Loop thread.  Drops a session from the flush list (it is going away).
+  // Loop thread, inside a completion callback: `s` heard its peer.  Its
+  // last_heard is stamped once this turn's completions have all been handed
+  // out, with the turn's one clock read (core/liveness.h).  Hot path: a
+  // flag test and at most one push per session per turn.
+  void heard(core::SessionBase* s) {
+    if (!s->heard_queued) {
+      s->heard_queued = true;
+      heard_list_.push_back(s);
+    }
+  }
+  // Loop thread, inside a completion callback: when the batch being handed
+  // out was polled (one clock read per batch): when a request arrived, for
+  // its deadline and the server's latency histogram.
+  Clock::time_point received_at() const { return received_at_; }
+  // Loop thread.  Drops a session from the flush and heard lists (it is
+  // going away).
   void forget(core::SessionBase* s);
 
   // Loop thread.  The framework's counters of this loop (lib/metrics/).
@@ -168,6 +183,9 @@ class Reactor {
   std::vector<Fiber*> running_fibers_;
   std::vector<core::SessionBase*> flush_list_;
   std::vector<core::SessionBase*> flushing_;
+  std::vector<core::SessionBase*> heard_list_;
+  Clock::time_point received_at_{};
+  Clock::time_point turn_now_{};  // the turn's clock read, after its completions
   std::vector<transport::Completion> completions_;
   transport::TcpTransport tcp_;
   std::unique_ptr<transport::verbs::VerbsTransport> verbs_;  // lazily, see verbs()
