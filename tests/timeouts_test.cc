@@ -138,6 +138,47 @@ TEST_CASE("a frozen server (SIGSTOP) is declared dead peer_timeout_ms after it w
   }
 }
 
+// The silence is counted from after the application handled what it heard:
+// the reactor stamps "last heard" once the turn's callbacks have run
+// (core/liveness.h).  A reply callback that holds the loop for 150 ms before
+// the server freezes must not bring the verdict 150 ms closer: counted from
+// when the callback returned, the server is declared dead no earlier than
+// peer_timeout_ms.  Stamping at the message's arrival or its batch's poll
+// (both tried: the latter failed verbs_failure_test in CI) fails this.
+TEST_CASE("a peer's silence is counted from after the callbacks that handled its last message") {
+  Config cfg;
+  cfg.keepalive_ms = kKeepaliveMs;
+  cfg.peer_timeout_ms = kPeerTimeoutMs;
+  EchoServerProcess server;
+  auto ch = connect(server.address(), cfg);
+  std::atomic<int64_t> handled{0};
+  ch->call(kEcho, echo_request(1, 8), {}, [&](RawReply&& r) {
+    CHECK(r.ok());
+    std::this_thread::sleep_for(150ms);  // holds the loop, as a slow callback does
+    handled.store(Clock::now().time_since_epoch().count());
+  });
+  REQUIRE(wait_until([&] { return handled.load() != 0; }, 10000ms));
+  const Clock::time_point returned{Clock::duration(handled.load())};
+  server.freeze();
+  std::mutex mu;
+  std::optional<std::pair<Clock::time_point, Status>> end;
+  ch->call(kEcho, echo_request(2, 8), {}, [&](RawReply&& r) {
+    std::lock_guard<std::mutex> lock(mu);
+    end.emplace(Clock::now(), r.status());
+  });
+  REQUIRE_MESSAGE(wait_until([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return end.has_value();
+  }, 10000ms), "the frozen server was never declared dead");
+  std::lock_guard<std::mutex> lock(mu);
+  const std::string why = end->second.to_string();
+  INFO(why);
+  REQUIRE(contains(why, "silent for "));
+  const double since_returned = ms_between(returned, end->first);
+  MESSAGE("declared dead " << since_returned << " ms after the last reply's callback returned");
+  CHECK(since_returned >= kPeerTimeoutMs);
+}
+
 namespace {
 
 uint32_t load_u32(const std::byte* p) {
