@@ -4,6 +4,8 @@
 
 #include "transport/verbs/verbs_internal.h"
 
+#include <cstring>
+
 namespace slotrpc::transport::verbs {
 
 // --------------------------------------------------------------- VerbsLink
@@ -243,7 +245,8 @@ QpInfo VerbsLink::local_info() const {
   QpInfo info;
   info.qpn = qp_num();
   info.psn = psn_;
-  info.gid = dev.gid();
+  const ibv_gid gid = dev.gid();
+  std::memcpy(info.gid.raw, gid.raw, sizeof info.gid.raw);
   info.lid = dev.lid();
   info.mtu = static_cast<uint8_t>(dev.active_mtu());
   info.link_layer = dev.link_layer();
@@ -287,7 +290,7 @@ Status VerbsLink::connect(const QpInfo& peer, int control_fd, const std::string&
   if (dev.ethernet()) {
     // RoCE: always routed by GID (the GRH carries traffic class and TTL).
     at.ah_attr.is_global = 1;
-    at.ah_attr.grh.dgid = peer.gid;
+    std::memcpy(at.ah_attr.grh.dgid.raw, peer.gid.raw, sizeof peer.gid.raw);
     at.ah_attr.grh.sgid_index = dev.gid_index();
     at.ah_attr.grh.hop_limit = 64;
     at.ah_attr.grh.traffic_class = static_cast<uint8_t>(cfg.traffic_class);

@@ -27,6 +27,7 @@
 #include "slotrpc/config.h"
 #include "slotrpc/result.h"
 #include "transport/transport.h"
+#include "transport/verbs/qp_info.h"
 
 namespace slotrpc::transport::verbs {
 
@@ -35,29 +36,7 @@ inline constexpr const char* kVerbsDisabledMessage =
     "slotrpc was built without verbs (-Dverbs=disabled or libibverbs not found); "
     "use SLOTRPC_TRANSPORT=tcp";
 
-// ----------------------------------------------- handshake extension (real)
-inline constexpr size_t kQpInfoSize = 64;
-inline constexpr uint32_t kQpInfoMagic = 0x56505253;  // "SRPV"
-inline constexpr uint16_t kQpInfoVersion = 1;
-
-// As in verbs_transport.h; the GID is its 16 raw bytes (ibv_gid's `raw`).
-struct QpInfo {
-  uint32_t qpn = 0;
-  uint32_t psn = 0;
-  struct {
-    uint8_t raw[16];
-  } gid{};
-  uint16_t lid = 0;
-  uint8_t mtu = 0;
-  uint8_t link_layer = 0;
-  uint64_t ring_addr = 0;
-  uint32_t ring_rkey = 0;
-  uint32_t slot_count = 0;
-  uint32_t slot_size = 0;
-  uint8_t max_dest_rd_atomic = 0;
-};
-void encode_qp_info(const QpInfo& info, std::byte* out);
-Result<QpInfo> decode_qp_info(std::span<const std::byte> in);
+// The handshake extension (QpInfo) is real in this build too: qp_info.h.
 
 // Bytes of a path MTU code of the extension (enum ibv_mtu: 1 = 256 ..
 // 5 = 4096); 0 for an unknown one.

@@ -69,33 +69,13 @@
 #include "transport/transport.h"
 #include "transport/verbs/bulk.h"
 #include "transport/verbs/device.h"
+#include "transport/verbs/qp_info.h"
 #include "transport/verbs/receive_queue.h"
 #include "transport/verbs/registered_buffer.h"
 
 namespace slotrpc::transport::verbs {
 
-// The handshake extension both ends send (docs/protocol.md, section 7).
-inline constexpr size_t kQpInfoSize = 64;
-inline constexpr uint32_t kQpInfoMagic = 0x56505253;  // "SRPV"
-inline constexpr uint16_t kQpInfoVersion = 1;
-
-struct QpInfo {
-  uint32_t qpn = 0;
-  uint32_t psn = 0;  // 24 bits
-  ibv_gid gid{};
-  uint16_t lid = 0;
-  uint8_t mtu = 0;         // enum ibv_mtu of the sender's port
-  uint8_t link_layer = 0;  // IBV_LINK_LAYER_*
-  uint64_t ring_addr = 0;  // the sender's receive ring
-  uint32_t ring_rkey = 0;
-  uint32_t slot_count = 0;
-  uint32_t slot_size = 0;
-  // RDMA READs the sender answers at once (its max_dest_rd_atomic); 0 from
-  // a peer that predates bulk transfers, which answered one.
-  uint8_t max_dest_rd_atomic = 0;
-};
-void encode_qp_info(const QpInfo& info, std::byte* out);  // kQpInfoSize bytes
-Result<QpInfo> decode_qp_info(std::span<const std::byte> in);
+// The handshake extension both ends send: QpInfo (qp_info.h).
 
 class VerbsTransport;
 
