@@ -62,6 +62,12 @@ namespace {
 
 constexpr auto kFdPause = std::chrono::milliseconds(100);
 
+}  // namespace
+
+// A connection whose Hello has not arrived yet.  In a named namespace, not
+// the anonymous one: Acceptor::Impl (external linkage) holds a list of them.
+namespace acceptor_detail {
+
 struct Pending {
   Pending(asio::io_context& io, Socket s) : sock(std::move(s)), timer(io) {}
   Socket sock;
@@ -78,6 +84,12 @@ struct Pending {
   bool local = false;  // the Unix socket: wait for the client's shm offer too
   bool handed = false;  // released to on_hello
 };
+
+}  // namespace acceptor_detail
+
+namespace {
+
+using acceptor_detail::Pending;
 
 // The Hello's first 6 bytes are fixed (magic, version): a prefix that
 // differs is refused at once instead of waiting for all 32.
