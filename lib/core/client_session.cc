@@ -650,24 +650,23 @@ void ClientSession::on_pack(const transport::Completion& c, const Header& h) {
   if (!pack_) {
     return protocol_error(fmt::format("PACK in slot {}, but this client did not offer packing", c.slot));
   }
-  if (imm_generation(c.imm) != static_cast<uint16_t>(h.generation)) {
-    return protocol_error(fmt::format("PACK in slot {}: immediate and header disagree on the generation", c.slot));
-  }
-  const std::string_view bad = pack_->parse(recv_ring_.slot(c.slot), h, geometry_.slot_count,
-                                            geometry_.slot_size, PackSender::kServer);
-  if (!bad.empty()) return protocol_error(fmt::format("malformed PACK in slot {}: {}", c.slot, bad));
-  for (const PackedEntry& e : pack_->entries()) {
+  // Each packed reply must answer an outstanding call, in a slot the server
+  // may write.
+  auto accept = [this, &c](const PackedEntry& e) -> std::string {
     const Slot& s = slots_[e.header.slot];
     const bool outstanding = s.state == SlotState::kInFlight || s.state == SlotState::kZombie;
     if (!outstanding || e.header.generation != s.generation || e.header.request_id != s.request_id ||
         (e.header.slot != c.slot && !link_->armed(e.header.slot))) {
-      return protocol_error(fmt::format(
-          "packed reply for slot {} generation {} request {} matches no outstanding call",
-          e.header.slot, e.header.generation, e.header.request_id));
+      return fmt::format("packed reply for slot {} generation {} request {} matches no outstanding call",
+                         e.header.slot, e.header.generation, e.header.request_id);
     }
-  }
-  pack_->deliver(recv_ring_.slot(0), geometry_.slot_size, *link_, c, [this] { return !closed_.load(); },
-                 [this](const transport::Completion& inner) { on_message(inner); });
+    return {};
+  };
+  const std::string bad =
+      pack_->receive(recv_ring_.slot(0), geometry_.slot_count, geometry_.slot_size, *link_, c, h,
+                     PackSender::kServer, accept, [this] { return !closed_.load(); },
+                     [this](const transport::Completion& inner) { on_message(inner); });
+  if (!bad.empty()) protocol_error(bad);
 }
 
 void ClientSession::configure_packing(uint32_t pack_small, bool server_accepts) {

@@ -27,8 +27,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "core/wire_format.h"
 #include "transport/transport.h"
@@ -90,6 +93,28 @@ class PackReceiver {
     return parser_.parse(slot_bytes, pack, slot_count, slot_size, sender);
   }
   std::span<const PackedEntry> entries() const { return parser_.entries(); }
+
+  // The whole receive of the PACK `c` (header `h`) that arrived in its slot
+  // of `ring`: the immediate and the header agree on the generation, the
+  // pack parses, and `accept(entry)` (the session's own rule: is that slot
+  // waiting for this message?) returns an empty string for every entry;
+  // only then deliver() below.  Returns the reason of the first refusal,
+  // for the session's protocol error, with nothing copied or delivered.
+  template <class Accept, class Alive, class DeliverOne>
+  std::string receive(std::byte* ring, uint32_t slot_count, uint32_t slot_size, transport::Link& link,
+                      const transport::Completion& c, const Header& h, PackSender sender, Accept accept,
+                      Alive alive, DeliverOne deliver_one) {
+    if (imm_generation(c.imm) != static_cast<uint16_t>(h.generation))
+      return fmt::format("PACK in slot {}: immediate and header disagree on the generation", c.slot);
+    const std::string_view bad = parse(ring + size_t{c.slot} * slot_size, h, slot_count, slot_size, sender);
+    if (!bad.empty()) return fmt::format("malformed PACK in slot {}: {}", c.slot, bad);
+    for (const PackedEntry& e : entries()) {
+      std::string refused = accept(e);
+      if (!refused.empty()) return refused;
+    }
+    deliver(ring, slot_size, link, c, alive, deliver_one);
+    return {};
+  }
 
   // Copies each message of the pack `c` delivered into its own slot of
   // `ring`, claims those slots on `link` as the peer's writes (the pack's

@@ -212,21 +212,20 @@ void ServerSession::on_pack(const transport::Completion& c, const Header& h) {
   if (!pack_) {
     return protocol_error(fmt::format("PACK in slot {}, but this server did not announce packing", c.slot));
   }
-  if (imm_generation(c.imm) != static_cast<uint16_t>(h.generation)) {
-    return protocol_error(fmt::format("PACK in slot {}: immediate and header disagree on the generation", c.slot));
-  }
-  const std::string_view bad = pack_->parse(recv_ring_.slot(c.slot), h, geometry_.slot_count,
-                                            geometry_.slot_size, PackSender::kClient);
-  if (!bad.empty()) return protocol_error(fmt::format("malformed PACK in slot {}: {}", c.slot, bad));
-  for (const PackedEntry& e : pack_->entries()) {
+  // Each packed request needs an idle slot the client may write.
+  auto accept = [this, &c](const PackedEntry& e) -> std::string {
     const uint16_t j = e.header.slot;
     if (slots_[j].state != SlotState::kIdle || granted_to_[j] >= 0 || in_owner_[j] >= 0 ||
         (j != c.slot && !link_->armed(j))) {
-      return protocol_error(fmt::format("packed request for slot {}, which is not idle", j));
+      return fmt::format("packed request for slot {}, which is not idle", j);
     }
-  }
-  pack_->deliver(recv_ring_.slot(0), geometry_.slot_size, *link_, c, [this] { return !closed_; },
-                 [this](const transport::Completion& inner) { on_message(inner); });
+    return {};
+  };
+  const std::string bad =
+      pack_->receive(recv_ring_.slot(0), geometry_.slot_count, geometry_.slot_size, *link_, c, h,
+                     PackSender::kClient, accept, [this] { return !closed_; },
+                     [this](const transport::Completion& inner) { on_message(inner); });
+  if (!bad.empty()) protocol_error(bad);
 }
 
 void ServerSession::configure_packing(uint32_t pack_small, bool client_accepts) {
