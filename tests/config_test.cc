@@ -112,6 +112,7 @@ TEST_CASE("config: the settings table covers every whole-number field") {
       {"slot_count", "SLOTRPC_SLOT_COUNT", &Config::slot_count, 1, 4096},
       {"slot_size", "SLOTRPC_SLOT_SIZE", &Config::slot_size, 256, 64u << 20},
       {"spin_us", "SLOTRPC_SPIN_US", &Config::spin_us, 0, 10'000'000},
+      {"spin_max_us", "SLOTRPC_SPIN_MAX_US", &Config::spin_max_us, 0, 10'000'000},
       {"busy_yield_us", "SLOTRPC_BUSY_YIELD_US", &Config::busy_yield_us, 0, 10'000'000},
       {"busy_sleep_us", "SLOTRPC_BUSY_SLEEP_US", &Config::busy_sleep_us, 0, 600'000'000},
       {"poll_batch", "SLOTRPC_POLL_BATCH", &Config::poll_batch, 1, 1024},

@@ -10,6 +10,7 @@
 // busy_yield_us, blocking loops and busy_yield_us = 0 never do.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <thread>
@@ -80,4 +81,75 @@ TEST_CASE("busy_yield_us = 0 spins without yielding; a blocking loop never spins
     loop.stop();
     CHECK(loop.stats().yields == 0);
   }
+}
+
+// Adaptive mode's spin budget (reactor/spin_budget.h): the policy, then the
+// loop using it.
+TEST_CASE("the adaptive spin doubles while sleeps end sooner than it, up to spin_max_us") {
+  using slotrpc::reactor::SpinBudget;
+  using std::chrono::microseconds;
+  SpinBudget b(200, 1000);
+  CHECK(b.budget() == microseconds(200));
+  b.slept(microseconds(300));  // longer than the spin, shorter than the cap: kept
+  CHECK(b.budget() == microseconds(200));
+  b.slept(microseconds(150));  // the work came back within another spin
+  CHECK(b.budget() == microseconds(400));
+  b.slept(microseconds(10));
+  CHECK(b.budget() == microseconds(800));
+  b.slept(microseconds(10));
+  CHECK(b.budget() == microseconds(1000));  // capped
+  b.slept(microseconds(10));
+  CHECK(b.budget() == microseconds(1000));
+  b.slept(microseconds(999));
+  CHECK(b.budget() == microseconds(1000));
+  b.slept(microseconds(1000));  // a sleep as long as the cap: maybe idle, halved
+  CHECK(b.budget() == microseconds(500));
+  b.slept(microseconds(50'000));
+  CHECK(b.budget() == microseconds(250));
+  b.slept(microseconds(50'000));  // never below spin_us
+  CHECK(b.budget() == microseconds(200));
+
+  SpinBudget zero(0, 1000);  // spin_us = 0 sleeps at once, always
+  zero.slept(microseconds(0));
+  CHECK(zero.budget() == microseconds(0));
+  SpinBudget fixed(500, 100);  // spin_max_us <= spin_us: no growth
+  fixed.slept(microseconds(1));
+  CHECK(fixed.budget() == microseconds(500));
+}
+
+TEST_CASE("an adaptive loop woken soon after each sleep spins longer; a loop left alone keeps spin_us") {
+  Config cfg;
+  cfg.poll_mode = PollMode::kAdaptive;
+  cfg.spin_us = 1000;
+  cfg.spin_max_us = 10'000'000;  // no sleep of the test is long enough to reset it
+  Reactor loop(cfg, "spin-grows");
+  loop.start();
+  // A task every 1.2 ms: the loop spins 1 ms, sleeps, and wakes about
+  // 0.2 ms later, sooner than its spin, so the spin doubles and then covers
+  // the gaps.  The poster sleeps between posts (a busy wait could hold the
+  // very core the loop needs to wake on).  On a loaded machine many
+  // wake-ups come later than that; one in time is enough, so the poster goes
+  // on until the spin has grown (or 4,000 tries, about 5 s, have passed).
+  auto spin_of = [&] {
+    std::promise<uint64_t> p;
+    auto f = p.get_future();
+    loop.post([&] { p.set_value(loop.stats().spin_us); });
+    return f.get();
+  };
+  uint64_t spin = spin_of();
+  for (int i = 0; i < 4000 && spin < 2000; ++i) {
+    loop.post([] {});
+    std::this_thread::sleep_for(std::chrono::microseconds(1200));
+    if (i % 20 == 19) spin = spin_of();
+  }
+  loop.stop();
+  CHECK(spin >= 2000);
+
+  Reactor quiet(cfg, "spin-quiet");
+  quiet.start();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // sleeps, unwoken
+  std::promise<uint64_t> kept;
+  quiet.post([&] { kept.set_value(quiet.stats().spin_us); });
+  CHECK(kept.get_future().get() == 1000);
+  quiet.stop();
 }

@@ -22,6 +22,8 @@ std::span<const UintSetting> uint_settings() {
        "bytes per slot (32-byte header + payload), multiple of 64"},
       {"SLOTRPC_SPIN_US", "spin_us", &Config::spin_us, 0, 10'000'000,
        "adaptive mode: microseconds a reactor spins idle before sleeping"},
+      {"SLOTRPC_SPIN_MAX_US", "spin_max_us", &Config::spin_max_us, 0, 10'000'000,
+       "adaptive mode: the most the idle spin grows to while sleeps keep ending sooner than it"},
       {"SLOTRPC_BUSY_YIELD_US", "busy_yield_us", &Config::busy_yield_us, 0, 10'000'000,
        "busy mode and adaptive spin: microseconds idle after which each idle turn yields the CPU; 0 = never"},
       {"SLOTRPC_BUSY_SLEEP_US", "busy_sleep_us", &Config::busy_sleep_us, 0, 600'000'000,

@@ -47,8 +47,9 @@ void run_guarded(const std::string& loop, const char* what, Fn&& fn) {
 Reactor::Reactor(const Config& config, std::string name)
     : config_(config),
       name_(std::move(name)),
-      fibers_(size_t{config.fiber_stack_kb} * 1024), tcp_(config),
+      fibers_(size_t{config.fiber_stack_kb} * 1024), spin_(config.spin_us, config.spin_max_us), tcp_(config),
       hook_list_(std::make_shared<HookList>()) {
+  stats_.spin_us = config.spin_us;
   // The monitor's one hook calls every holder added later (a shared loop
   // serves many channels and servers); holders that died are dropped.
   monitor_hook_ = std::make_shared<monitor::SampleHook>();
@@ -242,12 +243,17 @@ void Reactor::loop() {
     // busy_sleep_us (0: never), so that busy polling survives
     // oversubscription (docs/tuning.md).  Work resets the idle clock.
     const auto idle = turn_now_ - idle_since;
-    const bool sleep_now = config_.poll_mode == PollMode::kAdaptive
-                               ? idle >= std::chrono::microseconds(config_.spin_us)
-                               : config_.busy_sleep_us != 0 && idle >= std::chrono::microseconds(config_.busy_sleep_us);
+    const bool adaptive = config_.poll_mode == PollMode::kAdaptive;
+    const bool sleep_now = adaptive ? idle >= spin_.budget()
+                                    : config_.busy_sleep_us != 0 && idle >= std::chrono::microseconds(config_.busy_sleep_us);
     if (sleep_now) {
+      const Clock::time_point asleep_at = turn_now_;
       sleep_until_work();
       idle_since = Clock::now();
+      if (adaptive) {
+        spin_.slept(idle_since - asleep_at);
+        stats_.spin_us = static_cast<uint64_t>(spin_.budget().count());
+      }
     } else if (config_.busy_yield_us != 0 && idle >= std::chrono::microseconds(config_.busy_yield_us)) {
       ++stats_.yields;
       ::sched_yield();

@@ -10,8 +10,9 @@
 // Idle policy (Config::poll_mode): busy spins, yields the CPU after
 // busy_yield_us idle and sleeps after busy_sleep_us idle (so K busy loops on
 // fewer cores still take turns; 0 turns either off); blocking sleeps in
-// epoll as soon as a turn finds nothing; adaptive spins for spin_us first,
-// yielding after busy_yield_us like busy mode.
+// epoll as soon as a turn finds nothing; adaptive spins for spin_us first
+// (growing up to spin_max_us while its sleeps keep ending soon,
+// reactor/spin_budget.h), yielding after busy_yield_us like busy mode.
 //
 // A loop is shared: one Runtime (lib/rpc/runtime_core.h) runs sessions of
 // many channels and servers on it, so its config is the runtime's, and its
@@ -32,6 +33,7 @@
 #include "metrics/loop_counters.h"
 #include "reactor/fiber_pool.h"
 #include "reactor/mpsc_queue.h"
+#include "reactor/spin_budget.h"
 #include "reactor/timer_heap.h"
 #include "slotrpc/config.h"
 #include "transport/tcp/tcp_transport.h"
@@ -156,6 +158,7 @@ class Reactor {
     uint64_t sleeps = 0;
     uint64_t completions = 0;
     uint64_t yields = 0;  // sched_yield() of a spinning loop after busy_yield_us idle
+    uint64_t spin_us = 0;  // adaptive mode: the current idle spin (SpinBudget)
   };
   const Stats& stats() const { return stats_; }
 
@@ -186,6 +189,7 @@ class Reactor {
   std::vector<core::SessionBase*> heard_list_;
   Clock::time_point received_at_{};
   Clock::time_point turn_now_{};  // the turn's clock read, after its completions
+  SpinBudget spin_;               // adaptive mode's idle spin
   std::vector<transport::Completion> completions_;
   transport::TcpTransport tcp_;
   std::unique_ptr<transport::verbs::VerbsTransport> verbs_;  // lazily, see verbs()

@@ -22,6 +22,7 @@ template <class Fn>
 void for_each_loop_setting(Fn&& fn) {
   fn("poll_mode", &Config::poll_mode);
   fn("spin_us", &Config::spin_us);
+  fn("spin_max_us", &Config::spin_max_us);
   fn("busy_yield_us", &Config::busy_yield_us);
   fn("busy_sleep_us", &Config::busy_sleep_us);
   fn("poll_batch", &Config::poll_batch);
