@@ -23,19 +23,12 @@
 
 #include "core/handshake.h"
 #include "transport/verbs/verbs_transport.h"
+#include "fuzz_check.h"
 
 namespace {
 
 using namespace slotrpc;
 using namespace slotrpc::core;
-
-#define FUZZ_CHECK(cond)                                                        \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                             \
-    }                                                                           \
-  } while (0)
 
 uint64_t le(const uint8_t* p, int n) {
   uint64_t v = 0;

@@ -29,19 +29,12 @@
 #include "echo_service.h"       // examples/echo: echo::EchoHandler over the generated EchoService
 #include "test_messages_generated.h"
 #include "types.slotrpc.h"
+#include "fuzz_check.h"
 
 namespace {
 
 using namespace slotrpc;
 namespace types = cgtest::types::v1;
-
-#define FUZZ_CHECK(cond)                                                        \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                             \
-    }                                                                           \
-  } while (0)
 
 // Handlers are never run here; the table needs them to exist.
 class MirrorImpl final : public types::TypesEchoService {

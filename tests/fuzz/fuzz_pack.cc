@@ -26,18 +26,11 @@
 
 #include "core/pack.h"
 #include "core/wire_format.h"
+#include "fuzz_check.h"
 
 namespace {
 
 using namespace slotrpc::core;
-
-#define FUZZ_CHECK(cond)                                                        \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                             \
-    }                                                                           \
-  } while (0)
 
 constexpr uint32_t kSlots = 16;
 constexpr uint32_t kSlotSize = 4096;

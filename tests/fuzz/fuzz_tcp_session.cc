@@ -64,20 +64,13 @@
 #include "reactor/reactor.h"
 #include "tcp_counters.h"
 #include "test_messages_generated.h"
+#include "fuzz_check.h"
 
 namespace {
 
 using namespace slotrpc;
 using namespace slotrpc::core;
 using Clock = std::chrono::steady_clock;
-
-#define FUZZ_CHECK(cond)                                                        \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                             \
-    }                                                                           \
-  } while (0)
 
 constexpr uint32_t kControlBit = 0x8000'0000u;
 constexpr size_t kPrefix = 8;
