@@ -10,7 +10,6 @@
 // busy_yield_us, blocking loops and busy_yield_us = 0 never do.
 #include <doctest/doctest.h>
 
-#include <atomic>
 #include <chrono>
 #include <future>
 #include <thread>

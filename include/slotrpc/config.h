@@ -62,7 +62,7 @@ struct SLOTRPC_API Config {
   PollMode poll_mode = PollMode::kAdaptive;  // SLOTRPC_POLL_MODE busy|blocking|adaptive
   uint32_t spin_us = 200;            // SLOTRPC_SPIN_US: adaptive spin before sleeping
   // Adaptive mode: the spin doubles, up to this, while the loop's sleeps
-  // keep ending sooner than its spin, and falls back to spin_us after a
+  // keep ending sooner than its spin, and halves (down to spin_us) after a
   // sleep this long (docs/tuning.md, "Adaptive spin").  <= spin_us, or
   // spin_us = 0: the spin stays spin_us.
   uint32_t spin_max_us = 1000;       // SLOTRPC_SPIN_MAX_US

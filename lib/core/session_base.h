@@ -21,9 +21,10 @@ struct SessionBase {
   FlushFn flush = nullptr;
   bool flush_queued = false;  // owned by the reactor's flush list
   // When the peer was last heard (core/liveness.h).  A message marks the
-  // session (Reactor::heard) and the reactor stamps this once its batch has
-  // been handed out: one clock read per turn for all sessions, not one per
-  // message, and never earlier than the handling of what arrived.
+  // session (Reactor::heard) and the reactor stamps this once the turn's
+  // completions have all been handed out: one clock read per turn for all
+  // sessions, not one per message, and never earlier than the handling of
+  // what arrived.
   bool heard_queued = false;  // owned by the reactor's heard list
   Clock::time_point last_heard{};
 };

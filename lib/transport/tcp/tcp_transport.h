@@ -420,9 +420,10 @@ class TcpTransport final : public Transport {
   uint64_t lane_min_bytes() const { return lane_min_; }
   // Slice of lane transfers: the largest frame, since nothing small shares
   // a lane's socket or thread.  Measured against 256 KiB (docs/benchmarks.md,
-  // "Lane slices"): a 1 MiB echo 1.05-1.22x the socket ping-pong instead of
-  // 1.47-2.06x, one-way 256 MiB-1 GiB about 5 GB/s instead of 3.3-4.7, and
-  // the small calls beside a 1 GiB echo within 2x of idle more often.
+  // "TCP bulk lanes: 1 MiB slices"): one-way 64 MiB-1 GiB about 5 GB/s
+  // instead of 3.2-6.5, a 1 MiB echo 1.47-1.65x the socket ping-pong
+  // instead of 1.70-1.94x, small calls beside a 1 GiB echo within 2x of
+  // idle in the median run (their worst run was no better).
   static constexpr uint32_t kLaneSlice = 1024 * 1024;
   // Rkeys of lane exposures have this bit; the session link's own stay below.
   static constexpr uint32_t kLaneKeyBit = 0x8000'0000u;
