@@ -445,10 +445,12 @@ class BulkDriver final : public EchoDriver {
     return pt;
   }
 
-  // Small calls during one large transfer on the same channel: 64 B echo
-  // calls, one at a time, for as long as one bulk echo of `load` bytes
-  // runs.  `idle` first gets `idle_calls` of the same small calls alone.
-  bool interference(uint64_t load, uint64_t idle_calls, Point* idle, Point* during, std::string* error) {
+  // Small calls during large transfers on the same channel: 64 B echo
+  // calls, one at a time, for as long as `repeat` bulk echoes of `load`
+  // bytes run, one after the other.  `idle` first gets `idle_calls` of the
+  // same small calls alone.
+  bool interference(uint64_t load, uint64_t repeat, uint64_t idle_calls, Point* idle, Point* during,
+                    std::string* error) {
     if (auto st = connect(); !st.ok()) {
       *error = st.to_string();
       return false;
@@ -471,10 +473,18 @@ class BulkDriver final : public EchoDriver {
     small(*idle, [&] { return k++ < idle_calls; });
     std::atomic<bool> big_done{false};
     std::string big_error;
-    issue(0, load, [&](std::string e) {
+    uint64_t left = repeat;
+    // Each echo issues the next from its completion (the loop thread), so
+    // the transfers follow each other with no gap the small calls could use.
+    std::function<void(std::string)> next = [&](std::string e) {
+      if (e.empty() && --left > 0) {
+        issue(0, load, next);
+        return;
+      }
       big_error = std::move(e);
       big_done.store(true);
-    });
+    };
+    issue(0, load, next);
     small(*during, [&] { return !big_done.load(); });
     if (!big_error.empty()) {
       *error = "the large transfer failed: " + big_error;
@@ -865,7 +875,7 @@ int main(int argc, char** argv) {
   uint64_t max_message = 0;
   std::string host = "127.0.0.1", json_path, serve, port_file;
   std::vector<uint64_t> bulk_sizes = {65536, 1u << 20, 16u << 20, 256u << 20};
-  uint64_t bulk_calls = 20, bulk_outstanding = 1, load_size = 1ull << 30, load_idle_calls = 2000;
+  uint64_t bulk_calls = 20, bulk_outstanding = 1, load_size = 1ull << 30, load_idle_calls = 2000, load_repeat = 1;
   uint64_t bulk_pages = 0;
   bool bulk_per_page = false;
 
@@ -899,6 +909,9 @@ int main(int argc, char** argv) {
                "With --bulk-pages: one read_bulk / write_bulk per page instead of one for the list");
   app.add_option("--load-size", load_size, "Mode bulk-load: bytes of the large bulk echo")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 31))->capture_default_str();
+  app.add_option("--load-repeat", load_repeat,
+                 "Mode bulk-load: bulk echoes of --load-size run one after the other while the 64 B calls go on")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1000000}))->capture_default_str();
   app.add_option("--load-idle-calls", load_idle_calls, "Mode bulk-load: 64 B calls measured alone first")
       ->check(CLI::Range(uint64_t{1}, uint64_t{10000000}))->capture_default_str();
   app.add_option("--sizes", sizes_text, "Latency payload sizes in bytes; 'max' = the largest a slot holds")
@@ -1076,9 +1089,11 @@ int main(int argc, char** argv) {
       if (do_bulk_load) {
         Point idle, during;
         std::string err;
-        std::fprintf(stderr, "bulk-load %s: %llu idle 64 B calls, then 64 B calls during a %s echo\n", name.c_str(),
-                     (unsigned long long)load_idle_calls, size_text(load_size).c_str());
-        if (!d.interference(load_size, load_idle_calls, &idle, &during, &err)) {
+        std::fprintf(stderr, "bulk-load %s: %llu idle 64 B calls, then 64 B calls during %llu %s echo(es)\n",
+                     name.c_str(), (unsigned long long)load_idle_calls, (unsigned long long)load_repeat,
+                     size_text(load_size).c_str());
+        run_info["load_repeat"] = std::to_string(load_repeat);
+        if (!d.interference(load_size, load_repeat, load_idle_calls, &idle, &during, &err)) {
           std::fprintf(stderr, "slotrpc-bench: %s bulk-load: %s\n", name.c_str(), err.c_str());
           rc = 1;
         } else {

@@ -104,18 +104,21 @@ struct SLOTRPC_API Config {
   // is sent; a server refuses a request that offers more, with
   // RESOURCE_EXHAUSTED, and serves the session's other calls on.
   uint64_t max_bulk_bytes = 4ull << 30;
-  // SLOTRPC_TCP_BULK_SLICE: bulk bytes a TCP link moves per data frame and
-  // per system call (docs/tuning.md, "TCP bulk slices").  Small calls on
-  // a session that moves bulk data wait behind about this much in each
-  // loop and twice this much in the socket; larger slices move bulk data
-  // faster and small calls beside it slower.
+  // SLOTRPC_TCP_BULK_SLICE: bulk bytes a TCP link moves per data frame
+  // while calls share its connection (docs/tuning.md, "TCP bulk slices").
+  // Small calls on a session that moves bulk data wait behind about this
+  // much in each loop and twice this much in the socket; larger slices
+  // move bulk data faster and small calls beside it slower.  A connection
+  // that carries bulk data alone grows its frames up to 1 MiB.
   uint32_t tcp_bulk_slice = 64 * 1024;
   // SLOTRPC_TCP_BULK_LANE: a TCP session whose two ends have it on opens a
   // second connection, its bulk lane, moved by a thread of the event loop's
   // own; a transfer through a bulk segment of at least this many bytes
   // runs there, so small calls never queue behind it in a socket or a
-  // loop (docs/tuning.md, "TCP bulk lanes").  0 turns lanes off.
-  uint32_t tcp_bulk_lane = 1024 * 1024;
+  // loop (docs/tuning.md, "TCP bulk lanes").  Smaller ones stay on the
+  // session's connection, where they cost fewer thread hand-offs.  0 turns
+  // lanes off.
+  uint32_t tcp_bulk_lane = 16 * 1024 * 1024;
   LaneScheduling tcp_lane_sched = LaneScheduling::kNormal;  // SLOTRPC_TCP_LANE_SCHED normal|batch
   // SLOTRPC_PACK_SMALL: requests and replies of at most this many bytes
   // (32-byte header + payload) that are ready in the same event-loop turn

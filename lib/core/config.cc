@@ -45,7 +45,7 @@ std::span<const UintSetting> uint_settings() {
       {"SLOTRPC_STREAM_WINDOW", "stream_window", &Config::stream_window, 1, kMaxSlotCount - 1,
        "per stream and direction: messages a writer may have in flight before the reader read them"},
       {"SLOTRPC_TCP_BULK_SLICE", "tcp_bulk_slice", &Config::tcp_bulk_slice, 4096, 1u << 20,
-       "tcp: bulk bytes per data frame and per system call; small calls beside bulk data wait for about one"},
+       "tcp: bulk bytes per data frame while calls share the connection; small calls beside bulk data wait for about one"},
       {"SLOTRPC_TCP_BULK_LANE", "tcp_bulk_lane", &Config::tcp_bulk_lane, 0, 1u << 31,
        "tcp: bulk segments of at least this many bytes move on a second connection and thread (0: never)"},
       {"SLOTRPC_PACK_SMALL", "pack_small", &Config::pack_small, 0, 16384,

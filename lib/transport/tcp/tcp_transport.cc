@@ -164,6 +164,7 @@ void TcpLink::post(std::span<const Outgoing> batch) {
     w.sent = 0;
     queued_bytes_ += w.head_len + w.body_len;
     ++(control ? stats_.control_sends : stats_.slot_sends);
+    if (!control) ++slot_frames_;  // adaptive slices: calls share the connection
     stats_.messages += o.messages;
     if (o.messages > 1) ++stats_.packs;
   }
@@ -175,13 +176,15 @@ void TcpLink::flush_pending() {
   std::vector<iovec>& iov = owner_.iov_;
   bool progress = false;
   uint64_t bulk_sent = 0;  // bulk body bytes handed to the kernel in this call
+  // At most two frames of the slice at the start (next_slice) per call.
+  const uint64_t per_flush = 2 * uint64_t{std::max(send_slice_, owner_.bulk_slice())};
   while (!down_ && output_waiting()) {
     // A large transfer refills the bulk queue chunk by chunk as fast as a
     // loopback socket takes it: without a bound this loop would send the
     // whole gigabyte in one call, and the event loop (other calls, timers,
     // the caller's next request) would wait for it.  EPOLLOUT stays armed,
     // so the next poll goes on.  Small frames are never held back.
-    const bool bulk_room = bulk_sent < owner_.bulk_bytes_per_flush();
+    const bool bulk_room = bulk_sent < per_flush;
     const bool bulk_started =
         bulk_pending_head_ < bulk_pending_.size() && bulk_pending_[bulk_pending_head_].sent != 0;
     if (!bulk_room && !bulk_started && pending_head_ == pending_.size()) break;
@@ -212,7 +215,7 @@ void TcpLink::flush_pending() {
     for (; small_i < pending_.size() && n_iov + 2 <= kMaxIov; ++small_i) add(pending_[small_i]);
     const size_t n_small = small_i - pending_head_;
     for (; bulk_i < bulk_pending_.size() && n_iov + 2 <= kMaxIov &&
-           bulk_sent + bulk_planned < owner_.bulk_bytes_per_flush();
+           bulk_sent + bulk_planned < per_flush;
          ++bulk_i)
       add(bulk_pending_[bulk_i]);
     msghdr msg{};
@@ -361,9 +364,11 @@ void TcpLink::on_readable(bool drain_all) {
       // instead of twice via staging.
       dst = body_dest_ + body_got_;
       room = body_len_ - body_got_;
-      // One slice of bulk data per recv: the event loop's other work (a
-      // small call's frame on another link) waits for one copy of this size.
-      if (rx_ == Rx::kBulkData) room = std::min<size_t>(room, owner_.bulk_slice());
+      // Bulk data: up to the rest of the frame, which its sender sized
+      // (one slice while calls share the connection, up to 1 MiB while
+      // bulk data has it alone; next_slice).  Capping each recv at our own
+      // slice instead cost a large frame a dozen calls and loop turns
+      // (docs/benchmarks.md, "TCP bulk slices that grow").
     } else {
       dst = staging_.get() + staging_end_;
       room = TcpTransport::kStagingBytes - staging_end_;
@@ -504,6 +509,7 @@ bool TcpLink::begin_frame(uint32_t word, uint32_t imm) {
   in_body_ = true;
   body_control_ = control;
   rx_ = control ? Rx::kControl : Rx::kSlot;
+  if (!control) ++slot_frames_;  // adaptive slices: calls share the connection
   body_len_ = len;
   body_got_ = 0;
   body_imm_ = imm;
@@ -779,6 +785,7 @@ Status TcpLink::write(const BulkRegistration& local, size_t local_offset,
   j.addr = remote.addr + remote_offset;
   j.src = local.base + local_offset;
   j.length = length;
+  if (serves_.empty() && writes_.empty()) transfer_started();
   writes_.push_back(j);
   write_next();
   flush_or_kick();
@@ -816,7 +823,11 @@ void TcpLink::bulk_output_changed() {
   // A lane carries nothing small: no frame there needs the mark.
   if (lane_mode_) return;
   const bool want = bulk_queued_ != 0 || !serves_.empty() || !writes_.empty();
-  if (want == bulk_lowat_ || down_) return;
+  // Two frames of the current slice: a grown slice (next_slice) takes the
+  // mark with it, or the kernel would take a 1 MiB frame in pieces of 128
+  // KiB, a wake-up for EPOLLOUT between each (measured: a third slower).
+  const int mark = 2 * static_cast<int>(std::max(send_slice_, owner_.bulk_slice()));
+  if ((want == bulk_lowat_ && (!want || mark == lowat_mark_)) || down_) return;
   const int fd = socket_.native_handle();
   if (saved_lowat_ < 0) {
     socklen_t len = sizeof saved_lowat_;
@@ -824,8 +835,11 @@ void TcpLink::bulk_output_changed() {
   }
   // Without the old value there is nothing to restore: leave it alone.
   if (saved_lowat_ < 0) return;
-  const int v = want ? owner_.bulk_notsent_lowat() : saved_lowat_;
-  if (::setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &v, sizeof v) == 0) bulk_lowat_ = want;
+  const int v = want ? mark : saved_lowat_;
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &v, sizeof v) == 0) {
+    bulk_lowat_ = want;
+    lowat_mark_ = want ? mark : 0;
+  }
 }
 
 int TcpLink::notsent_lowat() {
@@ -845,11 +859,31 @@ void TcpLink::request_reads() {
   }
 }
 
+void TcpLink::transfer_started() {
+  shared_before_ = shared_now_;
+  shared_now_ = false;
+  slot_frames_at_start_ = slot_frames_;
+}
+
+uint32_t TcpLink::next_slice() {
+  const uint32_t base = owner_.bulk_slice();
+  // A lane carries nothing small, and its slice is already the largest.
+  if (lane_mode_) return base;
+  if (slot_frames_ != slot_frames_at_start_) shared_now_ = true;
+  if (shared_now_ || shared_before_ || send_slice_ < base) {
+    send_slice_ = base;
+  } else {
+    send_slice_ = std::min(send_slice_ * 2, TcpTransport::kBulkChunkBytes);
+  }
+  if (bulk_lowat_) bulk_output_changed();  // the mark follows the slice (once per change)
+  return send_slice_;
+}
+
 void TcpLink::serve_next() {
   if (serve_in_flight_ || serves_.empty() || down_) return;
   ServeJob& j = serves_.front();
   const uint32_t n =
-      static_cast<uint32_t>(std::min<uint64_t>(j.length - j.sent, owner_.bulk_slice()));
+      static_cast<uint32_t>(std::min<uint64_t>(j.length - j.sent, next_slice()));
   enqueue_bulk(TcpTransport::kBulkReadData, 0, 0, j.tag, j.sent, n, j.src + j.sent, n);
   bulk_pending_.back().on_sent = OnSent::kServeChunk;
   j.sent += n;
@@ -860,7 +894,7 @@ void TcpLink::write_next() {
   if (write_in_flight_ || writes_.empty() || down_) return;
   WriteJob& j = writes_.front();
   const uint32_t n =
-      static_cast<uint32_t>(std::min<uint64_t>(j.length - j.sent, owner_.bulk_slice()));
+      static_cast<uint32_t>(std::min<uint64_t>(j.length - j.sent, next_slice()));
   enqueue_bulk(TcpTransport::kBulkWriteData, j.rkey, 0, 0, j.addr + j.sent, n, j.src + j.sent, n);
   bulk_pending_.back().on_sent = OnSent::kWriteChunk;
   j.sent += n;
@@ -946,6 +980,7 @@ bool TcpLink::on_bulk_header() {
              " bulk reads outstanding");
         return false;
       }
+      if (serves_.empty() && writes_.empty()) transfer_started();
       serves_.push_back(ServeJob{h.tag, h.rkey, e->base + h.addr, h.length, 0, false, 0});
       serve_next();
       flush_pending();

@@ -36,7 +36,8 @@
 // staged: read data and write data go out with sendmsg straight from the
 // user's memory and are received with recv straight into the destination.
 // A transfer is cut into frames of one bulk slice (Config::tcp_bulk_slice,
-// 64 KiB by default); a read the peer asked for
+// 64 KiB by default, growing while no slot frame goes by: next_slice());
+// a read the peer asked for
 // is served one chunk at a time (the next chunk is queued only once the
 // previous one is in the kernel), and so is a write.  Bulk data frames wait
 // in a queue of their own behind slot and control frames, and the socket
@@ -178,6 +179,11 @@ class TcpLink final : public Link {
   void serve_chunk_sent();
   void write_next();       // queues the next chunk of this side's writes
   void write_chunk_sent();
+  // Adaptive slices.  A transfer starts when this side gets a read to
+  // serve or a write to send while it has neither; next_slice() sizes each
+  // data frame this side sends (see slot_frames_).
+  void transfer_started();
+  uint32_t next_slice();
   // wrote: the end of a write (a lane's session link then fences it).
   void bulk_done(uint64_t token, StatusCode code, bool wrote = false);
   // Lane helpers.  flush_or_kick: a lane's output queued by the loop
@@ -326,8 +332,23 @@ class TcpLink final : public Link {
   std::deque<WriteJob> writes_;   // round robin, one chunk in flight at a time
   bool write_in_flight_ = false;  // writes_.front() has a chunk in pending_
   uint64_t bulk_queued_ = 0;      // bulk body bytes of bulk_pending_ (in queued_bytes_ too)
-  bool bulk_lowat_ = false;       // bulk_notsent_lowat() is set on the socket
+  bool bulk_lowat_ = false;       // a bulk TCP_NOTSENT_LOWAT is set on the socket
+  int lowat_mark_ = 0;            // its value: two frames of the slice at the time
   int saved_lowat_ = -1;          // the socket's TCP_NOTSENT_LOWAT before (-1: not read yet)
+  // Adaptive slices (docs/design.md, "TCP bulk slices").  A slot frame, in
+  // either direction, during a transfer means calls share the connection
+  // with it: that transfer and the next send frames of tcp_bulk_slice, so
+  // a reply waits behind little.  A connection whose last two transfers
+  // saw none carries bulk data alone (a tensor echo, a checkpoint): each
+  // frame then doubles the slice, up to kBulkChunkBytes, and it stays
+  // there for the quiet transfers that follow, so they pay one sendmsg and
+  // about one recv per MiB instead of sixteen.  Counting is one increment
+  // per slot frame; the rest happens once per bulk data frame.
+  uint64_t slot_frames_ = 0;           // slot frames posted and received
+  uint64_t slot_frames_at_start_ = 0;  // slot_frames_ when the transfer started
+  bool shared_now_ = false;            // a slot frame went by during this transfer
+  bool shared_before_ = false;         // ... during the previous one
+  uint32_t send_slice_ = 0;            // the current slice (0: none chosen yet)
 
   // Bulk lane state.  A session link: lane_ (guarded by the lanes' lock),
   // and while a FENCE waits, fenced_ / fence_at_ (parsing stops there and
@@ -380,16 +401,20 @@ class TcpTransport final : public Transport {
   static constexpr uint32_t kBulkChunkBytes = 1024 * 1024;
   // Config::tcp_bulk_slice (SLOTRPC_TCP_BULK_SLICE), the tuning knob of TCP
   // bulk (docs/tuning.md, "TCP bulk slices"): bytes per data frame this
-  // side sends and per recv() of bulk data.  The loop hands the kernel at
-  // most two slices of bulk data per flush, and while bulk data is queued
-  // the socket's TCP_NOTSENT_LOWAT is two slices: the kernel takes no more
-  // once that much of it is unsent, so a frame posted later queues behind
-  // at most that much in the socket (and goes ahead of the bulk frames
-  // still in the link's own queue).  The socket's own value comes back
-  // once the link has no bulk output left, so slot traffic never runs
-  // under it.
+  // side sends while calls share the connection (a connection carrying
+  // bulk data alone grows its frames: TcpLink::next_slice).  The loop hands
+  // the kernel at most two frames of bulk data per flush, and while bulk
+  // data is queued the socket's TCP_NOTSENT_LOWAT is two slices: the
+  // kernel takes no more once that much of it is unsent, so a frame posted
+  // later queues behind at most that much in the socket (and goes ahead of
+  // the bulk frames still in the link's own queue).  The socket's own
+  // value comes back once the link has no bulk output left, so slot
+  // traffic never runs under it.  A bulk data frame is received with as
+  // few recv() calls as the kernel allows: its sender sized it.
   uint32_t bulk_slice() const { return bulk_slice_; }
-  uint64_t bulk_bytes_per_flush() const { return 2 * uint64_t{bulk_slice_}; }
+  // The TCP_NOTSENT_LOWAT of a link whose bulk data shares the connection
+  // with calls (two slices; a link whose slice has grown uses two of its
+  // own).
   int bulk_notsent_lowat() const { return static_cast<int>(2 * bulk_slice_); }
   // Read requests a link has outstanding at its peer, and serves for it.
   static constexpr size_t kMaxBulkReads = 16;
