@@ -26,7 +26,8 @@ size_t index_of(const End& e, CKind kind, uint64_t token = 0) {
 
 TEST_CASE("an exposure of tcp_bulk_lane bytes or more is made on the lane and moved there, every byte; smaller ones stay on the connection") {
   World w(lanes_from(1 << 20));
-  auto [owner, peer] = w.connect();
+  End *owner, *peer;
+  std::tie(owner, peer) = w.connect();
   w.lane(*owner, *peer);
   const size_t big = (size_t{24} << 20) + 3, small = (size_t{1} << 20) - 1;
   std::vector<std::byte> src = pattern(big, 1), dst(big), back(big, std::byte{0x5A});
@@ -85,7 +86,8 @@ TEST_CASE("a frame posted after a lane write's kBulkDone waits at the FENCE unti
   // Small enough that the write fits the lane's socket buffers while the
   // owner's lane thread is held still.
   World w(lanes_from(4096));
-  auto [owner, writer] = w.connect();
+  End *owner, *writer;
+  std::tie(owner, writer) = w.connect();
   w.lane(*owner, *writer);
   const size_t size = 32 * 1024;
   std::vector<std::byte> src = pattern(size, 7), dst(size, std::byte{0});
@@ -118,7 +120,8 @@ TEST_CASE("a frame posted after a lane write's kBulkDone waits at the FENCE unti
 
 TEST_CASE("a lane that dies takes its session link with it; the lane's transfer ends before kLinkDown") {
   World w(lanes_from(1 << 20));
-  auto [owner, reader] = w.connect();
+  End *owner, *reader;
+  std::tie(owner, reader) = w.connect();
   w.lane(*owner, *reader);
   const size_t size = size_t{256} << 20;
   std::vector<std::byte> src(size, std::byte{3}), dst(size);
@@ -143,7 +146,8 @@ TEST_CASE("a lane that dies takes its session link with it; the lane's transfer 
 
 TEST_CASE("a lane token is claimed once, by the link that offered it; anything else is refused") {
   World w(lanes_from(1 << 20));
-  auto [client, server] = w.connect();
+  End *client, *server;
+  std::tie(client, server) = w.connect();
   const uint64_t token = server->link->offer_lane(7);
   CHECK((token & 0xffff) == 7);
   CHECK((token >> 16) != 0);
@@ -162,7 +166,8 @@ TEST_CASE("a lane token is claimed once, by the link that offered it; anything e
   ::close(c3);
   // A lane is no session: a slot frame on it fails the link, and its session.
   auto [c4, s4] = loopback_pair();
-  auto [x, y] = w.connect();
+  End *x, *y;
+  std::tie(x, y) = w.connect();
   REQUIRE(y->link->attach_lane(s4).ok());
   std::array<std::byte, 8 + 64> frame{};
   frame[0] = std::byte{64};

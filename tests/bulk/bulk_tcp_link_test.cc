@@ -10,7 +10,8 @@ TEST_CASE("read pulls an exposed range into local memory, every byte") {
   for (size_t size : {size_t{1} << 20, (size_t{64} << 20) + 1}) {
     CAPTURE(size);
     World w;
-    auto [owner, reader] = w.connect();
+    End *owner, *reader;
+    std::tie(owner, reader) = w.connect();
     std::vector<std::byte> src = pattern(size, 1);
     std::vector<std::byte> dst(size, std::byte{0});
     BulkRegistration sreg = reg(*owner->link, src);
@@ -31,7 +32,8 @@ TEST_CASE("write pushes local memory into an exposed range; a slot frame posted 
   for (size_t size : {size_t{1} << 20, (size_t{64} << 20) + 1}) {
     CAPTURE(size);
     World w;
-    auto [owner, writer] = w.connect();
+    End *owner, *writer;
+    std::tie(owner, writer) = w.connect();
     std::vector<std::byte> src = pattern(size, 2);
     // The exposure is offset into a larger buffer: guard bytes either side
     // must stay untouched.
@@ -69,7 +71,8 @@ void expect_violation(World& w, End& owner, End& peer, const char* reason_part) 
   REQUIRE(w.pump_until([&] { return owner.down() && peer.down(); }));
   CHECK_MESSAGE(owner.link->down_reason().find(reason_part) != std::string::npos,
                 owner.link->down_reason());
-  auto [o2, p2] = w.connect();
+  End *o2, *p2;
+  std::tie(o2, p2) = w.connect();
   std::vector<std::byte> src = pattern(300000, 5), dst(300000);
   BulkRegistration sreg = reg(*o2->link, src), dreg = reg(*p2->link, dst);
   auto seg = o2->link->expose(sreg, 0, src.size(), BulkAccess::kRemoteRead);
@@ -82,7 +85,8 @@ void expect_violation(World& w, End& owner, End& peer, const char* reason_part) 
 
 TEST_CASE("a revoked key, the wrong access or a range beyond the exposure fail that link only") {
   World w;
-  auto [owner, peer] = w.connect();
+  End *owner, *peer;
+  std::tie(owner, peer) = w.connect();
   std::vector<std::byte> mem = pattern(1 << 20, 3), local(2 << 20, std::byte{0});
   const std::vector<std::byte> before = mem;
   BulkRegistration oreg = reg(*owner->link, mem), preg = reg(*peer->link, local);
@@ -128,7 +132,8 @@ TEST_CASE("a revoked key, the wrong access or a range beyond the exposure fail t
 
 TEST_CASE("slot frames posted while a large read is served go out between its chunks") {
   World w;
-  auto [owner, reader] = w.connect();
+  End *owner, *reader;
+  std::tie(owner, reader) = w.connect();
   const size_t size = size_t{64} << 20;
   std::vector<std::byte> src = pattern(size, 4), dst(size);
   BulkRegistration sreg = reg(*owner->link, src), dreg = reg(*reader->link, dst);
@@ -156,7 +161,8 @@ TEST_CASE("slot frames posted while a large read is served go out between its ch
 
 TEST_CASE("slot frames posted while a large write is under way go out between its chunks") {
   World w;
-  auto [owner, writer] = w.connect();
+  End *owner, *writer;
+  std::tie(owner, writer) = w.connect();
   const size_t size = size_t{64} << 20;
   std::vector<std::byte> src = pattern(size, 6), dst(size);
   BulkRegistration sreg = reg(*writer->link, src), dreg = reg(*owner->link, dst);
@@ -200,7 +206,8 @@ TEST_CASE("a slot frame goes ahead of bulk data frames queued before it") {
   Config config;
   config.tcp_bulk_slice = TcpTransport::kBulkChunkBytes;
   World w(config);
-  auto [owner, peer] = w.connect(true);
+  End *owner, *peer;
+  std::tie(owner, peer) = w.connect(true);
   const size_t big = size_t{64} << 20, small = 64 * 1024;
   std::vector<std::byte> wsrc = pattern(big, 7), wdst(big);
   std::vector<std::byte> rsrc = pattern(small, 8), rdst(small);
@@ -256,7 +263,8 @@ TEST_CASE("while bulk data flows the socket keeps little of it unsent; afterward
   World w(config);
   REQUIRE(w.b.bulk_slice() == config.tcp_bulk_slice);
   REQUIRE(w.b.bulk_notsent_lowat() == 2 * static_cast<int>(config.tcp_bulk_slice));
-  auto [owner, writer] = w.connect();
+  End *owner, *writer;
+  std::tie(owner, writer) = w.connect();
   const int before = writer->link->notsent_lowat();  // 0: the sysctl's default
   REQUIRE(before >= 0);
   REQUIRE(before != w.b.bulk_notsent_lowat());
@@ -307,7 +315,8 @@ TEST_CASE("bulk data alone on a connection grows its frames to 1 MiB; a slot fra
   // Fixed 64 KiB socket buffers: a 1 MiB frame takes many turns to leave,
   // so a slot frame posted (or arriving) right after write() is always
   // seen before the transfer's second frame is sized.
-  auto [owner, writer] = w.connect(true);
+  End *owner, *writer;
+  std::tie(owner, writer) = w.connect(true);
   const size_t size = size_t{16} << 20;
   // Alone: 64, 128, 256, 512 KiB, then 1 MiB frames (20 frames, not 256);
   // the next transfer starts at 1 MiB.
@@ -346,7 +355,8 @@ TEST_CASE("bulk data alone on a connection grows its frames to 1 MiB; a slot fra
 
 TEST_CASE("revoke during a served read: the reader's read fails, the link goes on") {
   World w;
-  auto [owner, reader] = w.connect();
+  End *owner, *reader;
+  std::tie(owner, reader) = w.connect();
   const size_t size = size_t{16} << 20;
   std::vector<std::byte> src = pattern(size, 6), dst(size);
   BulkRegistration sreg = reg(*owner->link, src), dreg = reg(*reader->link, dst);
@@ -373,7 +383,8 @@ TEST_CASE("revoke during a served read: the reader's read fails, the link goes o
 
 TEST_CASE("dma-buf memory is refused on tcp with a message that says so") {
   World w;
-  auto [a, b] = w.connect();
+  End *a, *b;
+  std::tie(a, b) = w.connect();
   std::vector<std::byte> mem(4096);
   auto r = a->link->register_bulk(BulkSource{mem.data(), mem.size(), 3, 0});
   REQUIRE_FALSE(r.ok());
