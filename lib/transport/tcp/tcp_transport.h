@@ -28,7 +28,8 @@
 //     one staging buffer's worth of frames.
 //
 // Bulk transfers (issue 12; transport.h "Bulk transfers", docs/protocol.md
-// "TCP bulk frames"): one-sided reads and writes are emulated on the same
+// "TCP bulk frames"; code in tcp_bulk.cc, the framing and the rest of
+// TcpLink in tcp_transport.cc): one-sided reads and writes are emulated on the same
 // socket with three more frame types.  The exposing side keeps a table of
 // exposed ranges (rkey -> range, access) and checks every request against
 // it before a byte moves; a request the table refuses fails the link, as a

@@ -1,0 +1,590 @@
+// TcpLink's bulk transfers (issue 12) and its side of the bulk lanes: the
+// exposure table, READ_REQ / READ_DATA / WRITE_DATA / FENCE frames, the
+// chunking and slicing that keeps small calls moving beside them, and the
+// glue to a session's lane (bulk_lanes.h).  The framing and the session
+// half of TcpLink are in tcp_transport.cc; tcp_transport.h says how the
+// two halves share the link's state.
+#include "transport/tcp/tcp_transport.h"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/logging.h"
+#include "transport/tcp/bulk_lanes.h"
+#include "transport/tcp/tcp_frame.h"
+
+namespace slotrpc::transport {
+
+using namespace tcp_frame;
+
+// ------------------------------------------------------------ TcpLink bulk
+//
+// Bulk header (32 bytes, little-endian), docs/protocol.md "TCP bulk frames":
+//   u32 rkey  u32 status  u64 tag  u64 addr  u64 length
+
+namespace {
+
+struct BulkHeader {
+  uint32_t rkey = 0;
+  uint32_t status = 0;
+  uint64_t tag = 0;
+  uint64_t addr = 0;
+  uint64_t length = 0;
+};
+
+// One object for every TCP link of the process: see bulk_domain().
+const char tcp_bulk_domain = 0;
+
+}  // namespace
+
+const void* TcpLink::bulk_domain() const { return &tcp_bulk_domain; }
+
+Result<BulkRegistration> TcpLink::register_bulk(const BulkSource& source) {
+  if (source.dmabuf_fd >= 0)
+    return Status(StatusCode::kUnimplemented,
+                  "tcp cannot send from or receive into dma-buf (device) memory: copy it to host "
+                  "memory first, or use verbs");
+  if (source.address == nullptr || source.length == 0)
+    return Status(StatusCode::kInvalidArgument, "bulk memory is empty");
+  // Nothing to pin: sendmsg and recv reach any host memory.
+  BulkRegistration r;
+  r.base = source.address;
+  r.length = source.length;
+  r.domain = bulk_domain();
+  return r;
+}
+
+void TcpLink::deregister_bulk(BulkRegistration& registration) { registration = {}; }
+
+Result<RemoteSegment> TcpLink::expose(const BulkRegistration& registration, size_t offset,
+                                      size_t length, BulkAccess access) {
+  if (registration.domain != bulk_domain() || registration.base == nullptr)
+    return Status(StatusCode::kInvalidArgument, "expose: not a tcp bulk registration");
+  if (length == 0 || offset > registration.length || length > registration.length - offset)
+    return Status(StatusCode::kInvalidArgument,
+                  "expose: " + std::to_string(length) + " bytes at offset " +
+                      std::to_string(offset) + " are outside a registration of " +
+                      std::to_string(registration.length));
+  if (access != BulkAccess::kRemoteRead && access != BulkAccess::kRemoteWrite)
+    return Status(StatusCode::kInvalidArgument, "expose: unknown access");
+  if (down_) return Status(StatusCode::kUnavailable, "expose: link down: " + down_reason_);
+  // A large range goes on the lane: the peer's link sees the lane bit in
+  // the key and moves the bytes there.
+  if (lane_ != nullptr && owner_.lane_min_ != 0 && length >= owner_.lane_min_) {
+    std::lock_guard<std::mutex> lock(owner_.lanes_->mu());
+    return lane_->expose(registration, offset, length, access);
+  }
+  // Keys count up and are never reused, so a key the peer kept after a
+  // revoke can never name another exposure.  2^31 exposures on one link
+  // (one per bulk segment of a call) end its bulk use rather than wrap
+  // (a lane's keys, kLaneKeyBit and up, get the other half).
+  if (last_rkey_ == (lane_mode_ ? UINT32_MAX : TcpTransport::kLaneKeyBit - 1))
+    return Status(StatusCode::kResourceExhausted, "expose: the link has used every rkey");
+  const uint32_t rkey = ++last_rkey_;
+  exposures_.emplace(rkey, Exposure{registration.base + offset, length, access});
+  // addr is opaque on TCP: the peer addresses the range from 0.
+  return RemoteSegment{0, length, rkey};
+}
+
+bool TcpLink::revoke(const RemoteSegment& segment, uint64_t token) {
+  if (!lane_mode_ && (segment.rkey & TcpTransport::kLaneKeyBit) != 0) {
+    // The lane is gone only once this link failed: nothing reaches the
+    // memory any more.
+    if (lane_ == nullptr) return true;
+    std::lock_guard<std::mutex> lock(owner_.lanes_->mu());
+    return lane_->revoke(segment, token);
+  }
+  if (exposures_.erase(segment.rkey) == 0) return true;
+  if (down_) return true;
+  // Write data being received into the range right now: the rest of the
+  // chunk is dropped (the next chunk names a revoked key and fails the link).
+  if (in_body_ && rx_ == Rx::kBulkData && bulk_type_ == TcpTransport::kBulkWriteData &&
+      bulk_write_rkey_ == segment.rkey)
+    body_dest_ = nullptr;
+  // Reads served from the range: the ones not started end with an error
+  // frame now; the one with a chunk in the kernel's hands (sendmsg may
+  // still read that memory) ends once the chunk is out, and so does the
+  // revoke.
+  bool done = true;
+  for (size_t i = 0; i < serves_.size();) {
+    ServeJob& j = serves_[i];
+    if (j.rkey != segment.rkey) {
+      ++i;
+      continue;
+    }
+    if (i == 0 && serve_in_flight_) {
+      j.revoked = true;
+      j.revoke_token = token;
+      done = false;
+      ++i;
+      continue;
+    }
+    enqueue_bulk(TcpTransport::kBulkReadData, 0, static_cast<uint32_t>(StatusCode::kUnavailable),
+                 j.tag, j.sent, 0, nullptr, 0);
+    serves_.erase(serves_.begin() + static_cast<ptrdiff_t>(i));
+  }
+  flush_or_kick();
+  return done || down_;
+}
+
+Status TcpLink::check_transfer(const char* what, const BulkRegistration& local,
+                               size_t local_offset, const RemoteSegment& remote,
+                               uint64_t remote_offset, size_t length, bool* on_lane) const {
+  auto invalid = [what](const std::string& why) {
+    return Status(StatusCode::kInvalidArgument, std::string(what) + ": " + why);
+  };
+  if (local.domain != bulk_domain() || local.base == nullptr) return invalid("not a tcp bulk registration");
+  if (length == 0 || local_offset > local.length || length > local.length - local_offset ||
+      remote_offset > remote.length || length > remote.length - remote_offset)
+    return invalid(std::to_string(length) + " bytes outside the local or remote range");
+  if (!attached_) return invalid("link not attached");
+  if (down_) return Status(StatusCode::kUnavailable, std::string(what) + ": link down: " + down_reason_);
+  *on_lane = !lane_mode_ && (remote.rkey & TcpTransport::kLaneKeyBit) != 0;
+  if (*on_lane && lane_ == nullptr)
+    return invalid("the peer exposed the range on a bulk lane, and this session has none");
+  return Status::ok_status();
+}
+
+Status TcpLink::read(const BulkRegistration& local, size_t local_offset, const RemoteSegment& remote,
+                     uint64_t remote_offset, size_t length, uint64_t token) {
+  bool on_lane = false;
+  if (Status st = check_transfer("read", local, local_offset, remote, remote_offset, length, &on_lane);
+      !st.ok())
+    return st;
+  if (on_lane) {
+    std::lock_guard<std::mutex> lock(owner_.lanes_->mu());
+    return lane_->read(local, local_offset, remote, remote_offset, length, token);
+  }
+  ReadOp op;
+  op.token = token;
+  op.tag = next_read_tag_++;
+  op.dest = local.base + local_offset;
+  op.length = length;
+  op.rkey = remote.rkey;
+  op.addr = remote.addr + remote_offset;
+  reads_.push_back(op);
+  request_reads();
+  flush_or_kick();
+  return Status::ok_status();
+}
+
+Status TcpLink::write(const BulkRegistration& local, size_t local_offset,
+                      const RemoteSegment& remote, uint64_t remote_offset, size_t length,
+                      uint64_t token) {
+  bool on_lane = false;
+  if (Status st = check_transfer("write", local, local_offset, remote, remote_offset, length, &on_lane);
+      !st.ok())
+    return st;
+  if (on_lane) {
+    std::lock_guard<std::mutex> lock(owner_.lanes_->mu());
+    return lane_->write(local, local_offset, remote, remote_offset, length, token);
+  }
+  // Chunk by chunk (write_next): nothing is copied, each queued chunk
+  // points into the caller's memory; the kBulkDone follows the last one.
+  WriteJob j;
+  j.token = token;
+  j.rkey = remote.rkey;
+  j.addr = remote.addr + remote_offset;
+  j.src = local.base + local_offset;
+  j.length = length;
+  if (serves_.empty() && writes_.empty()) transfer_started();
+  writes_.push_back(j);
+  write_next();
+  flush_or_kick();
+  return Status::ok_status();
+}
+
+void TcpLink::enqueue_bulk(uint32_t type, uint32_t rkey, uint32_t status, uint64_t tag,
+                           uint64_t addr, uint64_t length, const std::byte* body,
+                           uint32_t body_len) {
+  // READ_REQs are small frames; data frames (and a failed read's frame,
+  // which must follow the chunks of its read) wait behind them.
+  // A FENCE is a small frame too: ordered with the slot frames after it.
+  const bool small = type == TcpTransport::kBulkReadRequest || type == TcpTransport::kBulkFence;
+  if (type == TcpTransport::kBulkReadRequest || type == TcpTransport::kBulkWriteData) ++stats_.bulk_requests;
+  PendingWrite& w = (small ? pending_ : bulk_pending_).emplace_back();
+  std::byte* h = w.head.data();
+  store_u32_le(h, TcpTransport::kBulkMarker | type);
+  store_u32_le(h + 4, 0);
+  store_u32_le(h + 8, rkey);
+  store_u32_le(h + 12, status);
+  store_u64_le(h + 16, tag);
+  store_u64_le(h + 24, addr);
+  store_u64_le(h + 32, length);
+  w.head_len = kPrefixSize + core::kHeaderSize;
+  w.body = body;
+  w.body_len = body_len;
+  w.sent = 0;
+  w.bulk_body = body_len != 0;
+  queued_bytes_ += w.head_len + w.body_len;
+  bulk_queued_ += w.body_len;
+  if (w.body_len != 0 && !bulk_lowat_) bulk_output_changed();
+}
+
+void TcpLink::bulk_output_changed() {
+  // A lane carries nothing small: no frame there needs the mark.
+  if (lane_mode_) return;
+  const bool want = bulk_queued_ != 0 || !serves_.empty() || !writes_.empty();
+  // Two frames of the current slice: a grown slice (next_slice) takes the
+  // mark with it, or the kernel would take a 1 MiB frame in pieces of 128
+  // KiB, a wake-up for EPOLLOUT between each (measured: a third slower).
+  const int mark = 2 * static_cast<int>(std::max(send_slice_, owner_.bulk_slice()));
+  if ((want == bulk_lowat_ && (!want || mark == lowat_mark_)) || down_) return;
+  const int fd = socket_.native_handle();
+  if (saved_lowat_ < 0) {
+    socklen_t len = sizeof saved_lowat_;
+    if (::getsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &saved_lowat_, &len) != 0) saved_lowat_ = -1;
+  }
+  // Without the old value there is nothing to restore: leave it alone.
+  if (saved_lowat_ < 0) return;
+  const int v = want ? mark : saved_lowat_;
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &v, sizeof v) == 0) {
+    bulk_lowat_ = want;
+    lowat_mark_ = want ? mark : 0;
+  }
+}
+
+int TcpLink::notsent_lowat() {
+  int v = -1;
+  socklen_t len = sizeof v;
+  if (down_ || ::getsockopt(socket_.native_handle(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &v, &len) != 0) return -1;
+  return v;
+}
+
+void TcpLink::request_reads() {
+  for (size_t i = reads_requested_; i < reads_.size() && reads_requested_ < TcpTransport::kMaxBulkReads;
+       ++i) {
+    ReadOp& r = reads_[i];
+    enqueue_bulk(TcpTransport::kBulkReadRequest, r.rkey, 0, r.tag, r.addr, r.length, nullptr, 0);
+    r.requested = true;
+    ++reads_requested_;
+  }
+}
+
+void TcpLink::transfer_started() {
+  shared_before_ = shared_now_;
+  shared_now_ = false;
+  slot_frames_at_start_ = slot_frames_;
+}
+
+uint32_t TcpLink::next_slice() {
+  const uint32_t base = owner_.bulk_slice();
+  // A lane carries nothing small, and its slice is already the largest.
+  if (lane_mode_) return base;
+  if (slot_frames_ != slot_frames_at_start_) shared_now_ = true;
+  if (shared_now_ || shared_before_ || send_slice_ < base) {
+    send_slice_ = base;
+  } else {
+    send_slice_ = std::min(send_slice_ * 2, TcpTransport::kBulkChunkBytes);
+  }
+  if (bulk_lowat_) bulk_output_changed();  // the mark follows the slice (once per change)
+  return send_slice_;
+}
+
+void TcpLink::serve_next() {
+  if (serve_in_flight_ || serves_.empty() || down_) return;
+  ServeJob& j = serves_.front();
+  const uint32_t n =
+      static_cast<uint32_t>(std::min<uint64_t>(j.length - j.sent, next_slice()));
+  enqueue_bulk(TcpTransport::kBulkReadData, 0, 0, j.tag, j.sent, n, j.src + j.sent, n);
+  bulk_pending_.back().on_sent = OnSent::kServeChunk;
+  j.sent += n;
+  serve_in_flight_ = true;
+}
+
+void TcpLink::write_next() {
+  if (write_in_flight_ || writes_.empty() || down_) return;
+  WriteJob& j = writes_.front();
+  const uint32_t n =
+      static_cast<uint32_t>(std::min<uint64_t>(j.length - j.sent, next_slice()));
+  enqueue_bulk(TcpTransport::kBulkWriteData, j.rkey, 0, 0, j.addr + j.sent, n, j.src + j.sent, n);
+  bulk_pending_.back().on_sent = OnSent::kWriteChunk;
+  j.sent += n;
+  write_in_flight_ = true;
+}
+
+void TcpLink::write_chunk_sent() {
+  write_in_flight_ = false;
+  WriteJob j = writes_.front();
+  writes_.pop_front();
+  if (j.sent < j.length) {
+    writes_.push_back(j);  // round robin between this side's writes
+  } else {
+    bulk_done(j.token, StatusCode::kOk, /*wrote=*/true);  // every byte is in the kernel's hands
+  }
+  write_next();
+}
+
+void TcpLink::serve_chunk_sent() {
+  serve_in_flight_ = false;
+  ServeJob j = serves_.front();
+  serves_.pop_front();
+  if (j.revoked) {
+    // The memory is ours again only now that the kernel has the chunk.
+    if (j.sent < j.length)
+      enqueue_bulk(TcpTransport::kBulkReadData, 0, static_cast<uint32_t>(StatusCode::kUnavailable),
+                   j.tag, j.sent, 0, nullptr, 0);
+    bulk_done(j.revoke_token, StatusCode::kOk);
+  } else if (j.sent < j.length) {
+    serves_.push_back(j);  // round robin between the peer's reads
+  }
+  serve_next();
+}
+
+void TcpLink::bulk_done(uint64_t token, StatusCode code, bool wrote) {
+  Completion c;
+  c.kind = Completion::Kind::kBulkDone;
+  c.imm = wrote ? 1 : 0;  // read by BulkLanes (a lane write needs a fence)
+  c.context = context_;
+  c.link = this;
+  c.bulk_token = token;
+  c.bulk_status = static_cast<uint16_t>(code);
+  owner_.push_completion(c);
+}
+
+bool TcpLink::on_bulk_header() {
+  BulkHeader h;
+  const std::byte* p = bulk_head_.data();
+  h.rkey = load_u32_le(p);
+  h.status = load_u32_le(p + 4);
+  h.tag = load_u64_le(p + 8);
+  h.addr = load_u64_le(p + 16);
+  h.length = load_u64_le(p + 24);
+  // Checks the peer's access against an exposure; every failure fails the
+  // link before a byte moves (verbs: a remote access error).
+  auto check = [&](BulkAccess want, const char* what) -> Exposure* {
+    auto it = exposures_.find(h.rkey);
+    if (it == exposures_.end()) {
+      fail(std::string("peer ") + what + " through rkey " + std::to_string(h.rkey) +
+           (h.rkey != 0 && h.rkey <= last_rkey_ ? ", which was revoked" : ", which was never exposed"));
+      return nullptr;
+    }
+    Exposure& e = it->second;
+    if (e.access != want) {
+      fail(std::string("peer ") + what + " through rkey " + std::to_string(h.rkey) +
+           ", exposed for " + (e.access == BulkAccess::kRemoteRead ? "reading" : "writing") + " only");
+      return nullptr;
+    }
+    if (h.length == 0 || h.addr > e.length || h.length > e.length - h.addr) {
+      fail(std::string("peer ") + what + " " + std::to_string(h.length) + " bytes at " +
+           std::to_string(h.addr) + " of rkey " + std::to_string(h.rkey) + ", which exposes " +
+           std::to_string(e.length));
+      return nullptr;
+    }
+    return &e;
+  };
+  switch (bulk_type_) {
+    case TcpTransport::kBulkReadRequest: {
+      Exposure* e = check(BulkAccess::kRemoteRead, "read");
+      if (e == nullptr) return false;
+      if (serves_.size() >= TcpTransport::kMaxBulkReads) {
+        fail("peer has more than " + std::to_string(TcpTransport::kMaxBulkReads) +
+             " bulk reads outstanding");
+        return false;
+      }
+      if (serves_.empty() && writes_.empty()) transfer_started();
+      serves_.push_back(ServeJob{h.tag, h.rkey, e->base + h.addr, h.length, 0, false, 0});
+      serve_next();
+      flush_pending();
+      return !down_;
+    }
+    case TcpTransport::kBulkReadData: {
+      auto it = reads_.begin();
+      while (it != reads_.end() && it->requested && it->tag != h.tag) ++it;
+      if (it == reads_.end() || !it->requested) {
+        fail("peer sent read data for unknown read " + std::to_string(h.tag));
+        return false;
+      }
+      if (h.status != 0) {
+        // The peer revoked the range while serving it (its call ended).
+        if (h.length != 0) {
+          fail("peer sent a failed read with data");
+          return false;
+        }
+        const uint64_t token = it->token;
+        reads_.erase(it);
+        --reads_requested_;
+        bulk_done(token, is_known_status_code(static_cast<uint16_t>(h.status))
+                             ? static_cast<StatusCode>(h.status)
+                             : StatusCode::kUnavailable);
+        request_reads();
+        flush_pending();
+        return !down_;
+      }
+      if (h.addr != it->got || h.length == 0 || h.length > TcpTransport::kBulkChunkBytes ||
+          h.length > it->length - it->got) {
+        fail("peer sent read data " + std::to_string(h.addr) + "+" + std::to_string(h.length) +
+             " out of order or beyond read " + std::to_string(h.tag) + " of " +
+             std::to_string(it->length) + " bytes");
+        return false;
+      }
+      rx_ = Rx::kBulkData;
+      bulk_read_tag_ = h.tag;
+      body_dest_ = it->dest + it->got;
+      it->got += h.length;
+      break;
+    }
+    case TcpTransport::kBulkWriteData: {
+      if (h.length > TcpTransport::kBulkChunkBytes) {
+        fail("peer sent a write chunk of " + std::to_string(h.length) + " bytes");
+        return false;
+      }
+      Exposure* e = check(BulkAccess::kRemoteWrite, "wrote");
+      if (e == nullptr) return false;
+      rx_ = Rx::kBulkData;
+      bulk_write_rkey_ = h.rkey;
+      body_dest_ = e->base + h.addr;
+      break;
+    }
+    case TcpTransport::kBulkFence:
+      if (lane_mode_ || lane_ == nullptr) {
+        fail("peer sent a FENCE on a link without a bulk lane");
+        return false;
+      }
+      return on_fence(h.addr);
+    default:
+      fail("bulk frame of unknown type");
+      return false;
+  }
+  in_body_ = true;
+  body_control_ = false;
+  body_len_ = static_cast<uint32_t>(h.length);
+  body_got_ = 0;
+  return true;
+}
+
+// ------------------------------------------------------------ bulk lanes
+//
+// bulk_lanes.h says why; the rules here: a session link owns its lane
+// (lane_, touched only under the lanes' lock), the lane's context_ is the
+// session link, and the lane thread's completions come back through
+// TcpTransport::drain_lane_events on the loop thread.
+
+void TcpLink::flush_or_kick() {
+  // A lane's output queued from the loop thread goes out from the lane
+  // thread: EPOLLOUT wakes it, and the copy never runs on the loop.
+  if (lane_mode_) {
+    update_epoll_interest();
+  } else {
+    flush_pending();
+  }
+}
+
+void TcpLink::lane_received(uint64_t n) {
+  const uint64_t in = lane_in_.fetch_add(n, std::memory_order_acq_rel) + n;
+  uint64_t watch = fence_watch_.load(std::memory_order_acquire);
+  if (watch == 0 || in < watch || !fence_watch_.compare_exchange_strong(watch, 0)) return;
+  // Lane mode has no control frames: kControl here means "the FENCE your
+  // session link waits at is passed" (BulkLanes::to_event).
+  Completion c;
+  c.kind = Completion::Kind::kControl;
+  c.context = context_;
+  c.link = this;
+  owner_.push_completion(c);
+}
+
+bool TcpLink::on_fence(uint64_t lane_offset) {
+  TcpLink& lane = *lane_;
+  if (lane.lane_bytes_in() >= lane_offset) return true;
+  lane.fence_watch_.store(lane_offset, std::memory_order_seq_cst);
+  // Checked again after the watch is set: the lane thread may have passed
+  // the offset in between (then it may also report it; that event finds
+  // this link no longer fenced and does nothing).
+  if (lane.lane_bytes_in() >= lane_offset) {
+    lane.fence_watch_.store(0, std::memory_order_seq_cst);
+    return true;
+  }
+  fenced_ = true;
+  fence_at_ = lane_offset;
+  update_epoll_interest();
+  return !down_;
+}
+
+void TcpLink::resume_after_fence() {
+  if (!fenced_ || down_ || lane_ == nullptr) return;
+  if (lane_->lane_bytes_in() < fence_at_) return;  // an older fence's event
+  fenced_ = false;
+  fence_at_ = 0;
+  if (!parse_staging()) return;
+  update_epoll_interest();
+}
+
+Status TcpLink::attach_lane(int fd) {
+  auto refuse = [fd](StatusCode code, std::string why) {
+    ::close(fd);
+    return Status(code, std::move(why));
+  };
+  if (lane_mode_ || owner_.role_ == TcpTransport::Role::kLanes)
+    return refuse(StatusCode::kInvalidArgument, "a bulk lane cannot have a lane");
+  if (down_) return refuse(StatusCode::kUnavailable, "bulk lane: link down: " + down_reason_);
+  if (lane_ != nullptr) return refuse(StatusCode::kInvalidArgument, "the link has a bulk lane already");
+  auto lanes = owner_.lanes();
+  if (!lanes.ok()) return refuse(lanes.status().code(), lanes.status().message());
+  std::lock_guard<std::mutex> lock(lanes.value()->mu());
+  auto adopted = lanes.value()->transport().adopt(fd, description_ + " (bulk lane)");
+  if (!adopted.ok()) return adopted.status();  // adopt() took the fd
+  std::unique_ptr<TcpLink>& lane = adopted.value();
+  lane->lane_mode_ = true;
+  lane->attached_ = true;  // bulk frames only: begin_frame refuses the rest
+  lane->context_ = this;
+  lane->last_rkey_ = TcpTransport::kLaneKeyBit;
+  lane_ = std::move(lane);
+  core::log().debug("tcp link {}: bulk lane attached", description_);
+  return Status::ok_status();
+}
+
+uint64_t TcpLink::offer_lane(uint16_t route) {
+  if (lane_token_ != 0 || lane_ != nullptr || down_ || lane_mode_) return 0;
+  // Unguessable: whoever presents it gets this session's lane.
+  std::random_device rd;
+  uint64_t token = 0;
+  while (token == 0 || owner_.lane_offers_.count(token) != 0)
+    token = (((uint64_t{rd()} << 32) | rd()) << 16) | route;
+  lane_token_ = token;
+  owner_.lane_offers_.emplace(token, this);
+  return token;
+}
+
+size_t TcpLink::lane_exposures() {
+  if (lane_ == nullptr) return 0;
+  std::lock_guard<std::mutex> lock(owner_.lanes_->mu());
+  return lane_->exposures();
+}
+
+void TcpLink::drop_lane(bool failing) {
+  // An offer not yet claimed goes too (a server's lanes may not have started).
+  if (lane_token_ != 0) {
+    owner_.lane_offers_.erase(lane_token_);
+    lane_token_ = 0;
+  }
+  if (owner_.lanes_ == nullptr) return;
+  BulkLanes& lanes = *owner_.lanes_;
+  std::vector<BulkLanes::Event> events;
+  // Oldest first: the batch the loop is applying, then the lane thread's
+  // queue, then what the lane transport still holds.
+  for (size_t i = owner_.lane_batch_pos_; i < owner_.lane_batch_.size(); ++i) {
+    BulkLanes::Event& e = owner_.lane_batch_[i];
+    if (e.link != this) continue;
+    if (failing) events.push_back(std::move(e));
+    e.link = nullptr;
+  }
+  if (lane_ != nullptr) {
+    std::lock_guard<std::mutex> lock(lanes.mu());
+    if (failing) lane_->fail("its session's link failed: " + down_reason_);
+    lanes.take_for(this, failing ? &events : nullptr);
+    if (failing) lanes.drain_lane(lane_.get(), events);
+    lane_.reset();  // closes the socket: nothing reaches user memory after this
+  } else {
+    lanes.take_for(this, failing ? &events : nullptr);
+  }
+  for (const BulkLanes::Event& e : events)
+    if (e.kind == BulkLanes::Event::Kind::kDone || e.kind == BulkLanes::Event::Kind::kWriteDone)
+      bulk_done(e.token, static_cast<StatusCode>(e.status));
+}
+
+}  // namespace slotrpc::transport
