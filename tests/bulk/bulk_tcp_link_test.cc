@@ -349,6 +349,11 @@ TEST_CASE("bulk data alone on a connection grows its frames to 1 MiB; a slot fra
   // Two transfers without slot frames: growing again, from one slice
   // (128, 256, 512 KiB, fifteen 1 MiB frames and 128 KiB: 19).
   CHECK(write_frames(w, *owner, *writer, size, 5) == 19);
+  CHECK(write_frames(w, *owner, *writer, size, 6) == 16);
+  // A transfer of one frame with a slot frame beside it: no later frame of
+  // its own saw the message, and still the next transfer is one slice.
+  CHECK(write_frames(w, *owner, *writer, 1u << 20, 7, [&] { post(*writer, *owner); }) == 1);
+  CHECK(write_frames(w, *owner, *writer, size, 8) == size / slice);
   CHECK_FALSE(owner->down());
   CHECK_FALSE(writer->down());
 }

@@ -272,6 +272,11 @@ void TcpLink::transfer_started() {
   slot_frames_at_start_ = slot_frames_;
 }
 
+void TcpLink::transfer_ended() {
+  // A slot frame during the last frame counts too (no next_slice saw it).
+  if (slot_frames_ != slot_frames_at_start_) shared_now_ = true;
+}
+
 uint32_t TcpLink::next_slice() {
   const uint32_t base = owner_.bulk_slice();
   // A lane carries nothing small, and its slice is already the largest.
@@ -318,6 +323,7 @@ void TcpLink::write_chunk_sent() {
     bulk_done(j.token, StatusCode::kOk, /*wrote=*/true);  // every byte is in the kernel's hands
   }
   write_next();
+  if (writes_.empty() && serves_.empty()) transfer_ended();
 }
 
 void TcpLink::serve_chunk_sent() {
@@ -334,6 +340,7 @@ void TcpLink::serve_chunk_sent() {
     serves_.push_back(j);  // round robin between the peer's reads
   }
   serve_next();
+  if (writes_.empty() && serves_.empty()) transfer_ended();
 }
 
 void TcpLink::bulk_done(uint64_t token, StatusCode code, bool wrote) {

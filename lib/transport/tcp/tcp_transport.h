@@ -184,6 +184,7 @@ class TcpLink final : public Link {
   // serve or a write to send while it has neither; next_slice() sizes each
   // data frame this side sends (see slot_frames_).
   void transfer_started();
+  void transfer_ended();  // its last frame is in the kernel's hands
   uint32_t next_slice();
   // wrote: the end of a write (a lane's session link then fences it).
   void bulk_done(uint64_t token, StatusCode code, bool wrote = false);
