@@ -358,6 +358,51 @@ TEST_CASE("bulk data alone on a connection grows its frames to 1 MiB; a slot fra
   CHECK_FALSE(writer->down());
 }
 
+TEST_CASE("a slot frame on another session of the loop keeps a transfer's frames at tcp_bulk_slice; a receiver with other sessions on its loop takes a slice per recv") {
+  World w;
+  const uint64_t slice = w.a.bulk_slice();
+  const size_t size = size_t{16} << 20;
+  // Receiving alone on its loop: the receiver asks for the rest of each
+  // 1 MiB frame, and loopback hands over far more than a slice per recv.
+  End *owner, *writer;
+  std::tie(owner, writer) = w.connect();
+  (void)write_frames(w, *owner, *writer, size, 1);
+  CHECK(write_frames(w, *owner, *writer, size, 2) == 16);  // grown
+  uint64_t before = owner->link->bulk_recvs();
+  CHECK(write_frames(w, *owner, *writer, size, 3) == 16);
+  const uint64_t alone = owner->link->bulk_recvs() - before;
+  // A second session on the same loops: the receiver now takes at most a
+  // slice per recv (so at least size / slice calls) though the frames are
+  // still 1 MiB (no call went by).
+  End *o2, *w2;
+  std::tie(o2, w2) = w.connect();
+  before = owner->link->bulk_recvs();
+  CHECK(write_frames(w, *owner, *writer, size, 4) == 16);
+  const uint64_t shared = owner->link->bulk_recvs() - before;
+  CAPTURE(alone);
+  CAPTURE(shared);
+  CHECK(shared >= size / slice);
+  CHECK(alone < size / slice);
+  // A call on the other session (posted by the writer's loop, received by
+  // the owner's) during a transfer: the writer's link has seen no slot
+  // frame of its own, and still its later frames are one slice.  Fixed
+  // 64 KiB socket buffers, so that the message is seen before the second
+  // frame is sized (as in the case above).
+  End *o3, *w3;
+  std::tie(o3, w3) = w.connect(true);
+  (void)write_frames(w, *o3, *w3, size, 5);
+  CHECK(write_frames(w, *o3, *w3, size, 6) == 16);
+  auto other_call = [&] {
+    std::vector<std::byte> msg(64, std::byte{0x77});
+    o2->link->arm(0);
+    Outgoing o{msg.data(), 64, core::make_imm(0, 1), Lane::kSlot};
+    w2->link->post({&o, 1});
+  };
+  CHECK(write_frames(w, *o3, *w3, size, 7, other_call) == 1 + (size - (1u << 20)) / slice);
+  REQUIRE(w.pump_until([&] { return o2->find(CKind::kMessage) || o2->down(); }));
+  CHECK_FALSE(o2->down());
+}
+
 TEST_CASE("revoke during a served read: the reader's read fails, the link goes on") {
   World w;
   End *owner, *reader;

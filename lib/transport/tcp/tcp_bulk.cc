@@ -269,19 +269,19 @@ void TcpLink::request_reads() {
 void TcpLink::transfer_started() {
   shared_before_ = shared_now_;
   shared_now_ = false;
-  slot_frames_at_start_ = slot_frames_;
+  slot_frames_at_start_ = owner_.slot_frames();
 }
 
 void TcpLink::transfer_ended() {
   // A slot frame during the last frame counts too (no next_slice saw it).
-  if (slot_frames_ != slot_frames_at_start_) shared_now_ = true;
+  if (owner_.slot_frames() != slot_frames_at_start_) shared_now_ = true;
 }
 
 uint32_t TcpLink::next_slice() {
   const uint32_t base = owner_.bulk_slice();
   // A lane carries nothing small, and its slice is already the largest.
   if (lane_mode_) return base;
-  if (slot_frames_ != slot_frames_at_start_) shared_now_ = true;
+  if (owner_.slot_frames() != slot_frames_at_start_) shared_now_ = true;
   if (shared_now_ || shared_before_ || send_slice_ < base) {
     send_slice_ = base;
   } else {
@@ -431,6 +431,7 @@ bool TcpLink::on_bulk_header() {
         return false;
       }
       rx_ = Rx::kBulkData;
+      slot_frames_at_data_ = owner_.slot_frames();
       bulk_read_tag_ = h.tag;
       body_dest_ = it->dest + it->got;
       it->got += h.length;
@@ -444,6 +445,7 @@ bool TcpLink::on_bulk_header() {
       Exposure* e = check(BulkAccess::kRemoteWrite, "wrote");
       if (e == nullptr) return false;
       rx_ = Rx::kBulkData;
+      slot_frames_at_data_ = owner_.slot_frames();
       bulk_write_rkey_ = h.rkey;
       body_dest_ = e->base + h.addr;
       break;

@@ -156,7 +156,7 @@ void TcpLink::post(std::span<const Outgoing> batch) {
     w.sent = 0;
     queued_bytes_ += w.head_len + w.body_len;
     ++(control ? stats_.control_sends : stats_.slot_sends);
-    if (!control) ++slot_frames_;  // adaptive slices: calls share the connection
+    if (!control) ++owner_.slot_frames_;  // adaptive slices: calls share the loop
     stats_.messages += o.messages;
     if (o.messages > 1) ++stats_.packs;
   }
@@ -358,9 +358,16 @@ void TcpLink::on_readable(bool drain_all) {
       room = body_len_ - body_got_;
       // Bulk data: up to the rest of the frame, which its sender sized
       // (one slice while calls share the connection, up to 1 MiB while
-      // bulk data has it alone; next_slice).  Capping each recv at our own
-      // slice instead cost a large frame a dozen calls and loop turns
-      // (docs/benchmarks.md, "TCP bulk slices that grow").
+      // bulk data has it alone; next_slice): capping each recv at our own
+      // slice cost a large frame a dozen calls and loop turns
+      // (docs/benchmarks.md, "TCP bulk slices that grow").  Unless the
+      // loop has other sessions, or calls went by since the frame began:
+      // then one slice per call, as they wait for each copy.
+      if (rx_ == Rx::kBulkData) {
+        ++bulk_recvs_;
+        if (owner_.live_links_ > 1 || owner_.slot_frames_ != slot_frames_at_data_)
+          room = std::min<size_t>(room, owner_.bulk_slice());
+      }
     } else {
       dst = staging_.get() + staging_end_;
       room = TcpTransport::kStagingBytes - staging_end_;
@@ -501,7 +508,7 @@ bool TcpLink::begin_frame(uint32_t word, uint32_t imm) {
   in_body_ = true;
   body_control_ = control;
   rx_ = control ? Rx::kControl : Rx::kSlot;
-  if (!control) ++slot_frames_;  // adaptive slices: calls share the connection
+  if (!control) ++owner_.slot_frames_;  // adaptive slices: calls share the loop
   body_len_ = len;
   body_got_ = 0;
   body_imm_ = imm;

@@ -142,6 +142,8 @@ class TcpLink final : public Link {
   uint64_t offer_lane(uint16_t route);
   // For tests: exposures made on the lane.
   size_t lane_exposures();
+  // For tests: recv calls made for bulk data (adaptive slices).
+  uint64_t bulk_recvs() const { return bulk_recvs_; }
   // Lane mode: bytes handed to the kernel (under the lanes' lock) and
   // bytes received and in place (any thread).
   uint64_t lane_bytes_out() const { return lane_out_; }
@@ -182,7 +184,7 @@ class TcpLink final : public Link {
   void write_chunk_sent();
   // Adaptive slices.  A transfer starts when this side gets a read to
   // serve or a write to send while it has neither; next_slice() sizes each
-  // data frame this side sends (see slot_frames_).
+  // data frame this side sends (see the adaptive-slice state below).
   void transfer_started();
   void transfer_ended();  // its last frame is in the kernel's hands
   uint32_t next_slice();
@@ -337,17 +339,25 @@ class TcpLink final : public Link {
   bool bulk_lowat_ = false;       // a bulk TCP_NOTSENT_LOWAT is set on the socket
   int lowat_mark_ = 0;            // its value: two frames of the slice at the time
   int saved_lowat_ = -1;          // the socket's TCP_NOTSENT_LOWAT before (-1: not read yet)
-  // Adaptive slices (docs/design.md, "TCP bulk slices").  A slot frame, in
-  // either direction, during a transfer means calls share the connection
-  // with it: that transfer and the next send frames of tcp_bulk_slice, so
-  // a reply waits behind little.  A connection whose last two transfers
-  // saw none carries bulk data alone (a tensor echo, a checkpoint): each
-  // frame then doubles the slice, up to kBulkChunkBytes, and it stays
-  // there for the quiet transfers that follow, so they pay one sendmsg and
-  // about one recv per MiB instead of sixteen.  Counting is one increment
-  // per slot frame; the rest happens once per bulk data frame.
-  uint64_t slot_frames_ = 0;           // slot frames posted and received
-  uint64_t slot_frames_at_start_ = 0;  // slot_frames_ when the transfer started
+  // Adaptive slices (docs/design.md, "Slices that grow").  A slot frame
+  // sent or received by any link of this loop (TcpTransport::slot_frames_)
+  // during a transfer means calls share the loop or the connection with
+  // it: that transfer and the next send frames of tcp_bulk_slice, so a
+  // reply, here or on another session of the loop, waits behind little.
+  // A link whose last two transfers saw none carries bulk data alone (a
+  // tensor echo, a checkpoint): each frame then doubles the slice, up to
+  // kBulkChunkBytes, and it stays there for the quiet transfers that
+  // follow, so they pay one sendmsg and about one recv per MiB instead of
+  // sixteen.  The receiver takes a frame in recv calls as large as the
+  // kernel gives when its loop has no other session and no slot frame went
+  // by since the frame began; otherwise one slice per call, as before (the
+  // loop's other sessions wait for each copy, and the sender cannot see
+  // them).
+  // Counting is one increment per slot frame; the rest happens once per
+  // bulk data frame.
+  uint64_t slot_frames_at_start_ = 0;  // owner's slot_frames_ when the transfer started
+  uint64_t slot_frames_at_data_ = 0;   // ... when the bulk data frame being received began
+  uint64_t bulk_recvs_ = 0;            // recv calls made for bulk data (for tests)
   bool shared_now_ = false;            // a slot frame went by during this transfer
   bool shared_before_ = false;         // ... during the previous one
   uint32_t send_slice_ = 0;            // the current slice (0: none chosen yet)
@@ -445,6 +455,10 @@ class TcpTransport final : public Transport {
   // Exposures of at least this many bytes go on a session's lane, if it
   // has one (Config::tcp_bulk_lane; 0: lanes off).
   uint64_t lane_min_bytes() const { return lane_min_; }
+  // Slot frames every link of this transport sent or received: the loop's
+  // small calls, which a link's growing bulk slices must not hold up
+  // (TcpLink::next_slice).
+  uint64_t slot_frames() const { return slot_frames_; }
   // Slice of lane transfers: the largest frame, since nothing small shares
   // a lane's socket or thread.  Measured against 256 KiB (docs/benchmarks.md,
   // "TCP bulk lanes: 1 MiB slices"): one-way 64 MiB-1 GiB about 5 GB/s
@@ -496,6 +510,7 @@ class TcpTransport final : public Transport {
   int epoll_fd_ = -1;
   int epoll_errno_ = 0;  // why epoll_create1 failed, reported by adopt()
   size_t live_links_ = 0;  // links must not outlive the transport (they use io_)
+  uint64_t slot_frames_ = 0;  // slot_frames()
   std::vector<iovec> iov_;  // writev scratch shared by all links (one thread)
   std::vector<Completion> ready_;
   size_t ready_head_ = 0;
