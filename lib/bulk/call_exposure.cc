@@ -60,9 +60,11 @@ Status CallExposure::expose(transport::Link& link, const std::vector<BulkSegment
   for (size_t i = 0; i < send.size() + receive.size(); ++i) {
     const bool is_send = i < send.size();
     const BulkSegment& s = is_send ? send[i] : receive[i - send.size()];
-    const std::string what =
-        fmt::format("{} bulk segment {}", is_send ? "send" : "receive", is_send ? i : i - send.size());
-    if (Status st = check_segment(s, what); !st.ok()) return st;
+    // The segment's name is formatted only for the error (no allocation
+    // per segment on a call's way out).
+    if (!check_segment(s, {}).ok())
+      return check_segment(s, fmt::format("{} bulk segment {}", is_send ? "send" : "receive",
+                                          is_send ? i : i - send.size()));
     total = add_capped(total, s.length, max_bytes);
   }
   if (total > max_bytes)

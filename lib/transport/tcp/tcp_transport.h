@@ -416,13 +416,14 @@ class TcpTransport final : public Transport {
   // side sends while calls share the connection (a connection carrying
   // bulk data alone grows its frames: TcpLink::next_slice).  The loop hands
   // the kernel at most two frames of bulk data per flush, and while bulk
-  // data is queued the socket's TCP_NOTSENT_LOWAT is two slices: the
+  // data is queued the socket's TCP_NOTSENT_LOWAT is two frames: the
   // kernel takes no more once that much of it is unsent, so a frame posted
   // later queues behind at most that much in the socket (and goes ahead of
   // the bulk frames still in the link's own queue).  The socket's own
   // value comes back once the link has no bulk output left, so slot
-  // traffic never runs under it.  A bulk data frame is received with as
-  // few recv() calls as the kernel allows: its sender sized it.
+  // traffic never runs under it.  The receiver takes at most a slice per
+  // recv() too, unless it is its loop's one session and no call went by
+  // (then as much of the frame as the kernel has).
   uint32_t bulk_slice() const { return bulk_slice_; }
   // The TCP_NOTSENT_LOWAT of a link whose bulk data shares the connection
   // with calls (two slices; a link whose slice has grown uses two of its
