@@ -351,9 +351,10 @@ TEST_CASE("bulk calls: the caller's mistakes fail on the client, nothing is sent
     CHECK_MESSAGE(r.status().message().find(c.says) != std::string::npos, r.status().to_string());
     fx.check_serving();
   };
-  check({"beyond its region", StatusCode::kInvalidArgument, "beyond its region"},
+  // The message names the segment (formatted only when a check fails).
+  check({"beyond its region", StatusCode::kInvalidArgument, "send bulk segment 0 (8192 bytes at offset 61440) lies beyond its region"},
         CallOptions().send_bulk(region.value(), 60 << 10, 8 << 10));
-  check({"empty segment", StatusCode::kInvalidArgument, "empty"},
+  check({"empty segment", StatusCode::kInvalidArgument, "receive bulk segment 0 is empty"},
         CallOptions().receive_bulk(region.value(), 0, 0));
   check({"over max_bulk_bytes", StatusCode::kResourceExhausted, "max_bulk_bytes"},
         CallOptions()
