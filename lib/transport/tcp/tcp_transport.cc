@@ -1,3 +1,7 @@
+// The TCP transport's framing half: TcpLink's slot and control frames
+// (post, flush, receive, parse, failure) and TcpTransport, the loop's epoll
+// set and completion queue.  TcpLink's bulk transfers and its side of the
+// bulk lanes are in tcp_bulk.cc; tcp_transport.h says what each part holds.
 #include "transport/tcp/tcp_transport.h"
 
 #include <netinet/in.h>
