@@ -233,7 +233,7 @@ void TcpLink::bulk_output_changed() {
   // Two frames of the current slice: a grown slice (next_slice) takes the
   // mark with it, or the kernel would take a 1 MiB frame in pieces of 128
   // KiB, a wake-up for EPOLLOUT between each (measured: a third slower).
-  const int mark = 2 * static_cast<int>(std::max(send_slice_, owner_.bulk_slice()));
+  const int mark = 2 * static_cast<int>(frame_slice());
   if ((want == bulk_lowat_ && (!want || mark == lowat_mark_)) || down_) return;
   const int fd = socket_.native_handle();
   if (saved_lowat_ < 0) {
@@ -272,8 +272,9 @@ void TcpLink::transfer_started() {
   slot_frames_at_start_ = owner_.slot_frames();
 }
 
-void TcpLink::transfer_ended() {
-  // A slot frame during the last frame counts too (no next_slice saw it).
+uint32_t TcpLink::frame_slice() const { return std::max(send_slice_, owner_.bulk_slice()); }
+
+void TcpLink::note_slot_frames() {
   if (owner_.slot_frames() != slot_frames_at_start_) shared_now_ = true;
 }
 
@@ -281,7 +282,7 @@ uint32_t TcpLink::next_slice() {
   const uint32_t base = owner_.bulk_slice();
   // A lane carries nothing small, and its slice is already the largest.
   if (lane_mode_) return base;
-  if (owner_.slot_frames() != slot_frames_at_start_) shared_now_ = true;
+  note_slot_frames();
   if (shared_now_ || shared_before_ || send_slice_ < base) {
     send_slice_ = base;
   } else {
@@ -323,7 +324,9 @@ void TcpLink::write_chunk_sent() {
     bulk_done(j.token, StatusCode::kOk, /*wrote=*/true);  // every byte is in the kernel's hands
   }
   write_next();
-  if (writes_.empty() && serves_.empty()) transfer_ended();
+  // The transfer's last frame is in the kernel's hands: a slot frame
+  // during it counts too (no next_slice saw it).
+  if (writes_.empty() && serves_.empty()) note_slot_frames();
 }
 
 void TcpLink::serve_chunk_sent() {
@@ -340,7 +343,9 @@ void TcpLink::serve_chunk_sent() {
     serves_.push_back(j);  // round robin between the peer's reads
   }
   serve_next();
-  if (writes_.empty() && serves_.empty()) transfer_ended();
+  // The transfer's last frame is in the kernel's hands: a slot frame
+  // during it counts too (no next_slice saw it).
+  if (writes_.empty() && serves_.empty()) note_slot_frames();
 }
 
 void TcpLink::bulk_done(uint64_t token, StatusCode code, bool wrote) {

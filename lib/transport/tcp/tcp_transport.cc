@@ -173,7 +173,7 @@ void TcpLink::flush_pending() {
   bool progress = false;
   uint64_t bulk_sent = 0;  // bulk body bytes handed to the kernel in this call
   // At most two frames of the slice at the start (next_slice) per call.
-  const uint64_t per_flush = 2 * uint64_t{std::max(send_slice_, owner_.bulk_slice())};
+  const uint64_t per_flush = 2 * uint64_t{frame_slice()};
   while (!down_ && output_waiting()) {
     // A large transfer refills the bulk queue chunk by chunk as fast as a
     // loopback socket takes it: without a bound this loop would send the

@@ -186,8 +186,12 @@ class TcpLink final : public Link {
   // serve or a write to send while it has neither; next_slice() sizes each
   // data frame this side sends (see the adaptive-slice state below).
   void transfer_started();
-  void transfer_ended();  // its last frame is in the kernel's hands
+  // A slot frame on the loop since the transfer started: it is shared.
+  void note_slot_frames();
   uint32_t next_slice();
+  // The size of this side's bulk data frames now: what the flush bound
+  // and the socket's low-water mark (two of them each) are counted in.
+  uint32_t frame_slice() const;
   // wrote: the end of a write (a lane's session link then fences it).
   void bulk_done(uint64_t token, StatusCode code, bool wrote = false);
   // Lane helpers.  flush_or_kick: a lane's output queued by the loop
