@@ -119,6 +119,12 @@ struct SLOTRPC_API Config {
   // session's connection, where they cost fewer thread hand-offs.  0 turns
   // lanes off.
   uint32_t tcp_bulk_lane = 16 * 1024 * 1024;
+  // SLOTRPC_TCP_BULK_PUSH: a TCP client sends a send_bulk segment of at
+  // most this many bytes right behind its request, unasked, instead of
+  // waiting for the server's read request: one trip across the connection
+  // less per call (docs/tuning.md, "TCP pushes").  A server with it at 0
+  // does not accept pushes; a client with 0 sends none.
+  uint32_t tcp_bulk_push = 1024 * 1024;
   LaneScheduling tcp_lane_sched = LaneScheduling::kNormal;  // SLOTRPC_TCP_LANE_SCHED normal|batch
   // SLOTRPC_PACK_SMALL: requests and replies of at most this many bytes
   // (32-byte header + payload) that are ready in the same event-loop turn

@@ -120,6 +120,9 @@ struct TransportMetrics {
   uint64_t packets = 0;         // verbs: request packets of those sends (ceil(bytes / path MTU) each)
   uint64_t bulk_requests = 0;   // bulk transfers started: verbs READ/WRITE work requests; tcp READ_REQ
                                 // and WRITE_DATA frames
+  uint64_t bulk_pushes = 0;     // tcp: send_bulk ranges sent right behind their request, unasked
+  uint64_t bulk_pushes_dropped = 0;  // tcp: pushes received that no read_bulk claimed in time
+                                     // (thrown away; the read asked for the bytes again)
   uint64_t doorbells = 0;       // verbs: ibv_post_send calls; tcp: sendmsg calls
   uint64_t signaled = 0;        // verbs: sends posted IBV_SEND_SIGNALED
   uint64_t backlogged = 0;      // verbs: sends that waited for send-queue room

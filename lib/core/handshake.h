@@ -39,6 +39,10 @@ inline constexpr size_t kLaneTokenSize = 8;
 // in its Hello's features (offset 20).  A side sends PACKs only to a peer
 // that announced it; one that did not never receives a PACK.  Not on shm.
 inline constexpr uint16_t kFeaturePack = 0x0008;
+// TCP_PUSH: announced by a server whose tcp sessions accept PUSH_DATA
+// (Config::tcp_bulk_push above 0): a client may then send a bulk range it
+// offers right behind its request (docs/protocol.md, "TCP bulk frames").
+inline constexpr uint16_t kFeatureTcpPush = 0x0010;
 void encode_lane_token(uint64_t token, std::byte* out);
 uint64_t decode_lane_token(const std::byte* in);
 

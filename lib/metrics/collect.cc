@@ -134,6 +134,8 @@ MetricsSnapshot Collector::finish(const Namer& name) {
     t.packs = s.packs;
     t.packets = s.packets;
     t.bulk_requests = s.bulk_requests;
+    t.bulk_pushes = s.bulk_pushes;
+    t.bulk_pushes_dropped = s.bulk_pushes_dropped;
     t.signaled = s.signaled;
     t.backlogged = s.backlogged;
     t.completions_per_poll = polls.snapshot();

@@ -82,6 +82,8 @@ struct LoopCounters {
     into.packs += s.packs;
     into.packets += s.packets;
     into.bulk_requests += s.bulk_requests;
+    into.bulk_pushes += s.bulk_pushes;
+    into.bulk_pushes_dropped += s.bulk_pushes_dropped;
     into.signaled += s.signaled;
     into.backlogged += s.backlogged;
   }

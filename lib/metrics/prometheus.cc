@@ -202,6 +202,12 @@ std::string to_prometheus(const MetricsSnapshot& m) {
        "Bulk transfers started: verbs RDMA READ/WRITE work requests (one per chunk); tcp READ_REQ and "
        "WRITE_DATA frames.",
        &TransportMetrics::bulk_requests},
+      {"slotrpc_transport_bulk_pushes_total",
+       "Tcp: send_bulk ranges sent right behind their request, unasked (PUSH_DATA).",
+       &TransportMetrics::bulk_pushes},
+      {"slotrpc_transport_bulk_pushes_dropped_total",
+       "Tcp: pushes received that no read_bulk claimed in time (thrown away and asked for again).",
+       &TransportMetrics::bulk_pushes_dropped},
       {"slotrpc_transport_doorbells_total",
        "Verbs: ibv_post_send calls (one per batch); tcp: sendmsg calls.",
        &TransportMetrics::doorbells},

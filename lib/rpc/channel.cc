@@ -482,6 +482,8 @@ Result<Established> establish(Channel::Impl& impl) {
     auto link = loop.tcp().adopt(tcp_fd, description);  // takes the fd, even on failure
     if (!link.ok()) return link.status();
     tcp_link = link.value().get();
+    if (impl.config.tcp_bulk_push != 0 && (hs->reply.features & core::kFeatureTcpPush) != 0)
+      tcp_link->set_push_limit(impl.config.tcp_bulk_push);
     auto s = core::ClientSession::create(loop, std::move(link.value()), geometry, e.peer);
     if (!s.ok()) return s.status();
     s.value()->set_loop_handle(impl.loop);

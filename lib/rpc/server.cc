@@ -518,6 +518,7 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
         core::encode_lane_token(lane_token, extension.data());
         features |= core::kFeatureTcpLane;
       }
+      if (config.tcp_bulk_push != 0) features |= core::kFeatureTcpPush;
     }
   } catch (const std::bad_alloc&) {
     session.reset();
@@ -607,6 +608,7 @@ Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_tcp(
   if (!link.ok()) return link.status();  // adopt() has closed link_fd
   // Loop indexes fit the token's 16 route bits (reactor_threads <= 256).
   if (config.tcp_bulk_lane != 0) *lane_token = link.value()->offer_lane(static_cast<uint16_t>(index));
+  link.value()->accept_pushes(config.tcp_bulk_push != 0);  // announced below (kFeatureTcpPush)
   auto session = core::ServerSession::create(loop, std::move(link.value()), g, methods, peer,
                                              on_closed(index, ring_bytes));
   if (session.ok()) {

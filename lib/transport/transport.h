@@ -159,6 +159,9 @@ struct LinkStats {
   uint64_t bulk_requests = 0;   // bulk transfers this side started, in units of what it posts:
                                 // verbs, RDMA READ / WRITE work requests (one per chunk); tcp,
                                 // READ_REQ frames and WRITE_DATA frames (one per slice)
+  uint64_t bulk_pushes = 0;     // tcp: ranges this side sent unasked behind their request (PUSH_DATA)
+  uint64_t bulk_pushes_dropped = 0;  // tcp: pushes received that no read claimed in time (read and
+                                     // thrown away; the read then asked with a READ_REQ)
   uint64_t inline_sends = 0;    // verbs: posted with IBV_SEND_INLINE (header + payload <= max inline)
   uint64_t noninline_sends = 0; // verbs: read by the NIC from the registered send slot
   uint64_t doorbells = 0;       // verbs: ibv_post_send calls (one per post() that had room);

@@ -89,7 +89,7 @@ Status AdminServiceImpl::Metrics(const AdminMetricsRequest&, ReplyBuilder<AdminM
     transports.push_back(CreateAdminTransport(
         b, b.CreateString(t.transport), t.sessions, t.slot_sends, t.control_sends, t.inline_sends,
         t.noninline_sends, t.doorbells, t.signaled, t.backlogged, encode(b, t.completions_per_poll),
-        t.messages, t.packs, t.packets, t.bulk_requests));
+        t.messages, t.packs, t.packets, t.bulk_requests, t.bulk_pushes, t.bulk_pushes_dropped));
   }
   std::vector<fb::Offset<AdminHwCounter>> hw;
   for (const HwCounter& c : m.hw_counters) {
@@ -157,6 +157,8 @@ Result<MetricsSnapshot> fetch_metrics(Channel& channel, CallOptions options) {
       t.packs = x->packs();
       t.packets = x->packets();
       t.bulk_requests = x->bulk_requests();
+      t.bulk_pushes = x->bulk_pushes();
+      t.bulk_pushes_dropped = x->bulk_pushes_dropped();
       t.completions_per_poll = decode(x->completions_per_poll());
       m.transports.push_back(std::move(t));
     }

@@ -87,6 +87,7 @@ Result<RemoteSegment> TcpLink::expose(const BulkRegistration& registration, size
     return Status(StatusCode::kResourceExhausted, "expose: the link has used every rkey");
   const uint32_t rkey = ++last_rkey_;
   exposures_.emplace(rkey, Exposure{registration.base + offset, length, access});
+  if (access == BulkAccess::kRemoteRead && length <= push_limit_) push_ready_.push_back(rkey);
   // addr is opaque on TCP: the peer addresses the range from 0.
   return RemoteSegment{0, length, rkey};
 }
@@ -101,6 +102,7 @@ bool TcpLink::revoke(const RemoteSegment& segment, uint64_t token) {
   }
   if (exposures_.erase(segment.rkey) == 0) return true;
   if (down_) return true;
+  if (!push_ready_.empty()) std::erase(push_ready_, segment.rkey);
   // Write data being received into the range right now: the rest of the
   // chunk is dropped (the next chunk names a revoked key and fails the link).
   if (in_body_ && rx_ == Rx::kBulkData && bulk_type_ == TcpTransport::kBulkWriteData &&
@@ -124,8 +126,9 @@ bool TcpLink::revoke(const RemoteSegment& segment, uint64_t token) {
       ++i;
       continue;
     }
-    enqueue_bulk(TcpTransport::kBulkReadData, 0, static_cast<uint32_t>(StatusCode::kUnavailable),
-                 j.tag, j.sent, 0, nullptr, 0);
+    // A push the peer has not seen a byte of just stops.
+    if (!j.push || j.sent != 0) end_serve_early(j);
+    end_serve(j);
     serves_.erase(serves_.begin() + static_cast<ptrdiff_t>(i));
   }
   flush_or_kick();
@@ -160,6 +163,9 @@ Status TcpLink::read(const BulkRegistration& local, size_t local_offset, const R
     std::lock_guard<std::mutex> lock(owner_.lanes_->mu());
     return lane_->read(local, local_offset, remote, remote_offset, length, token);
   }
+  // The range's owner pushed it and its first frame waits: no READ_REQ.
+  if (parked_ && claim_push(local.base + local_offset, remote, remote_offset, length, token))
+    return Status::ok_status();
   ReadOp op;
   op.token = token;
   op.tag = next_read_tag_++;
@@ -297,7 +303,11 @@ void TcpLink::serve_next() {
   ServeJob& j = serves_.front();
   const uint32_t n =
       static_cast<uint32_t>(std::min<uint64_t>(j.length - j.sent, next_slice()));
-  enqueue_bulk(TcpTransport::kBulkReadData, 0, 0, j.tag, j.sent, n, j.src + j.sent, n);
+  if (j.push) {
+    enqueue_bulk(TcpTransport::kBulkPushData, j.rkey, 0, j.tag, j.sent, n, j.src + j.sent, n);
+  } else {
+    enqueue_bulk(TcpTransport::kBulkReadData, 0, 0, j.tag, j.sent, n, j.src + j.sent, n);
+  }
   bulk_pending_.back().on_sent = OnSent::kServeChunk;
   j.sent += n;
   serve_in_flight_ = true;
@@ -335,12 +345,13 @@ void TcpLink::serve_chunk_sent() {
   serves_.pop_front();
   if (j.revoked) {
     // The memory is ours again only now that the kernel has the chunk.
-    if (j.sent < j.length)
-      enqueue_bulk(TcpTransport::kBulkReadData, 0, static_cast<uint32_t>(StatusCode::kUnavailable),
-                   j.tag, j.sent, 0, nullptr, 0);
+    if (j.sent < j.length) end_serve_early(j);
+    end_serve(j);
     bulk_done(j.revoke_token, StatusCode::kOk);
   } else if (j.sent < j.length) {
     serves_.push_back(j);  // round robin between the peer's reads
+  } else {
+    end_serve(j);
   }
   serve_next();
   // The transfer's last frame is in the kernel's hands: a slot frame
@@ -394,7 +405,7 @@ bool TcpLink::on_bulk_header() {
     case TcpTransport::kBulkReadRequest: {
       Exposure* e = check(BulkAccess::kRemoteRead, "read");
       if (e == nullptr) return false;
-      if (serves_.size() >= TcpTransport::kMaxBulkReads) {
+      if (serves_.size() - push_serves_ >= TcpTransport::kMaxBulkReads) {
         fail("peer has more than " + std::to_string(TcpTransport::kMaxBulkReads) +
              " bulk reads outstanding");
         return false;
@@ -455,6 +466,8 @@ bool TcpLink::on_bulk_header() {
       body_dest_ = e->base + h.addr;
       break;
     }
+    case TcpTransport::kBulkPushData:
+      return on_push_header(h.rkey, h.status, h.tag, h.addr, h.length);
     case TcpTransport::kBulkFence:
       if (lane_mode_ || lane_ == nullptr) {
         fail("peer sent a FENCE on a link without a bulk lane");
@@ -470,6 +483,228 @@ bool TcpLink::on_bulk_header() {
   body_len_ = static_cast<uint32_t>(h.length);
   body_got_ = 0;
   return true;
+}
+
+// ------------------------------------------------------------ pushes
+//
+// docs/design.md, "TCP: pushes".  A read costs the reader a READ_REQ and
+// the owner a loop turn before the first byte moves: one trip across the
+// connection more than the request alone.  So the owner of a small enough
+// range sends it unasked, as PUSH_DATA frames right behind the request
+// that offers it, and the reader takes them straight into the memory its
+// read_bulk names.  The reader cannot know that memory before its handler
+// runs, so the push's first frame *parks*: its header is read, and the
+// link reads nothing more until either the handler's read claims the push
+// (same range, whole) or every message that came before the push has been
+// handed out and the loop has gone round once (then the push is dropped,
+// read and thrown away, and the handler's later read sends a READ_REQ as
+// always).  Parking never lasts more than a turn or two of the loop, and
+// bytes never land anywhere but in a read's destination.
+
+void TcpLink::set_push_limit(uint64_t bytes) {
+  push_limit_ = std::min<uint64_t>(bytes, TcpTransport::kMaxPushBytes);
+  if (lane_mode_) push_limit_ = 0;
+}
+
+void TcpLink::accept_pushes(bool on) { accepts_pushes_ = on && !lane_mode_; }
+
+void TcpLink::start_pushes() {
+  for (const uint32_t rkey : push_ready_) {
+    auto it = exposures_.find(rkey);
+    if (it == exposures_.end()) continue;  // revoked before its request left
+    if (serves_.empty() && writes_.empty()) transfer_started();
+    ServeJob j;
+    j.tag = it->second.length;  // a push's frames carry its total
+    j.rkey = rkey;
+    j.src = it->second.base;
+    j.length = it->second.length;
+    j.push = true;
+    serves_.push_back(j);
+    ++push_serves_;
+    ++push_counts_.sent;
+    ++stats_.bulk_pushes;
+  }
+  push_ready_.clear();
+  serve_next();
+}
+
+void TcpLink::end_serve(const ServeJob& j) {
+  if (j.push) --push_serves_;
+}
+
+void TcpLink::end_serve_early(const ServeJob& j) {
+  const auto unavailable = static_cast<uint32_t>(StatusCode::kUnavailable);
+  if (j.push) {
+    enqueue_bulk(TcpTransport::kBulkPushData, j.rkey, unavailable, j.tag, j.sent, 0, nullptr, 0);
+  } else {
+    enqueue_bulk(TcpTransport::kBulkReadData, 0, unavailable, j.tag, j.sent, 0, nullptr, 0);
+  }
+}
+
+std::vector<TcpLink::PushIn>::iterator TcpLink::find_push(uint32_t rkey) {
+  return std::find_if(pushes_in_.begin(), pushes_in_.end(),
+                      [rkey](const PushIn& p) { return p.rkey == rkey; });
+}
+
+bool TcpLink::on_push_header(uint32_t rkey, uint32_t status, uint64_t total, uint64_t addr,
+                             uint64_t length) {
+  auto refuse = [this, rkey](const std::string& why) {
+    fail("peer sent PUSH_DATA of rkey " + std::to_string(rkey) + " " + why);
+    return false;
+  };
+  if (!accepts_pushes_) return refuse("to a side that did not announce pushes");
+  auto it = find_push(rkey);
+  if (status != 0) {
+    // The owner revoked the range while pushing it (its call ended).
+    if (length != 0) return refuse("that ends it and carries data");
+    if (it == pushes_in_.end()) return refuse("that ends a push never started");
+    if (it->state == PushIn::State::kClaimed) {
+      for (auto r = reads_.begin(); r != reads_.end() && r->requested; ++r) {
+        if (r->tag != it->read_tag) continue;
+        const uint64_t token = r->token;
+        reads_.erase(r);
+        --reads_requested_;
+        bulk_done(token, is_known_status_code(static_cast<uint16_t>(status))
+                             ? static_cast<StatusCode>(status)
+                             : StatusCode::kUnavailable);
+        break;
+      }
+      request_reads();
+    }
+    pushes_in_.erase(it);
+    flush_pending();
+    return !down_;
+  }
+  if (length == 0 || length > TcpTransport::kBulkChunkBytes)
+    return refuse("with a frame of " + std::to_string(length) + " bytes (1.." +
+                  std::to_string(TcpTransport::kBulkChunkBytes) + ")");
+  if (it == pushes_in_.end()) {
+    if (addr != 0 || total == 0 || total > TcpTransport::kMaxPushBytes || length > total)
+      return refuse("that starts at " + std::to_string(addr) + " of " + std::to_string(total) +
+                    " bytes (a push starts at 0 and carries 1.." +
+                    std::to_string(TcpTransport::kMaxPushBytes) + ")");
+    if (pushes_in_.size() >= TcpTransport::kMaxBulkReads)
+      return refuse("while " + std::to_string(pushes_in_.size()) + " pushes are under way");
+    PushIn p;
+    p.rkey = rkey;
+    p.total = total;
+    p.got = length;
+    pushes_in_.push_back(p);
+    // Park: the frame's data stays where it is until a read claims it.
+    parked_ = true;
+    parked_rkey_ = rkey;
+    parked_len_ = static_cast<uint32_t>(length);
+    parked_poll_ = owner_.polls_;
+    parked_mark_ = owner_.completions_queued_;
+    owner_.watch_push(this);
+    return true;
+  }
+  if (addr != it->got || total != it->total || length > it->total - it->got)
+    return refuse("at " + std::to_string(addr) + "+" + std::to_string(length) +
+                  ", out of order or beyond its " + std::to_string(it->total) + " bytes");
+  it->got += length;
+  rx_ = Rx::kBulkData;
+  slot_frames_at_data_ = owner_.slot_frames();
+  body_dest_ = nullptr;  // dropped: read and thrown away
+  bulk_read_tag_ = 0;
+  if (it->state == PushIn::State::kClaimed) {
+    for (ReadOp& r : reads_) {
+      if (r.tag != it->read_tag) continue;
+      body_dest_ = r.dest + r.got;
+      r.got += length;
+      bulk_read_tag_ = r.tag;
+      break;
+    }
+  }
+  if (it->got == it->total) pushes_in_.erase(it);
+  in_body_ = true;
+  body_control_ = false;
+  body_len_ = static_cast<uint32_t>(length);
+  body_got_ = 0;
+  return true;
+}
+
+bool TcpLink::claim_push(std::byte* dest, const RemoteSegment& remote, uint64_t remote_offset,
+                         size_t length, uint64_t token) {
+  if (parked_rkey_ != remote.rkey || remote_offset != 0) return false;
+  auto it = find_push(remote.rkey);
+  if (it == pushes_in_.end() || it->state != PushIn::State::kParked || length != it->total)
+    return false;
+  ReadOp op;
+  op.token = token;
+  op.tag = next_read_tag_++;
+  op.dest = dest;
+  op.length = length;
+  op.rkey = remote.rkey;
+  op.requested = true;  // as good as asked for: the requested prefix of reads_
+  reads_.push_front(op);
+  ++reads_requested_;
+  it->state = PushIn::State::kClaimed;
+  it->read_tag = op.tag;
+  ++push_counts_.claimed;
+  begin_push_body(*it);
+  return true;
+}
+
+void TcpLink::drop_parked() {
+  auto it = find_push(parked_rkey_);
+  if (it == pushes_in_.end()) return;  // cannot happen: parked_ is cleared with pushes_in_
+  it->state = PushIn::State::kDropped;
+  ++push_counts_.dropped;
+  ++stats_.bulk_pushes_dropped;
+  begin_push_body(*it);
+}
+
+void TcpLink::begin_push_body(PushIn& p) {
+  parked_ = false;
+  rx_ = Rx::kBulkData;
+  bulk_type_ = TcpTransport::kBulkPushData;
+  slot_frames_at_data_ = owner_.slot_frames();
+  body_dest_ = nullptr;
+  bulk_read_tag_ = 0;
+  if (p.state == PushIn::State::kClaimed) {
+    ReadOp& r = reads_.front();  // claim_push put it there
+    body_dest_ = r.dest + r.got;
+    r.got += parked_len_;
+    bulk_read_tag_ = r.tag;
+  }
+  in_body_ = true;
+  body_control_ = false;
+  body_len_ = parked_len_;
+  body_got_ = 0;
+  if (p.got == p.total) pushes_in_.erase(pushes_in_.begin() + (&p - pushes_in_.data()));
+  // We may be on a handler's fiber (a claim): what staging holds is parsed
+  // at the start of the next poll, and the socket is read from there on.
+  push_resume_ = true;
+  owner_.watch_push(this);
+}
+
+void TcpTransport::watch_push(TcpLink* link) {
+  if (link->push_watched_) return;
+  link->push_watched_ = true;
+  push_watch_.push_back(link);
+}
+
+void TcpTransport::check_pushes() {
+  for (size_t i = 0; i < push_watch_.size();) {
+    TcpLink* link = push_watch_[i];
+    // Every message queued before the push parked has been handed out, in
+    // an earlier poll (so its handler ran in that turn): nobody claimed it.
+    if (!link->down_ && link->parked_ && link->parked_poll_ != polls_ &&
+        completions_taken_ >= link->parked_mark_)
+      link->drop_parked();
+    if (!link->down_ && !link->parked_ && link->push_resume_) {
+      link->push_resume_ = false;
+      link->parse_staging();  // may fail the link; the socket is read in this poll
+    }
+    if (link->down_ || (!link->parked_ && !link->push_resume_)) {
+      link->push_watched_ = false;
+      push_watch_[i] = push_watch_.back();
+      push_watch_.pop_back();
+    } else {
+      ++i;
+    }
+  }
 }
 
 // ------------------------------------------------------------ bulk lanes

@@ -120,6 +120,7 @@ Status TcpLink::attach(const MemoryRegion& receive_ring, const MemoryRegion& sen
 
 void TcpLink::post(std::span<const Outgoing> batch) {
   if (down_) return;
+  bool slot_frame = false;
   for (const Outgoing& o : batch) {
     // A bad Outgoing is a bug in the caller; refusing it here keeps a
     // malformed frame off the wire, where it would kill the peer's link.
@@ -161,9 +162,13 @@ void TcpLink::post(std::span<const Outgoing> batch) {
     queued_bytes_ += w.head_len + w.body_len;
     ++(control ? stats_.control_sends : stats_.slot_sends);
     if (!control) ++owner_.slot_frames_;  // adaptive slices: calls share the loop
+    slot_frame |= !control;
     stats_.messages += o.messages;
     if (o.messages > 1) ++stats_.packs;
   }
+  // Pushes follow the request that offers their ranges: it is in this
+  // batch (a call exposes its segments and queues its request in one go).
+  if (slot_frame && !push_ready_.empty()) start_pushes();
   flush_pending();
 }
 
@@ -340,8 +345,8 @@ void TcpLink::on_readable(bool drain_all) {
   // stays there.  (A broken socket is drained regardless.)
   if (!reading_ && !drain_all) return;
   // Waiting at a FENCE (even on a broken socket: what is buffered may only
-  // be delivered after the lane's data).
-  if (fenced_) return;
+  // be delivered after the lane's data), or for a parked push's reader.
+  if (fenced_ || parked_) return;
   const int fd = socket_.native_handle();
   for (int reads = 0; !down_ && (drain_all || reads < kReadBudget); ++reads) {
     // Completions not yet taken by poll() are memory a peer can grow too:
@@ -375,6 +380,9 @@ void TcpLink::on_readable(bool drain_all) {
     } else {
       dst = staging_.get() + staging_end_;
       room = TcpTransport::kStagingBytes - staging_end_;
+      // A push may follow any frame: what a recv takes ahead of its header
+      // lands here and costs a copy (accept_pushes).
+      if (accepts_pushes_) room = std::min(room, TcpTransport::kPushReadAhead);
       // While bulk data may arrive, never read past the current frame: a
       // read-ahead would pull the start of a bulk chunk into staging and
       // cost it a copy.  (Two recv calls per frame then, only while this
@@ -408,7 +416,7 @@ void TcpLink::on_readable(bool drain_all) {
       if (!parse_staging()) return;
     }
     if (lane_mode_) lane_received(static_cast<uint64_t>(n));
-    if (fenced_) return;
+    if (fenced_ || parked_) return;
     // Fewer bytes than asked: the socket is drained; skip the EAGAIN call.
     if (static_cast<size_t>(n) < room && !drain_all) return;
   }
@@ -416,7 +424,7 @@ void TcpLink::on_readable(bool drain_all) {
 
 bool TcpLink::parse_staging() {
   std::byte* const base = staging_.get();
-  while (staging_begin_ < staging_end_ && !fenced_) {
+  while (staging_begin_ < staging_end_ && !fenced_ && !parked_) {
     const size_t avail = staging_end_ - staging_begin_;
     if (!in_body_) {
       if (avail < kPrefixSize) break;
@@ -452,7 +460,7 @@ bool TcpLink::begin_frame(uint32_t word, uint32_t imm) {
   }
   if ((word & TcpTransport::kBulkMarker) == TcpTransport::kBulkMarker) {
     const uint32_t type = word & ~TcpTransport::kBulkMarker;
-    if (type < TcpTransport::kBulkReadRequest || type > TcpTransport::kBulkFence || imm != 0) {
+    if (type < TcpTransport::kBulkReadRequest || type > TcpTransport::kBulkPushData || imm != 0) {
       fail("bulk frame of unknown type " + std::to_string(type) + " (imm " + std::to_string(imm) +
            ")");
       return false;
@@ -528,8 +536,9 @@ bool TcpLink::finish_frame() {
     body_dest_ = nullptr;
     rx_ = Rx::kSlot;
     if (was == Rx::kBulkHead) return on_bulk_header();
-    if (bulk_type_ == TcpTransport::kBulkReadData) {
-      // The chunk is in place; the read is done once every byte is.
+    if (bulk_type_ == TcpTransport::kBulkReadData || bulk_type_ == TcpTransport::kBulkPushData) {
+      // The chunk is in place; the read is done once every byte is (a
+      // dropped push's chunk has tag 0, which no read has).
       for (auto it = reads_.begin(); it != reads_.end() && it->requested; ++it) {
         if (it->tag != bulk_read_tag_) continue;
         if (it->got == it->length) {
@@ -600,6 +609,11 @@ void TcpLink::fail(std::string reason) {
     if (j.revoked) bulk_done(j.revoke_token, StatusCode::kOk);
   serves_.clear();
   serve_in_flight_ = false;
+  push_serves_ = 0;
+  push_ready_.clear();
+  pushes_in_.clear();  // a claimed push's read failed with reads_ above
+  parked_ = false;
+  push_resume_ = false;
   bulk_queued_ = 0;
   fenced_ = false;
   drop_lane(true);  // the lane's operations end here too, before kLinkDown
@@ -690,6 +704,7 @@ size_t TcpTransport::poll(std::span<Completion> out) {
     const size_t n = std::min(dst.size(), ready_.size() - ready_head_);
     std::copy_n(ready_.begin() + static_cast<ptrdiff_t>(ready_head_), n, dst.begin());
     ready_head_ += n;
+    completions_taken_ += n;
     if (ready_head_ == ready_.size()) {
       ready_.clear();  // keeps capacity: the queue does not creep forward
       ready_head_ = 0;
@@ -700,6 +715,8 @@ size_t TcpTransport::poll(std::span<Completion> out) {
   // Before anything is handed out, so that a link closed here reports its
   // own reason ahead of the session's keepalive verdict in the same turn.
   if (!stalled_.empty()) check_stalled();
+  ++polls_;
+  if (!push_watch_.empty()) check_pushes();
   // What the lane thread finished (one atomic load when there is nothing).
   if (lanes_pending()) drain_lane_events();
   size_t got = drain(out);
@@ -780,9 +797,11 @@ void TcpTransport::forget(TcpLink* link) {
   for (int i = event_head_; i < event_count_; ++i)
     if (events_[i].data.ptr == link) events_[i].data.ptr = nullptr;
   auto first = ready_.begin() + static_cast<ptrdiff_t>(ready_head_);
-  ready_.erase(std::remove_if(first, ready_.end(),
-                              [link](const Completion& c) { return c.link == link; }),
-               ready_.end());
+  const auto kept = std::remove_if(first, ready_.end(),
+                                   [link](const Completion& c) { return c.link == link; });
+  completions_taken_ += static_cast<uint64_t>(ready_.end() - kept);  // never handed out: as good as taken
+  ready_.erase(kept, ready_.end());
+  if (link->push_watched_) std::erase(push_watch_, link);
   if (ready_head_ == ready_.size()) {
     ready_.clear();
     ready_head_ = 0;

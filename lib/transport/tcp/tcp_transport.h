@@ -30,12 +30,15 @@
 // Bulk transfers (issue 12; transport.h "Bulk transfers", docs/protocol.md
 // "TCP bulk frames"; code in tcp_bulk.cc, the framing and the rest of
 // TcpLink in tcp_transport.cc): one-sided reads and writes are emulated on the same
-// socket with three more frame types.  The exposing side keeps a table of
+// socket with more frame types (READ_REQ, READ_DATA, WRITE_DATA, FENCE and
+// PUSH_DATA).  The exposing side keeps a table of
 // exposed ranges (rkey -> range, access) and checks every request against
 // it before a byte moves; a request the table refuses fails the link, as a
 // remote access error fails a queue pair on verbs.  Bulk bytes are never
 // staged: read data and write data go out with sendmsg straight from the
-// user's memory and are received with recv straight into the destination.
+// user's memory and are received with recv straight into the destination
+// (a push's bytes that arrive in the same recv as its request excepted:
+// at most kPushReadAhead, copied once; set_push_limit says why pushes).
 // A transfer is cut into frames of one bulk slice (Config::tcp_bulk_slice,
 // 64 KiB by default, growing while no slot frame goes by: next_slice());
 // a read the peer asked for
@@ -65,6 +68,7 @@
 #include <sys/epoll.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -129,6 +133,28 @@ class TcpLink final : public Link {
   size_t bulk_reads() const { return reads_.size(); }
   // For tests: reads the peer asked for that this side is serving.
   size_t bulk_serving() const { return serves_.size(); }
+
+  // ---- Pushes (PUSH_DATA; docs/protocol.md "TCP bulk frames", docs/design.md
+  // "TCP: pushes") ----
+  // Sender: ranges of at most `bytes` exposed for reading (not on a lane)
+  // are sent unasked behind the next slot frame this link posts (the
+  // request that offers them), so the reader need not send a READ_REQ.
+  // 0 (the default): never; set only when the peer announced it accepts
+  // pushes (kFeatureTcpPush) and Config::tcp_bulk_push is above 0.
+  void set_push_limit(uint64_t bytes);  // clamped to TcpTransport::kMaxPushBytes
+  // Receiver: accept PUSH_DATA (this side announced kFeatureTcpPush).  A
+  // push's first frame parks reading until a read() of exactly its range
+  // claims it (then the data goes straight to the read's destination), or
+  // until the turn after every message before it was delivered: then it is
+  // dropped, and a later read() of the range sends a READ_REQ as usual.
+  void accept_pushes(bool on);
+  // For tests: pushes this side started (sender), and pushes received
+  // into a read / dropped (receiver).
+  struct PushCounts {
+    uint64_t sent = 0, claimed = 0, dropped = 0;
+  };
+  PushCounts push_counts() const { return push_counts_; }
+  bool push_parked() const { return parked_; }
 
   // ---- Bulk lanes (bulk_lanes.h; not hot path) ----
   // Adopts `fd`, a connection whose handshake made it this link's lane
@@ -261,14 +287,36 @@ class TcpLink final : public Link {
   };
   // A read the peer asked for, served from an exposure.
   struct ServeJob {
-    uint64_t tag = 0;
+    uint64_t tag = 0;             // READ_REQ's tag; a push: its total length
     uint32_t rkey = 0;
     const std::byte* src = nullptr;
     uint64_t length = 0;
     uint64_t sent = 0;            // bytes queued so far
     bool revoked = false;         // abort after the chunk in flight
     uint64_t revoke_token = 0;    // kBulkDone for revoke() once that chunk is out
+    bool push = false;            // PUSH_DATA, not asked for (not counted in kMaxBulkReads)
   };
+  // A push being received (receiver side).  kParked: its first frame's
+  // header is read and reading waits; kClaimed: its frames go to the read
+  // `read_tag`; kDropped: its frames are read and thrown away.
+  struct PushIn {
+    enum class State : uint8_t { kParked, kClaimed, kDropped };
+    uint32_t rkey = 0;
+    uint64_t total = 0;
+    uint64_t got = 0;  // bytes of the frames whose headers were read
+    State state = State::kParked;
+    uint64_t read_tag = 0;
+  };
+  void start_pushes();              // sender: after a slot frame is queued
+  void end_serve(const ServeJob& j);  // sender: the job leaves serves_
+  void end_serve_early(const ServeJob& j);  // its READ_DATA / PUSH_DATA with status UNAVAILABLE
+  bool on_push_header(uint32_t rkey, uint32_t status, uint64_t total, uint64_t addr,
+                      uint64_t length);
+  bool claim_push(std::byte* dest, const RemoteSegment& remote, uint64_t remote_offset,
+                  size_t length, uint64_t token);
+  void drop_parked();               // the parked push had no reader in time
+  void begin_push_body(PushIn& p);  // the parked frame's data is read from here on
+  std::vector<PushIn>::iterator find_push(uint32_t rkey);
 
   TcpTransport& owner_;
   boost::asio::ip::tcp::socket socket_;
@@ -366,6 +414,21 @@ class TcpLink final : public Link {
   bool shared_before_ = false;         // ... during the previous one
   uint32_t send_slice_ = 0;            // the current slice (0: none chosen yet)
 
+  // Pushes (set_push_limit / accept_pushes).
+  uint64_t push_limit_ = 0;
+  std::vector<uint32_t> push_ready_;   // sender: exposed, waiting for the request's post
+  size_t push_serves_ = 0;             // sender: push jobs in serves_
+  bool accepts_pushes_ = false;
+  std::vector<PushIn> pushes_in_;      // receiver, at most kMaxBulkReads
+  bool parked_ = false;                // a push's first frame waits (see accept_pushes)
+  uint32_t parked_rkey_ = 0;
+  uint32_t parked_len_ = 0;            // its data bytes
+  uint64_t parked_poll_ = 0;           // the owner's poll in which it parked
+  uint64_t parked_mark_ = 0;           // the owner's completions_queued_ then
+  bool push_resume_ = false;           // claimed or dropped: staging to parse at the next poll
+  bool push_watched_ = false;          // in owner_.push_watch_
+  PushCounts push_counts_;
+
   // Bulk lane state.  A session link: lane_ (guarded by the lanes' lock),
   // and while a FENCE waits, fenced_ / fence_at_ (parsing stops there and
   // EPOLLIN is off).  A lane (lane_mode_): its session link (context_),
@@ -398,7 +461,9 @@ class TcpTransport final : public Transport {
   std::string_view name() const override { return "tcp"; }
   size_t poll(std::span<Completion> out) override;
   int wait_fd() const override { return epoll_fd_; }
-  bool prepare_sleep() override { return ready_head_ == ready_.size() && !lanes_pending(); }
+  bool prepare_sleep() override {
+    return ready_head_ == ready_.size() && !lanes_pending() && push_watch_.empty();
+  }
 
   static constexpr size_t kStagingBytes = 256 * 1024;
   static constexpr uint32_t kDirectReadThreshold = 16 * 1024;
@@ -476,6 +541,16 @@ class TcpTransport final : public Transport {
   // FENCE: a bulk frame with no data on a session's connection; addr is
   // the sender's lane byte count the frames after it wait for.
   static constexpr uint32_t kBulkFence = 4;
+  // PUSH_DATA (docs/protocol.md, "TCP bulk frames"): read data its owner
+  // sends unasked, right behind the request that offers the range, so the
+  // reader saves the READ_REQ's trip (TcpLink::set_push_limit).  A push
+  // carries at most kMaxPushBytes in all.
+  static constexpr uint32_t kBulkPushData = 5;
+  static constexpr uint64_t kMaxPushBytes = 16 * 1024 * 1024;
+  // A link that accepts pushes reads at most this much ahead into staging
+  // (kStagingBytes otherwise): the bytes of a push that arrive with the
+  // request in one recv are copied once more, the rest is received in place.
+  static constexpr size_t kPushReadAhead = 16 * 1024;
   // Server loop: the connection `fd` presented `token` (TcpLink::offer_lane)
   // in its lane Hello; it becomes that link's lane.  Takes the fd.
   Status accept_lane(uint64_t token, int fd);
@@ -487,7 +562,10 @@ class TcpTransport final : public Transport {
 
  private:
   friend class TcpLink;
-  void push_completion(const Completion& c) { ready_.push_back(c); }
+  void push_completion(const Completion& c) {
+    ready_.push_back(c);
+    ++completions_queued_;
+  }
   size_t backlog() const { return ready_.size() - ready_head_; }
   void forget(TcpLink* link);  // purge queued completions of a dying link
   void stall(TcpLink* link);
@@ -495,6 +573,10 @@ class TcpTransport final : public Transport {
   // Closes every stalled link whose peer has read nothing for the timeout.
   void check_stalled();
   void handle_event(const epoll_event& e);
+  // Links with a parked push or a claimed one to resume (TcpLink::parked_):
+  // poll() settles them first, see check_pushes().
+  void watch_push(TcpLink* link);
+  void check_pushes();
   Result<BulkLanes*> lanes();  // started on the first lane
   bool lanes_pending() const;
   void drain_lane_events();
@@ -516,6 +598,10 @@ class TcpTransport final : public Transport {
   int epoll_errno_ = 0;  // why epoll_create1 failed, reported by adopt()
   size_t live_links_ = 0;  // links must not outlive the transport (they use io_)
   uint64_t slot_frames_ = 0;  // slot_frames()
+  uint64_t polls_ = 0;        // poll() calls: a push parks for at least one turn
+  uint64_t completions_queued_ = 0;  // ever pushed to ready_ ...
+  uint64_t completions_taken_ = 0;   // ... and handed out by poll()
+  std::vector<TcpLink*> push_watch_;
   std::vector<iovec> iov_;  // writev scratch shared by all links (one thread)
   std::vector<Completion> ready_;
   size_t ready_head_ = 0;
