@@ -73,6 +73,7 @@ using namespace slotrpc::core;
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kControlBit = 0x8000'0000u;
+constexpr uint32_t kBulkMarker = 0xC000'0000u;  // bulk frames (docs/protocol.md, section 6)
 constexpr size_t kPrefix = 8;
 
 uint32_t le32(const std::byte* p) {
@@ -169,6 +170,20 @@ class Oracle {
     while (s.size() - at >= kPrefix) {
       const uint32_t word = le32(&s[at]);
       const uint32_t imm = le32(&s[at + 4]);
+      if ((word & kBulkMarker) == kBulkMarker) {
+        // A bulk frame (a PUSH_DATA the server may take, or one it closes
+        // on): its 32-byte header, then data for the types that carry it.
+        const uint32_t type = word & ~kBulkMarker;
+        if (s.size() - at < kPrefix + kHeaderSize) return;
+        uint64_t data = 0;
+        if (type == 2 || type == 3 || type == 5) {
+          for (int i = 0; i < 8; ++i)
+            data |= uint64_t{static_cast<uint8_t>(s[at + kPrefix + 24 + static_cast<size_t>(i)])} << (8 * i);
+        }
+        if (data > s.size() - at - kPrefix - kHeaderSize) return;
+        at += kPrefix + kHeaderSize + data;
+        continue;
+      }
       const uint32_t len = word & ~kControlBit;
       const bool control = (word & kControlBit) != 0;
       if (len == 0 || (control && len != kHeaderSize)) return;
@@ -295,6 +310,7 @@ struct Run {
                    link.status().to_string().c_str());
       std::abort();
     }
+    link.value()->accept_pushes(true);  // as a server with SLOTRPC_TCP_BULK_PUSH on
     auto s = ServerSession::create(loop, std::move(link.value()), geometry, harness.services.table,
                                    "fuzz-client", [this](ServerSession* closed) {
                                      FUZZ_CHECK(closed == session.get());

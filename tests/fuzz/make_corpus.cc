@@ -208,6 +208,18 @@ struct Stream {
     body.insert(body.end(), payload.begin(), payload.end());
     frame(false, make_imm(slot, generation), body);
   }
+  // A PUSH_DATA frame (docs/protocol.md, "TCP pushes") with `length`
+  // bytes of data.
+  void push(uint32_t rkey, uint32_t status, uint64_t total, uint64_t addr, uint64_t length) {
+    put(bytes, 0xC0000005u, 4);
+    put(bytes, 0, 4);
+    put(bytes, rkey, 4);
+    put(bytes, status, 4);
+    put(bytes, total, 8);
+    put(bytes, addr, 8);
+    put(bytes, length, 8);
+    bytes.insert(bytes.end(), length, 0x5c);
+  }
   void control(Kind kind, uint16_t slot, uint32_t generation, uint64_t rid, uint32_t method = 0) {
     Header h = make(kind, slot, generation, rid);
     h.method_id = method;
@@ -273,6 +285,22 @@ void tcp_session_corpus() {
     s.request(2, 1, 3, 0x12345678, Bytes{});               // unknown method
     s.request(3, 1, 4, kEcho, Bytes{1, 2, 3, 4, 5, 6, 7, 8});  // fails verification
     write("tcp_session", "raw_unknown_unverified", s.input());
+  }
+  {
+    Stream s;  // a push behind a request that does not read it: parked, dropped
+    s.request(0, 1, 1, kEcho, echo_request(1, 16));
+    s.push(1, 0, 600, 0, 300);
+    s.cut();
+    s.push(1, 0, 600, 300, 300);
+    s.request(1, 1, 2, kEcho, echo_request(2, 16));
+    s.push(2, 0, 100, 0, 50);
+    s.push(2, 14, 100, 50, 0);  // ended early by its owner
+    write("tcp_session", "push_dropped", s.input());
+    Stream b;  // frames out of order: the session closes
+    b.push(3, 0, 800, 0, 400);
+    b.cut();
+    b.push(3, 0, 800, 0, 400);
+    write("tcp_session", "push_out_of_order", b.input());
   }
   {
     Stream s;  // a server stream of 3 messages into slots 1..3, lent by grants
