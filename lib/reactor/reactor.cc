@@ -194,12 +194,8 @@ void Reactor::wake() {
   if (sleeping_.load(std::memory_order_relaxed)) ::eventfd_write(event_fd_, 1);
 }
 
-// The exception barrier of an event loop (docs/design.md, "Limits and
-// abuse"): an exception that a task or timer callback let through is
-// logged and dropped, and the loop and its other sessions carry on.  Code
-// that can fail for a reason a peer causes (session setup: memory, locked
-// memory, descriptors) catches its own exceptions and refuses the session;
-// this is the last line, so that nothing ever reaches std::terminate.
+// A session going away: its places in this turn's lists are cleared, so
+// that no stamp or flush reaches it after it is destroyed.
 void Reactor::forget(core::SessionBase* s) {
   if (s->heard_queued) {
     s->heard_queued = false;
