@@ -40,6 +40,27 @@ struct PushPair {
     Outgoing o{msg.data(), 64, core::make_imm(slot, 1), Lane::kSlot};
     owner->link->post({&o, 1});
   }
+  // A range of `size` bytes (pattern `seed`) exposed for reading by the
+  // owner, its request posted, and the push parked at the reader; dst has
+  // `size + dst_extra` bytes of 0x77.
+  struct Offer {
+    std::vector<std::byte> src, dst;
+    BulkRegistration dreg;
+    RemoteSegment seg;
+  };
+  std::unique_ptr<Offer> offer(size_t size, uint32_t seed, size_t dst_extra = 0) {
+    auto o = std::make_unique<Offer>();
+    o->src = pattern(size, seed);
+    o->dst.assign(size + dst_extra, std::byte{0x77});
+    BulkRegistration sreg = reg(*owner->link, o->src);
+    o->dreg = reg(*reader->link, o->dst);
+    auto seg = owner->link->expose(sreg, 0, size, BulkAccess::kRemoteRead);
+    REQUIRE(seg.ok());
+    o->seg = seg.value();
+    post_request(1);
+    REQUIRE(w.pump_until([&] { return reader->link->push_parked() || reader->down(); }));
+    return o;
+  }
   size_t messages(const End& e) const {
     return static_cast<size_t>(std::count_if(e.got.begin(), e.got.end(),
                                              [](const Completion& c) { return c.kind == CKind::kMessage; }));
@@ -51,16 +72,12 @@ TEST_CASE("a pushed range follows its request and goes straight into the read th
   for (const size_t size : {size_t{100}, size_t{256} * 1024 + 3, size_t{kMiB}}) {
     CAPTURE(size);
     PushPair p;
-    std::vector<std::byte> src = pattern(size, 11), dst(size + 64, std::byte{0x77});
-    BulkRegistration sreg = reg(*p.owner->link, src), dreg = reg(*p.reader->link, dst);
-    auto seg = p.owner->link->expose(sreg, 0, size, BulkAccess::kRemoteRead);
-    REQUIRE(seg.ok());
-    p.post_request(1);
-    // The request arrives, and the push's first frame waits behind it.
-    REQUIRE(p.w.pump_until([&] {
-      return (p.messages(*p.reader) == 1 && p.reader->link->push_parked()) || p.reader->down();
-    }));
-    REQUIRE(p.reader->link->read(dreg, 32, seg.value(), 0, size, 7).ok());
+    auto o = p.offer(size, 11, 64);
+    const std::vector<std::byte>& src = o->src;
+    const std::vector<std::byte>& dst = o->dst;
+    // The request arrived, and the push's first frame waits behind it.
+    REQUIRE(p.messages(*p.reader) == 1);
+    REQUIRE(p.reader->link->read(o->dreg, 32, o->seg, 0, size, 7).ok());
     CHECK_FALSE(p.reader->link->push_parked());
     REQUIRE(p.w.pump_until([&] { return p.reader->find(CKind::kBulkDone, 7) || p.reader->down(); }));
     ok_done(*p.reader, 7);
@@ -75,7 +92,7 @@ TEST_CASE("a pushed range follows its request and goes straight into the read th
     CHECK(p.owner->link->stats().bulk_pushes == 1);
     CHECK(p.reader->link->push_counts().claimed == 1);
     CHECK(p.reader->link->push_counts().dropped == 0);
-    CHECK(p.owner->link->revoke(seg.value(), 8));
+    CHECK(p.owner->link->revoke(o->seg, 8));
     CHECK_FALSE(p.owner->down());
     CHECK(p.owner->link->bulk_serving() == 0);
   }
@@ -85,12 +102,7 @@ TEST_CASE("a push nobody claims is dropped after a turn; the read then asks for 
   SUBCASE("no read in time") {
     PushPair p;
     const size_t size = 300000;
-    std::vector<std::byte> src = pattern(size, 12), dst(size);
-    BulkRegistration sreg = reg(*p.owner->link, src), dreg = reg(*p.reader->link, dst);
-    auto seg = p.owner->link->expose(sreg, 0, size, BulkAccess::kRemoteRead);
-    REQUIRE(seg.ok());
-    p.post_request(1);
-    REQUIRE(p.w.pump_until([&] { return p.reader->link->push_parked() || p.reader->down(); }));
+    auto o = p.offer(size, 12);
     // The handler did not read before the loop went round: dropped, and
     // reading goes on (a second request behind the push arrives).
     p.post_request(2);
@@ -98,26 +110,21 @@ TEST_CASE("a push nobody claims is dropped after a turn; the read then asks for 
     CHECK(p.reader->link->push_counts().dropped == 1);
     CHECK(p.reader->link->stats().bulk_pushes_dropped == 1);
     CHECK(p.reader->link->push_counts().claimed == 0);
-    REQUIRE(p.reader->link->read(dreg, 0, seg.value(), 0, size, 7).ok());
+    REQUIRE(p.reader->link->read(o->dreg, 0, o->seg, 0, size, 7).ok());
     REQUIRE(p.w.pump_until([&] { return p.reader->find(CKind::kBulkDone, 7) || p.reader->down(); }));
     ok_done(*p.reader, 7);
-    check_equal(dst, src);
+    check_equal(o->dst, o->src);
     CHECK(p.reader->link->stats().bulk_requests == 1);  // the READ_REQ
   }
   SUBCASE("a read of part of the range does not claim it") {
     PushPair p;
     const size_t size = 200000;
-    std::vector<std::byte> src = pattern(size, 13), dst(size);
-    BulkRegistration sreg = reg(*p.owner->link, src), dreg = reg(*p.reader->link, dst);
-    auto seg = p.owner->link->expose(sreg, 0, size, BulkAccess::kRemoteRead);
-    REQUIRE(seg.ok());
-    p.post_request(1);
-    REQUIRE(p.w.pump_until([&] { return p.reader->link->push_parked() || p.reader->down(); }));
-    REQUIRE(p.reader->link->read(dreg, 1000, seg.value(), 1000, size - 1000, 7).ok());
+    auto o = p.offer(size, 13);
+    REQUIRE(p.reader->link->read(o->dreg, 1000, o->seg, 1000, size - 1000, 7).ok());
     CHECK(p.reader->link->push_parked());
     REQUIRE(p.w.pump_until([&] { return p.reader->find(CKind::kBulkDone, 7) || p.reader->down(); }));
     ok_done(*p.reader, 7);
-    std::vector<std::byte> want(src.begin() + 1000, src.end()), got(dst.begin() + 1000, dst.end());
+    std::vector<std::byte> want(o->src.begin() + 1000, o->src.end()), got(o->dst.begin() + 1000, o->dst.end());
     check_equal(got, want);
     CHECK(p.reader->link->push_counts().dropped == 1);
     CHECK_FALSE(p.reader->down());
@@ -156,14 +163,9 @@ TEST_CASE("revoke during a claimed push: the read fails with UNAVAILABLE, the li
   // 64 KiB socket buffers: the 4 MiB push cannot be in the kernel yet.
   PushPair p(4 * kMiB, true, /*small_buffers=*/true);
   const size_t size = 4 * kMiB;
-  std::vector<std::byte> src = pattern(size, 16), dst(size);
-  BulkRegistration sreg = reg(*p.owner->link, src), dreg = reg(*p.reader->link, dst);
-  auto seg = p.owner->link->expose(sreg, 0, size, BulkAccess::kRemoteRead);
-  REQUIRE(seg.ok());
-  p.post_request(1);
-  REQUIRE(p.w.pump_until([&] { return p.reader->link->push_parked() || p.reader->down(); }));
-  REQUIRE(p.reader->link->read(dreg, 0, seg.value(), 0, size, 7).ok());
-  if (!p.owner->link->revoke(seg.value(), 8))
+  auto o = p.offer(size, 16);
+  REQUIRE(p.reader->link->read(o->dreg, 0, o->seg, 0, size, 7).ok());
+  if (!p.owner->link->revoke(o->seg, 8))
     REQUIRE(p.w.pump_until([&] { return p.owner->find(CKind::kBulkDone, 8) || p.owner->down(); }));
   REQUIRE(p.w.pump_until([&] { return p.reader->find(CKind::kBulkDone, 7) || p.reader->down(); }));
   const Completion* d = p.reader->find(CKind::kBulkDone, 7);

@@ -380,9 +380,11 @@ void TcpLink::on_readable(bool drain_all) {
     } else {
       dst = staging_.get() + staging_end_;
       room = TcpTransport::kStagingBytes - staging_end_;
-      // A push may follow any frame: what a recv takes ahead of its header
-      // lands here and costs a copy (accept_pushes).
-      if (accepts_pushes_) room = std::min(room, TcpTransport::kPushReadAhead);
+      // A push follows its request in the same burst: what the burst's
+      // first recv takes past the push's header lands here and costs a
+      // copy (accept_pushes), so that recv takes little.  Later recvs of a
+      // burst (a backlog of small frames) take the whole buffer.
+      if (accepts_pushes_ && reads == 0) room = std::min(room, TcpTransport::kPushReadAhead);
       // While bulk data may arrive, never read past the current frame: a
       // read-ahead would pull the start of a bulk chunk into staging and
       // cost it a copy.  (Two recv calls per frame then, only while this

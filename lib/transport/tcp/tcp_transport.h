@@ -547,9 +547,10 @@ class TcpTransport final : public Transport {
   // carries at most kMaxPushBytes in all.
   static constexpr uint32_t kBulkPushData = 5;
   static constexpr uint64_t kMaxPushBytes = 16 * 1024 * 1024;
-  // A link that accepts pushes reads at most this much ahead into staging
-  // (kStagingBytes otherwise): the bytes of a push that arrive with the
-  // request in one recv are copied once more, the rest is received in place.
+  // A link that accepts pushes reads at most this much into staging with
+  // the first recv of a burst (kStagingBytes otherwise): the bytes of a
+  // push that arrive with its request in that recv are copied once more,
+  // the rest is received in place.
   static constexpr size_t kPushReadAhead = 16 * 1024;
   // Server loop: the connection `fd` presented `token` (TcpLink::offer_lane)
   // in its lane Hello; it becomes that link's lane.  Takes the fd.
