@@ -551,7 +551,7 @@ class TcpTransport final : public Transport {
   // the first recv of a burst (kStagingBytes otherwise): the bytes of a
   // push that arrive with its request in that recv are copied once more,
   // the rest is received in place.
-  static constexpr size_t kPushReadAhead = 16 * 1024;
+  static constexpr size_t kPushReadAhead = 64 * 1024;
   // Server loop: the connection `fd` presented `token` (TcpLink::offer_lane)
   // in its lane Hello; it becomes that link's lane.  Takes the fd.
   Status accept_lane(uint64_t token, int fd);
