@@ -261,6 +261,36 @@ TEST_CASE("packing: calls issued in one turn travel in PACKs both ways and keep 
   CHECK(ch->stats().packs_sent == before);
 }
 
+// Early flush (Config::tcp_flush_every, docs/tuning.md "Early flush"): a
+// turn that issues 32 calls sends the first 16 as soon as they are built,
+// so the server works on them while the client builds the rest; at 0 the
+// turn's 32 leave together at its end.
+TEST_CASE("early flush: 32 calls of one turn leave as two PACKs of 16 at tcp_flush_every 16, as one at 0") {
+  for (const uint32_t every : {16u, 0u}) {
+    CAPTURE(every);
+    Config c = tcp_config();
+    c.tcp_flush_every = every;
+    c.keepalive_ms = 600'000;  // no PING among the frames counted
+    c.peer_timeout_ms = 1'800'000;
+    PackServer s(c);
+    auto ch = Channel::connect(s.address(), c).value();
+    const Channel::Stats before = ch->stats();
+    const uint64_t server_packs = s.packs_sent();
+    check_outcomes(burst_after_one(*ch, 32));
+    const Channel::Stats after = ch->stats();
+    const uint64_t packs = after.packs_sent - before.packs_sent;
+    CHECK(after.packed_requests - before.packed_requests == 32);
+    // The first call went alone; then one frame per PACK.
+    CHECK(after.work_requests - before.work_requests == 1 + packs);
+    if (every == 16) {
+      CHECK(packs == 2);
+      CHECK(s.packs_sent() - server_packs >= 2);  // replies leave 16 at a time too
+    } else {
+      CHECK(packs == 1);
+    }
+  }
+}
+
 TEST_CASE("packing: never toward a peer that did not announce it") {
   SUBCASE("a server with packing off: the client sends every request alone") {
     PackServer s(tcp_config(0));

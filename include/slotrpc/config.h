@@ -125,6 +125,11 @@ struct SLOTRPC_API Config {
   // less per call (docs/tuning.md, "TCP pushes").  A server with it at 0
   // does not accept pushes; a client with 0 sends none.
   uint32_t tcp_bulk_push = 1024 * 1024;
+  // SLOTRPC_TCP_FLUSH_EVERY: a TCP session sends what it has queued as soon
+  // as this many messages wait, not only at the end of the event-loop turn
+  // that made them, so the peer works on the first ones while this side
+  // builds the rest (docs/tuning.md, "Early flush").  0: once per turn.
+  uint32_t tcp_flush_every = 16;
   LaneScheduling tcp_lane_sched = LaneScheduling::kNormal;  // SLOTRPC_TCP_LANE_SCHED normal|batch
   // SLOTRPC_PACK_SMALL: requests and replies of at most this many bytes
   // (32-byte header + payload) that are ready in the same event-loop turn

@@ -293,6 +293,7 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
   outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), slot,
                            s.generation, /*packable=*/true);
   loop_.request_flush(this);
+  if (outbox_.flush_due()) flush();  // the request goes before its grants either way
 
   if (call->client_stream) reserve_out(slot, call);
   if (call->stream) {

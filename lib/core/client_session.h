@@ -146,6 +146,9 @@ class ClientSession final : public SessionBase,
   // on, and sends PACKs of requests of at most `pack_small` bytes when the
   // server announced PACK too (lib/core/pack.h).
   void configure_packing(uint32_t pack_small, bool server_accepts);
+  // Before the first call: post once this many messages wait (requests
+  // built in one turn), not only at the turn's end (Outbox::set_flush_every).
+  void set_flush_every(uint32_t n) { outbox_.set_flush_every(n); }
 
   // Loop thread (the stream's doorbell).  Client and bidi streams: sends
   // what the writer handed over (messages built in their send slots, the

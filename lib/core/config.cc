@@ -50,6 +50,8 @@ std::span<const UintSetting> uint_settings() {
        "tcp: bulk segments of at least this many bytes move on a second connection and thread (0: never)"},
       {"SLOTRPC_TCP_BULK_PUSH", "tcp_bulk_push", &Config::tcp_bulk_push, 0, 16u << 20,
        "tcp: send_bulk segments up to this many bytes follow their request unasked (0: never)"},
+      {"SLOTRPC_TCP_FLUSH_EVERY", "tcp_flush_every", &Config::tcp_flush_every, 0, 65536,
+       "tcp: a session sends once this many messages wait, not only at the end of the loop turn (0: end of turn only)"},
       {"SLOTRPC_PACK_SMALL", "pack_small", &Config::pack_small, 0, 16384,
        "requests and replies up to this many bytes that are ready together share one work request (0: never)"},
       {"SLOTRPC_MAX_SESSIONS", "max_sessions", &Config::max_sessions, 1, 1'000'000,

@@ -67,6 +67,16 @@ class Outbox {
   }
   bool packing() const { return send_ring_ != nullptr; }
 
+  // Early flush (Config::tcp_flush_every): the session posts as soon as
+  // this many messages wait, instead of only at the end of the loop turn,
+  // so that the peer starts on them while this side produces the rest of
+  // the turn's messages (a turn that answers 32 replies with 32 new
+  // requests otherwise leaves the peer idle until the last one is built).
+  // 0: end of turn only.  Hot path: one comparison per slot message.
+  void set_flush_every(uint32_t n) { flush_every_ = n; }
+  bool flush_due() const { return flush_every_ != 0 && messages_.size() >= flush_every_; }
+  size_t queued() const { return messages_.size(); }
+
   // `msg` (header + payload) stays in its send slot until the peer answers.
   // `packable`: a request, reply or error the peer may receive inside a
   // PACK (pack.h); whether it is small enough is decided here.
@@ -170,6 +180,7 @@ class Outbox {
   }
 
   std::vector<transport::Outgoing> messages_;
+  size_t flush_every_ = 0;
   std::vector<uint8_t> packable_;  // parallel to messages_
   std::vector<PackPiece> pieces_;
   std::byte* send_ring_ = nullptr;  // packing off while null

@@ -381,6 +381,7 @@ void ServerSession::send_reply(uint16_t slot, Status status) {
   outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), slot,
                            s.generation, /*packable=*/true);
   loop_.request_flush(this);
+  if (outbox_.flush_due()) flush();
 }
 
 // Hot path: a clock read and a few increments of this loop's counters.

@@ -44,6 +44,10 @@ class ServerSession final : public SessionBase {
   // sends PACKs of replies of at most `pack_small` bytes when the client's
   // Hello offered PACK too (lib/core/pack.h).
   void configure_packing(uint32_t pack_small, bool client_accepts);
+  // Loop thread, right after create(): post once this many messages wait
+  // (replies finished in one turn), not only at the turn's end
+  // (Outbox::set_flush_every).
+  void set_flush_every(uint32_t n) { outbox_.set_flush_every(n); }
   struct Geometry {
     uint32_t slot_count;
     uint32_t slot_size;

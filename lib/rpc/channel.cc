@@ -492,6 +492,7 @@ Result<Established> establish(Channel::Impl& impl) {
     s.value()->set_peer_features(hs->reply.features);
     s.value()->configure_packing(impl.config.pack_small,
                                  (hs->reply.features & core::kFeaturePack) != 0);
+    s.value()->set_flush_every(impl.config.tcp_flush_every);
     return s;
   });
   if (!created.ok()) return fail(created.status());

@@ -614,6 +614,7 @@ Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_tcp(
   if (session.ok()) {
     session.value()->set_counters(counters[index]);
     session.value()->set_max_bulk_bytes(config.max_bulk_bytes);
+    session.value()->set_flush_every(config.tcp_flush_every);
   }
   return session;
 }
