@@ -75,7 +75,6 @@ class Outbox {
   // 0: end of turn only.  Hot path: one comparison per slot message.
   void set_flush_every(uint32_t n) { flush_every_ = n; }
   bool flush_due() const { return flush_every_ != 0 && messages_.size() >= flush_every_; }
-  size_t queued() const { return messages_.size(); }
 
   // `msg` (header + payload) stays in its send slot until the peer answers.
   // `packable`: a request, reply or error the peer may receive inside a

@@ -128,7 +128,6 @@ bool TcpLink::revoke(const RemoteSegment& segment, uint64_t token) {
     }
     // A push the peer has not seen a byte of just stops.
     if (!j.push || j.sent != 0) end_serve_early(j);
-    end_serve(j);
     serves_.erase(serves_.begin() + static_cast<ptrdiff_t>(i));
   }
   flush_or_kick();
@@ -272,6 +271,25 @@ void TcpLink::request_reads() {
   }
 }
 
+std::deque<TcpLink::ReadOp>::iterator TcpLink::find_read(uint64_t tag) {
+  auto it = reads_.begin();
+  while (it != reads_.end() && it->requested && it->tag != tag) ++it;
+  return it != reads_.end() && it->requested ? it : reads_.end();
+}
+
+void TcpLink::end_read(std::deque<ReadOp>::iterator it, StatusCode code) {
+  const uint64_t token = it->token;
+  reads_.erase(it);
+  --reads_requested_;
+  bulk_done(token, code);
+  request_reads();
+}
+
+StatusCode TcpLink::peer_status(uint32_t status) {
+  return is_known_status_code(static_cast<uint16_t>(status)) ? static_cast<StatusCode>(status)
+                                                             : StatusCode::kUnavailable;
+}
+
 void TcpLink::transfer_started() {
   shared_before_ = shared_now_;
   shared_now_ = false;
@@ -303,11 +321,7 @@ void TcpLink::serve_next() {
   ServeJob& j = serves_.front();
   const uint32_t n =
       static_cast<uint32_t>(std::min<uint64_t>(j.length - j.sent, next_slice()));
-  if (j.push) {
-    enqueue_bulk(TcpTransport::kBulkPushData, j.rkey, 0, j.tag, j.sent, n, j.src + j.sent, n);
-  } else {
-    enqueue_bulk(TcpTransport::kBulkReadData, 0, 0, j.tag, j.sent, n, j.src + j.sent, n);
-  }
+  enqueue_serve(j, 0, n);
   bulk_pending_.back().on_sent = OnSent::kServeChunk;
   j.sent += n;
   serve_in_flight_ = true;
@@ -346,12 +360,9 @@ void TcpLink::serve_chunk_sent() {
   if (j.revoked) {
     // The memory is ours again only now that the kernel has the chunk.
     if (j.sent < j.length) end_serve_early(j);
-    end_serve(j);
     bulk_done(j.revoke_token, StatusCode::kOk);
   } else if (j.sent < j.length) {
     serves_.push_back(j);  // round robin between the peer's reads
-  } else {
-    end_serve(j);
   }
   serve_next();
   // The transfer's last frame is in the kernel's hands: a slot frame
@@ -405,7 +416,10 @@ bool TcpLink::on_bulk_header() {
     case TcpTransport::kBulkReadRequest: {
       Exposure* e = check(BulkAccess::kRemoteRead, "read");
       if (e == nullptr) return false;
-      if (serves_.size() - push_serves_ >= TcpTransport::kMaxBulkReads) {
+      // Pushes are this side's own sends, not the peer's reads.
+      const auto asked = std::count_if(serves_.begin(), serves_.end(),
+                                       [](const ServeJob& s) { return !s.push; });
+      if (static_cast<size_t>(asked) >= TcpTransport::kMaxBulkReads) {
         fail("peer has more than " + std::to_string(TcpTransport::kMaxBulkReads) +
              " bulk reads outstanding");
         return false;
@@ -417,9 +431,8 @@ bool TcpLink::on_bulk_header() {
       return !down_;
     }
     case TcpTransport::kBulkReadData: {
-      auto it = reads_.begin();
-      while (it != reads_.end() && it->requested && it->tag != h.tag) ++it;
-      if (it == reads_.end() || !it->requested) {
+      auto it = find_read(h.tag);
+      if (it == reads_.end()) {
         fail("peer sent read data for unknown read " + std::to_string(h.tag));
         return false;
       }
@@ -429,13 +442,7 @@ bool TcpLink::on_bulk_header() {
           fail("peer sent a failed read with data");
           return false;
         }
-        const uint64_t token = it->token;
-        reads_.erase(it);
-        --reads_requested_;
-        bulk_done(token, is_known_status_code(static_cast<uint16_t>(h.status))
-                             ? static_cast<StatusCode>(h.status)
-                             : StatusCode::kUnavailable);
-        request_reads();
+        end_read(it, peer_status(h.status));
         flush_pending();
         return !down_;
       }
@@ -520,25 +527,21 @@ void TcpLink::start_pushes() {
     j.length = it->second.length;
     j.push = true;
     serves_.push_back(j);
-    ++push_serves_;
-    ++push_counts_.sent;
     ++stats_.bulk_pushes;
   }
   push_ready_.clear();
   serve_next();
 }
 
-void TcpLink::end_serve(const ServeJob& j) {
-  if (j.push) --push_serves_;
+void TcpLink::enqueue_serve(const ServeJob& j, uint32_t status, uint32_t n) {
+  // A push names its range (the reader has no tag of its own for it); a
+  // served read names the reader's tag.
+  enqueue_bulk(j.push ? TcpTransport::kBulkPushData : TcpTransport::kBulkReadData,
+               j.push ? j.rkey : 0, status, j.tag, j.sent, n, n != 0 ? j.src + j.sent : nullptr, n);
 }
 
 void TcpLink::end_serve_early(const ServeJob& j) {
-  const auto unavailable = static_cast<uint32_t>(StatusCode::kUnavailable);
-  if (j.push) {
-    enqueue_bulk(TcpTransport::kBulkPushData, j.rkey, unavailable, j.tag, j.sent, 0, nullptr, 0);
-  } else {
-    enqueue_bulk(TcpTransport::kBulkReadData, 0, unavailable, j.tag, j.sent, 0, nullptr, 0);
-  }
+  enqueue_serve(j, static_cast<uint32_t>(StatusCode::kUnavailable), 0);
 }
 
 std::vector<TcpLink::PushIn>::iterator TcpLink::find_push(uint32_t rkey) {
@@ -559,17 +562,8 @@ bool TcpLink::on_push_header(uint32_t rkey, uint32_t status, uint64_t total, uin
     if (length != 0) return refuse("that ends it and carries data");
     if (it == pushes_in_.end()) return refuse("that ends a push never started");
     if (it->state == PushIn::State::kClaimed) {
-      for (auto r = reads_.begin(); r != reads_.end() && r->requested; ++r) {
-        if (r->tag != it->read_tag) continue;
-        const uint64_t token = r->token;
-        reads_.erase(r);
-        --reads_requested_;
-        bulk_done(token, is_known_status_code(static_cast<uint16_t>(status))
-                             ? static_cast<StatusCode>(status)
-                             : StatusCode::kUnavailable);
-        break;
-      }
-      request_reads();
+      auto r = find_read(it->read_tag);
+      if (r != reads_.end()) end_read(r, peer_status(status));
     }
     pushes_in_.erase(it);
     flush_pending();
@@ -588,46 +582,49 @@ bool TcpLink::on_push_header(uint32_t rkey, uint32_t status, uint64_t total, uin
     PushIn p;
     p.rkey = rkey;
     p.total = total;
-    p.got = length;
     pushes_in_.push_back(p);
     // Park: the frame's data stays where it is until a read claims it.
     parked_ = true;
-    parked_rkey_ = rkey;
     parked_len_ = static_cast<uint32_t>(length);
     parked_poll_ = owner_.polls_;
     parked_mark_ = owner_.completions_queued_;
     owner_.watch_push(this);
     return true;
   }
+  // (The parked state cannot be here: nothing is read while a push parks.)
   if (addr != it->got || total != it->total || length > it->total - it->got)
     return refuse("at " + std::to_string(addr) + "+" + std::to_string(length) +
                   ", out of order or beyond its " + std::to_string(it->total) + " bytes");
-  it->got += length;
+  receive_push_frame(it, static_cast<uint32_t>(length));
+  return true;
+}
+
+void TcpLink::receive_push_frame(std::vector<PushIn>::iterator p, uint32_t length) {
+  p->got += length;
   rx_ = Rx::kBulkData;
+  bulk_type_ = TcpTransport::kBulkPushData;
   slot_frames_at_data_ = owner_.slot_frames();
-  body_dest_ = nullptr;  // dropped: read and thrown away
+  body_dest_ = nullptr;  // dropped: read and thrown away (tag 0 is no read's)
   bulk_read_tag_ = 0;
-  if (it->state == PushIn::State::kClaimed) {
-    for (ReadOp& r : reads_) {
-      if (r.tag != it->read_tag) continue;
-      body_dest_ = r.dest + r.got;
-      r.got += length;
-      bulk_read_tag_ = r.tag;
-      break;
+  if (p->state == PushIn::State::kClaimed) {
+    auto r = find_read(p->read_tag);
+    if (r != reads_.end()) {
+      body_dest_ = r->dest + r->got;
+      r->got += length;
+      bulk_read_tag_ = r->tag;
     }
   }
-  if (it->got == it->total) pushes_in_.erase(it);
+  if (p->got == p->total) pushes_in_.erase(p);
   in_body_ = true;
   body_control_ = false;
-  body_len_ = static_cast<uint32_t>(length);
+  body_len_ = length;
   body_got_ = 0;
-  return true;
 }
 
 bool TcpLink::claim_push(std::byte* dest, const RemoteSegment& remote, uint64_t remote_offset,
                          size_t length, uint64_t token) {
-  if (parked_rkey_ != remote.rkey || remote_offset != 0) return false;
-  auto it = find_push(remote.rkey);
+  if (remote_offset != 0) return false;
+  auto it = find_push(remote.rkey);  // at most one push is parked: this one, if any
   if (it == pushes_in_.end() || it->state != PushIn::State::kParked || length != it->total)
     return false;
   ReadOp op;
@@ -641,38 +638,23 @@ bool TcpLink::claim_push(std::byte* dest, const RemoteSegment& remote, uint64_t 
   ++reads_requested_;
   it->state = PushIn::State::kClaimed;
   it->read_tag = op.tag;
-  ++push_counts_.claimed;
-  begin_push_body(*it);
+  ++pushes_claimed_;
+  unpark(it);
   return true;
 }
 
 void TcpLink::drop_parked() {
-  auto it = find_push(parked_rkey_);
+  auto it = std::find_if(pushes_in_.begin(), pushes_in_.end(),
+                         [](const PushIn& p) { return p.state == PushIn::State::kParked; });
   if (it == pushes_in_.end()) return;  // cannot happen: parked_ is cleared with pushes_in_
   it->state = PushIn::State::kDropped;
-  ++push_counts_.dropped;
   ++stats_.bulk_pushes_dropped;
-  begin_push_body(*it);
+  unpark(it);
 }
 
-void TcpLink::begin_push_body(PushIn& p) {
+void TcpLink::unpark(std::vector<PushIn>::iterator p) {
   parked_ = false;
-  rx_ = Rx::kBulkData;
-  bulk_type_ = TcpTransport::kBulkPushData;
-  slot_frames_at_data_ = owner_.slot_frames();
-  body_dest_ = nullptr;
-  bulk_read_tag_ = 0;
-  if (p.state == PushIn::State::kClaimed) {
-    ReadOp& r = reads_.front();  // claim_push put it there
-    body_dest_ = r.dest + r.got;
-    r.got += parked_len_;
-    bulk_read_tag_ = r.tag;
-  }
-  in_body_ = true;
-  body_control_ = false;
-  body_len_ = parked_len_;
-  body_got_ = 0;
-  if (p.got == p.total) pushes_in_.erase(pushes_in_.begin() + (&p - pushes_in_.data()));
+  receive_push_frame(p, parked_len_);  // the parked frame's data, from here on
   // We may be on a handler's fiber (a claim): what staging holds is parsed
   // at the start of the next poll, and the socket is read from there on.
   push_resume_ = true;

@@ -541,17 +541,8 @@ bool TcpLink::finish_frame() {
     if (bulk_type_ == TcpTransport::kBulkReadData || bulk_type_ == TcpTransport::kBulkPushData) {
       // The chunk is in place; the read is done once every byte is (a
       // dropped push's chunk has tag 0, which no read has).
-      for (auto it = reads_.begin(); it != reads_.end() && it->requested; ++it) {
-        if (it->tag != bulk_read_tag_) continue;
-        if (it->got == it->length) {
-          const uint64_t token = it->token;
-          reads_.erase(it);
-          --reads_requested_;
-          bulk_done(token, StatusCode::kOk);
-          request_reads();
-        }
-        break;
-      }
+      auto it = find_read(bulk_read_tag_);
+      if (it != reads_.end() && it->got == it->length) end_read(it, StatusCode::kOk);
     }
     return !down_;
   }
@@ -611,7 +602,6 @@ void TcpLink::fail(std::string reason) {
     if (j.revoked) bulk_done(j.revoke_token, StatusCode::kOk);
   serves_.clear();
   serve_in_flight_ = false;
-  push_serves_ = 0;
   push_ready_.clear();
   pushes_in_.clear();  // a claimed push's read failed with reads_ above
   parked_ = false;

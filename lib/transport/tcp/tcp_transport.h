@@ -68,7 +68,6 @@
 #include <sys/epoll.h>
 #include <sys/uio.h>
 
-#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -153,7 +152,9 @@ class TcpLink final : public Link {
   struct PushCounts {
     uint64_t sent = 0, claimed = 0, dropped = 0;
   };
-  PushCounts push_counts() const { return push_counts_; }
+  PushCounts push_counts() const {
+    return {stats_.bulk_pushes, pushes_claimed_, stats_.bulk_pushes_dropped};
+  }
   bool push_parked() const { return parked_; }
 
   // ---- Bulk lanes (bulk_lanes.h; not hot path) ----
@@ -303,19 +304,28 @@ class TcpLink final : public Link {
     enum class State : uint8_t { kParked, kClaimed, kDropped };
     uint32_t rkey = 0;
     uint64_t total = 0;
-    uint64_t got = 0;  // bytes of the frames whose headers were read
+    uint64_t got = 0;  // bytes of the frames whose data is being or has been read
     State state = State::kParked;
     uint64_t read_tag = 0;
   };
   void start_pushes();              // sender: after a slot frame is queued
-  void end_serve(const ServeJob& j);  // sender: the job leaves serves_
-  void end_serve_early(const ServeJob& j);  // its READ_DATA / PUSH_DATA with status UNAVAILABLE
+  // A served read's or push's next READ_DATA / PUSH_DATA frame: `n` bytes
+  // from j.sent, or (n 0) the end of the job with `status`.
+  void enqueue_serve(const ServeJob& j, uint32_t status, uint32_t n);
+  void end_serve_early(const ServeJob& j);  // its last frame, status UNAVAILABLE
+  // The requested read `tag` (reads_.end() if none), and its end.
+  std::deque<ReadOp>::iterator find_read(uint64_t tag);
+  void end_read(std::deque<ReadOp>::iterator it, StatusCode code);
+  static StatusCode peer_status(uint32_t status);  // a peer's status code, or UNAVAILABLE
   bool on_push_header(uint32_t rkey, uint32_t status, uint64_t total, uint64_t addr,
                       uint64_t length);
+  // The next `length` bytes of push `p` are this frame's data: into its
+  // read when claimed, thrown away when dropped.
+  void receive_push_frame(std::vector<PushIn>::iterator p, uint32_t length);
   bool claim_push(std::byte* dest, const RemoteSegment& remote, uint64_t remote_offset,
                   size_t length, uint64_t token);
   void drop_parked();               // the parked push had no reader in time
-  void begin_push_body(PushIn& p);  // the parked frame's data is read from here on
+  void unpark(std::vector<PushIn>::iterator p);  // claimed or dropped: read its frame
   std::vector<PushIn>::iterator find_push(uint32_t rkey);
 
   TcpTransport& owner_;
@@ -417,17 +427,15 @@ class TcpLink final : public Link {
   // Pushes (set_push_limit / accept_pushes).
   uint64_t push_limit_ = 0;
   std::vector<uint32_t> push_ready_;   // sender: exposed, waiting for the request's post
-  size_t push_serves_ = 0;             // sender: push jobs in serves_
   bool accepts_pushes_ = false;
   std::vector<PushIn> pushes_in_;      // receiver, at most kMaxBulkReads
   bool parked_ = false;                // a push's first frame waits (see accept_pushes)
-  uint32_t parked_rkey_ = 0;
   uint32_t parked_len_ = 0;            // its data bytes
   uint64_t parked_poll_ = 0;           // the owner's poll in which it parked
   uint64_t parked_mark_ = 0;           // the owner's completions_queued_ then
   bool push_resume_ = false;           // claimed or dropped: staging to parse at the next poll
   bool push_watched_ = false;          // in owner_.push_watch_
-  PushCounts push_counts_;
+  uint64_t pushes_claimed_ = 0;        // for tests (sent and dropped are in stats_)
 
   // Bulk lane state.  A session link: lane_ (guarded by the lanes' lock),
   // and while a FENCE waits, fenced_ / fence_at_ (parsing stops there and
