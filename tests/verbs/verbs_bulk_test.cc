@@ -31,9 +31,11 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/wire_format.h"
+#include "transport/verbs/exposure_mrs.h"
 #include "transport/verbs/verbs_transport.h"
 
 int main(int argc, char** argv) { return verbs_test::main(argc, argv); }
@@ -222,6 +224,19 @@ struct Pair {
   bool run(const std::function<bool()>& done, std::chrono::milliseconds limit = 60000ms) {
     return pump({tc.get(), ts.get()}, done, limit);
   }
+  // In a session the key reaches the peer in a message posted after the
+  // bind.  These tests hand the key over directly, so they poll the
+  // exposing side once first, as the session's next turn would.
+  slotrpc::Result<RemoteSegment> expose(const BulkRegistration& reg, size_t offset, size_t length,
+                                        BulkAccess access) {
+    auto seg = c->link->expose(reg, offset, length, access);
+    poll_once(*tc);
+    return seg;
+  }
+  static void poll_once(VerbsTransport& t) {
+    bool polled = false;
+    (void)pump({&t}, [&] { return std::exchange(polled, true); });
+  }
   void revoke(const RemoteSegment& seg, uint64_t token) {
     if (!c->link->revoke(seg, token)) {
       REQUIRE(run([&] { return c->done(token) != nullptr; }));
@@ -255,8 +270,8 @@ TEST_CASE("bulk: read and write of 64 KiB, 4 MiB and 64 MiB + 1, every byte chec
     Bulk sbuf(*p.s->link, k.size + 7);
     fill(csrc.mem + 3, k.size, 1);
     fill(sbuf.mem + 7, k.size, 2);
-    auto rseg = p.c->link->expose(csrc.reg, 3, k.size, BulkAccess::kRemoteRead);
-    auto wseg = p.c->link->expose(cdst.reg, 5, k.size, BulkAccess::kRemoteWrite);
+    auto rseg = p.expose(csrc.reg, 3, k.size, BulkAccess::kRemoteRead);
+    auto wseg = p.expose(cdst.reg, 5, k.size, BulkAccess::kRemoteWrite);
     REQUIRE_MESSAGE(rseg.ok(), rseg.status().to_string());
     REQUIRE_MESSAGE(wseg.ok(), wseg.status().to_string());
     CHECK(rseg.value().addr == reinterpret_cast<uintptr_t>(csrc.mem) + 3);
@@ -291,7 +306,7 @@ TEST_CASE("bulk: slot messages pass a 64 MiB read and an 8 MiB write; one posted
   constexpr size_t kBig = 64u << 20;
   Bulk csrc(*p.c->link, kBig), sdst(*p.s->link, kBig);
   fill(csrc.mem, kBig, 4);
-  auto seg = p.c->link->expose(csrc.reg, 0, kBig, BulkAccess::kRemoteRead);
+  auto seg = p.expose(csrc.reg, 0, kBig, BulkAccess::kRemoteRead);
   REQUIRE(seg.ok());
   REQUIRE(p.s->link->read(sdst.reg, 0, seg.value(), 0, kBig, 1).ok());
   // Small messages both ways while the read is queued and running.
@@ -323,7 +338,7 @@ TEST_CASE("bulk: slot messages pass a 64 MiB read and an 8 MiB write; one posted
   constexpr size_t kWrite = 8u << 20;
   Bulk cdst(*p.c->link, kWrite), ssrc(*p.s->link, kWrite);
   fill(ssrc.mem, kWrite, 5);
-  auto wseg = p.c->link->expose(cdst.reg, 0, kWrite, BulkAccess::kRemoteWrite);
+  auto wseg = p.expose(cdst.reg, 0, kWrite, BulkAccess::kRemoteWrite);
   REQUIRE(wseg.ok());
   size_t early_at = 0, after_at = 0;
   p.c->on_completion = [&](const Completion& c) {
@@ -381,7 +396,7 @@ TEST_CASE("bulk: the exposure rules; each violation fails with a remote access e
       Pair p;
       Bulk csrc(*p.c->link, kLen), sdst(*p.s->link, kLen);
       fill(csrc.mem, kLen, 6);
-      auto seg = p.c->link->expose(csrc.reg, 0, kLen, BulkAccess::kRemoteRead);
+      auto seg = p.expose(csrc.reg, 0, kLen, BulkAccess::kRemoteRead);
       REQUIRE(seg.ok());
       // It works while exposed...
       REQUIRE(p.s->link->read(sdst.reg, 0, seg.value(), 0, kLen, 1).ok());
@@ -391,7 +406,7 @@ TEST_CASE("bulk: the exposure rules; each violation fails with a remote access e
       // ...and not after the revoke.
       p.revoke(seg.value(), 2);
       if (rebound) {
-        auto again = p.c->link->expose(csrc.reg, 0, kLen, BulkAccess::kRemoteRead);
+        auto again = p.expose(csrc.reg, 0, kLen, BulkAccess::kRemoteRead);
         REQUIRE(again.ok());
         CHECK(p.c->link->bulk_windows() == 1);  // the same window from the pool...
         CHECK(again.value().rkey != seg.value().rkey);  // ...under a new key
@@ -409,7 +424,7 @@ TEST_CASE("bulk: the exposure rules; each violation fails with a remote access e
     Bulk cmem(*p.c->link, kLen), ssrc(*p.s->link, kLen);
     fill(cmem.mem, kLen, 7);
     fill(ssrc.mem, kLen, 8);
-    auto seg = p.c->link->expose(cmem.reg, 0, kLen, BulkAccess::kRemoteRead);
+    auto seg = p.expose(cmem.reg, 0, kLen, BulkAccess::kRemoteRead);
     REQUIRE(seg.ok());
     REQUIRE(p.s->link->write(ssrc.reg, 0, seg.value(), 0, kLen, 1).ok());
     expect_refused(p, 1);
@@ -419,8 +434,9 @@ TEST_CASE("bulk: the exposure rules; each violation fails with a remote access e
   SUBCASE("one byte beyond the exposed range (write and read)") {
     // inside: the window is [4096, 4096 + kLen) of a larger registration;
     // otherwise it ends where the registration ends.  (rxe checks an access
-    // only against the MR under a window: the link gives each exposure an
-    // MR of its own there, which this case proves.)
+    // only against the MR under a window: the link binds a window over
+    // part of a registration over an MR of its own there, which this case
+    // proves.)
     for (const bool inside : {false, true}) {
       for (const bool write : {true, false}) {
         CAPTURE(inside);
@@ -431,7 +447,7 @@ TEST_CASE("bulk: the exposure rules; each violation fails with a remote access e
         Bulk cmem(*p.c->link, total), smem(*p.s->link, kLen + 1);
         fill(cmem.mem, total, 9);
         fill(smem.mem, kLen + 1, 10);
-        auto seg = p.c->link->expose(cmem.reg, offset, kLen,
+        auto seg = p.expose(cmem.reg, offset, kLen,
                                      write ? BulkAccess::kRemoteWrite : BulkAccess::kRemoteRead);
         REQUIRE(seg.ok());
         // A peer that lies about the length (the descriptor says one more).
@@ -469,6 +485,7 @@ TEST_CASE("bulk: the exposure rules; each violation fails with a remote access e
     fill(s2mem.mem, kLen, 12);
     auto rseg = c1->link->expose(cmem.reg, 0, kLen, BulkAccess::kRemoteRead);
     auto wseg = c1->link->expose(cmem.reg, 0, kLen, BulkAccess::kRemoteWrite);
+    Pair::poll_once(*tc);  // the binds go out (Pair::expose)
     REQUIRE(rseg.ok());
     REQUIRE(wseg.ok());
     for (const bool write : {true, false}) {
@@ -525,24 +542,26 @@ TEST_CASE("bulk: a link that goes down ends its transfers and revokes before kLi
   SUBCASE("revoke on a down link returns at once") {
     Pair p;
     Bulk cmem(*p.c->link, 4096);
-    auto seg = p.c->link->expose(cmem.reg, 0, 4096, BulkAccess::kRemoteRead);
+    auto seg = p.expose(cmem.reg, 0, 4096, BulkAccess::kRemoteRead);
     REQUIRE(seg.ok());
     p.c->link->close("test closes the link");
     CHECK(p.c->link->revoke(seg.value(), 1));
-    CHECK_FALSE(p.c->link->expose(cmem.reg, 0, 4096, BulkAccess::kRemoteRead).ok());
+    CHECK_FALSE(p.expose(cmem.reg, 0, 4096, BulkAccess::kRemoteRead).ok());
     REQUIRE(p.run([&] { return p.c->count(CKind::kLinkDown) == 1; }));
     settle({p.tc.get(), p.ts.get()});
     CHECK(p.c->dones(1) == 0);
-    // The window went with the link: the registration can go now.
+    // The window went with the link: the registration can go now (after
+    // the exposure MR kept over it, as deregister_bulk does).
     auto* mr = static_cast<ibv_mr*>(cmem.reg.handle);
+    ExposureMrs::instance().drop_parent(mr);
     CHECK(ibv_dereg_mr(mr) == 0);
     cmem.reg = BulkRegistration{};
   }
   SUBCASE("a revoke in progress ends OK, a read and a write in progress UNAVAILABLE, all before kLinkDown") {
     Pair p;
     Bulk cmem(*p.c->link, kBig), smem(*p.s->link, kBig);
-    auto rseg = p.c->link->expose(cmem.reg, 0, kBig, BulkAccess::kRemoteRead);
-    auto wseg = p.c->link->expose(cmem.reg, 0, kBig, BulkAccess::kRemoteWrite);
+    auto rseg = p.expose(cmem.reg, 0, kBig, BulkAccess::kRemoteRead);
+    auto wseg = p.expose(cmem.reg, 0, kBig, BulkAccess::kRemoteWrite);
     REQUIRE(rseg.ok());
     REQUIRE(wseg.ok());
     // Client: a revoke queued, then the link fails before it is polled.
@@ -570,13 +589,82 @@ TEST_CASE("bulk: a link that goes down ends its transfers and revokes before kLi
   }
 }
 
+TEST_CASE("bulk: exposure MRs (Soft-RoCE) are kept per range, stay exact when reused, and go with their registration") {
+  Pair p;
+  if (!p.c->link->uses_exposure_mrs()) {
+    MESSAGE("this device bounds windows itself: no exposure MRs (the exposure rules are checked above)");
+    return;
+  }
+  ExposureMrs& mrs = ExposureMrs::instance();
+  constexpr size_t kLen = 64 * 1024;
+  Bulk cmem(*p.c->link, 3 * kLen), smem(*p.s->link, 3 * kLen + 1);
+  const auto* parent = static_cast<const ibv_mr*>(cmem.reg.handle);
+  fill(cmem.mem, 3 * kLen, 16);
+  uint64_t token = 1;
+  // Exposes [offset, offset + len) for reading, reads it all, revokes.
+  const auto read_through = [&](size_t offset, size_t len) {
+    auto seg = p.expose(cmem.reg, offset, len, BulkAccess::kRemoteRead);
+    REQUIRE(seg.ok());
+    std::memset(smem.mem, 0, len);
+    const uint64_t t = token++;
+    REQUIRE(p.s->link->read(smem.reg, 0, seg.value(), 0, len, t).ok());
+    REQUIRE(p.run([&] { return p.s->done(t) != nullptr; }));
+    REQUIRE(p.s->done(t)->bulk_status == kOk);
+    for (size_t i = 0; i < len; ++i)
+      REQUIRE(smem.mem[i] == std::byte{pattern(16, offset + i)});
+    p.revoke(seg.value(), token++);
+  };
+  const uint64_t before = mrs.registrations();
+  // The same range three times: one MR, kept after each revoke.
+  for (int i = 0; i < 3; ++i) read_through(kLen, kLen);
+  CHECK(mrs.registrations() == before + 1);
+  CHECK(mrs.idle(parent) == 1);
+  // The whole registration needs none: the window over all of it is
+  // bounded by the registration itself.
+  read_through(0, 3 * kLen);
+  CHECK(mrs.registrations() == before + 1);
+  // 20 other ranges: at most kIdlePerParent stay.
+  for (size_t i = 0; i < 20; ++i) read_through(i * 4096, 4096);
+  CHECK(mrs.registrations() == before + 21);
+  CHECK(mrs.idle(parent) == ExposureMrs::kIdlePerParent);
+  {
+    // A registration's MRs go when it is deregistered.
+    Bulk other(*p.c->link, 2 * kLen);
+    auto seg = p.expose(other.reg, 0, kLen, BulkAccess::kRemoteWrite);
+    REQUIRE(seg.ok());
+    p.revoke(seg.value(), token++);
+    CHECK(mrs.idle(static_cast<const ibv_mr*>(other.reg.handle)) == 1);
+    const size_t all = mrs.idle(nullptr);
+    other.link->deregister_bulk(other.reg);
+    CHECK(mrs.idle(nullptr) == all - 1);
+  }
+  // A kept MR (the last of the 20; the least recently used went first) is
+  // reused, and a peer that lies about the length of a range exposed over
+  // it is refused: nothing touched.
+  const uint64_t kept = mrs.registrations();
+  read_through(19 * 4096, 4096);
+  CHECK(mrs.registrations() == kept);
+  read_through(kLen, kLen);  // evicted by the 20: registered again
+  CHECK(mrs.registrations() == kept + 1);
+  auto seg = p.expose(cmem.reg, 19 * 4096, 4096, BulkAccess::kRemoteRead);
+  REQUIRE(seg.ok());
+  CHECK(mrs.registrations() == kept + 1);  // reused
+  RemoteSegment lie = seg.value();
+  lie.length += 1;
+  fill(smem.mem, 4097, 17);
+  REQUIRE(p.s->link->read(smem.reg, 0, lie, 0, 4097, 999).ok());
+  expect_refused(p, 999);
+  CHECK(mismatch(smem.mem, 4097, 17) == 4097);
+  CHECK(mismatch(cmem.mem, 3 * kLen, 16) == 3 * kLen);
+}
+
 TEST_CASE("bulk: the window pool is reused; bad arguments are refused before anything is posted") {
   Pair p;
   constexpr size_t kLen = 64 * 1024;
   Bulk cmem(*p.c->link, kLen), smem(*p.s->link, kLen);
   fill(cmem.mem, kLen, 14);
   for (uint64_t i = 0; i < 50; ++i) {
-    auto seg = p.c->link->expose(cmem.reg, 0, kLen, BulkAccess::kRemoteRead);
+    auto seg = p.expose(cmem.reg, 0, kLen, BulkAccess::kRemoteRead);
     REQUIRE(seg.ok());
     REQUIRE(p.s->link->read(smem.reg, 0, seg.value(), 0, kLen, 100 + i).ok());
     REQUIRE(p.run([&] { return p.s->done(100 + i) != nullptr; }));
@@ -586,11 +674,11 @@ TEST_CASE("bulk: the window pool is reused; bad arguments are refused before any
   CHECK(p.c->link->bulk_windows() == 1);
   CHECK(mismatch(smem.mem, kLen, 14) == kLen);
 
-  auto seg = p.c->link->expose(cmem.reg, 0, kLen, BulkAccess::kRemoteRead);
+  auto seg = p.expose(cmem.reg, 0, kLen, BulkAccess::kRemoteRead);
   REQUIRE(seg.ok());
-  CHECK(p.c->link->expose(cmem.reg, 1, kLen, BulkAccess::kRemoteRead).status().code() ==
+  CHECK(p.expose(cmem.reg, 1, kLen, BulkAccess::kRemoteRead).status().code() ==
         StatusCode::kInvalidArgument);
-  CHECK(p.c->link->expose(cmem.reg, 0, 0, BulkAccess::kRemoteRead).status().code() ==
+  CHECK(p.expose(cmem.reg, 0, 0, BulkAccess::kRemoteRead).status().code() ==
         StatusCode::kInvalidArgument);
   CHECK(p.s->link->read(smem.reg, 1, seg.value(), 0, kLen, 1).code() == StatusCode::kInvalidArgument);
   CHECK(p.s->link->read(smem.reg, 0, seg.value(), 1, kLen, 1).code() == StatusCode::kInvalidArgument);
@@ -649,7 +737,7 @@ TEST_CASE("bulk: dma-buf registration (udmabuf when the kernel has it), or a cle
     MESSAGE("dma-buf registration works on this device");
     BulkRegistration reg = r.value();
     Bulk smem(*p.s->link, kLen);
-    auto seg = p.c->link->expose(reg, 0, kLen, BulkAccess::kRemoteRead);
+    auto seg = p.expose(reg, 0, kLen, BulkAccess::kRemoteRead);
     REQUIRE(seg.ok());
     REQUIRE(p.s->link->read(smem.reg, 0, seg.value(), 0, kLen, 1).ok());
     REQUIRE(p.run([&] { return p.s->done(1) != nullptr; }));

@@ -4,6 +4,7 @@
 // path: nothing here runs for a slot message.
 #include "transport/verbs/verbs_transport.h"
 
+#include "transport/verbs/exposure_mrs.h"
 #include "transport/verbs/verbs_internal.h"
 
 namespace slotrpc::transport::verbs {
@@ -35,12 +36,13 @@ bool checks_window_bounds(const Device& dev) {
 
 void release_own_mr(BulkState::Window& w) {
   if (w.own_mr == nullptr) return;
-  if (ibv_dereg_mr(w.own_mr) != 0)
-    core::log().error("slotrpc: ibv_dereg_mr of an exposure's MR: {}", std::strerror(errno));
+  ExposureMrs::instance().release(w.own_mr);  // kept for the next exposure of the range
   w.own_mr = nullptr;
 }
 
 }  // namespace
+
+bool VerbsLink::uses_exposure_mrs() const { return !checks_window_bounds(owner_.device()); }
 
 uint64_t VerbsLink::chunk_bytes() const {
   const uint32_t port = owner_.device().max_msg_size();
@@ -123,6 +125,8 @@ Result<BulkRegistration> VerbsLink::register_bulk(const BulkSource& source) {
 
 void VerbsLink::deregister_bulk(BulkRegistration& registration) {
   if (auto* mr = static_cast<ibv_mr*>(registration.handle); mr != nullptr) {
+    // The exposure MRs over it first: none may outlive it (exposure_mrs.h).
+    ExposureMrs::instance().drop_parent(mr);
     // Fails while a window is still bound over the MR (an exposure not
     // revoked on a live link); a link that went down has released its
     // windows already (finish_bulk_on_down).
@@ -156,14 +160,13 @@ Result<RemoteSegment> VerbsLink::expose(const BulkRegistration& registration, si
                     fmt::format("expose: unknown access {}", static_cast<int>(access)));
   }
   ibv_mr* own_mr = nullptr;
-  if (!checks_window_bounds(owner_.device())) {
-    own_mr = ibv_reg_mr(pd_, registration.base + offset, length,
-                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
-    if (own_mr == nullptr)
-      return Status(StatusCode::kResourceExhausted,
-                    fmt::format("ibv_reg_mr of an exposure of {} bytes ({} checks windows only "
-                                "against their MR, so each exposure gets one): {}",
-                                length, owner_.device().name(), std::strerror(errno)));
+  // A window over the whole registration is bounded by it already.
+  if (uses_exposure_mrs() && (offset != 0 || length != registration.length)) {
+    auto mr = ExposureMrs::instance().acquire(pd_, static_cast<ibv_mr*>(registration.handle),
+                                              reinterpret_cast<uintptr_t>(registration.base) + offset,
+                                              length);
+    if (!mr.ok()) return mr.status();
+    own_mr = mr.value();
   }
   BulkState& b = bulk_state();
   uint32_t index = 0;
@@ -173,7 +176,7 @@ Result<RemoteSegment> VerbsLink::expose(const BulkRegistration& registration, si
   } else {
     ibv_mw* mw = ibv_alloc_mw(pd_, IBV_MW_TYPE_2);
     if (mw == nullptr) {
-      if (own_mr != nullptr) ibv_dereg_mr(own_mr);
+      if (own_mr != nullptr) ExposureMrs::instance().release(own_mr);
       return Status(StatusCode::kResourceExhausted,
                     fmt::format("ibv_alloc_mw (type 2) for exposure {} of {}: {}", b.windows.size() + 1,
                                 description_, std::strerror(errno)));
@@ -363,7 +366,7 @@ void VerbsLink::on_bulk_done() {
       b.by_rkey.erase(w.rkey);
       w.mw->rkey = w.rkey;  // what the device holds now; the next bind increments it
       w.state = BulkState::Window::State::kFree;
-      release_own_mr(w);  // unbound now, so it can go
+      release_own_mr(w);  // unbound now
       b.free_windows.push_back(f.index);
       push_bulk_done(w.token, static_cast<uint16_t>(StatusCode::kOk));
       break;

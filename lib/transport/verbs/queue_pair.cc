@@ -2,6 +2,7 @@
 // transitions to RTR and RTS on connect, with the ring window's bind.
 #include "transport/verbs/verbs_transport.h"
 
+#include "transport/verbs/exposure_mrs.h"
 #include "transport/verbs/verbs_internal.h"
 
 #include <cstring>
@@ -36,7 +37,7 @@ VerbsLink::~VerbsLink() {
   if (bulk_)
     for (BulkState::Window& w : bulk_->windows) {
       if (w.mw != nullptr) ibv_dealloc_mw(w.mw);
-      if (w.own_mr != nullptr) ibv_dereg_mr(w.own_mr);
+      if (w.own_mr != nullptr) ExposureMrs::instance().release(w.own_mr);
     }
   if (!mrs_.empty()) {
     core::log().warn("slotrpc: {} destroyed with {} memory region(s) still registered", description_,

@@ -111,6 +111,9 @@ class VerbsLink final : public Link {
   uint64_t chunk_bytes() const;
   // Windows the link has allocated so far (its pool), for tests.
   size_t bulk_windows() const { return bulk_ ? bulk_->windows.size() : 0; }
+  // Whether each exposed range gets an MR of its own under its window
+  // (devices that bound a window only by its MR: exposure_mrs.h).
+  bool uses_exposure_mrs() const;
 
   // After attach(): what the peer needs to reach this link.
   QpInfo local_info() const;
