@@ -224,9 +224,10 @@ struct Pair {
   bool run(const std::function<bool()>& done, std::chrono::milliseconds limit = 60000ms) {
     return pump({tc.get(), ts.get()}, done, limit);
   }
-  // In a session the key reaches the peer in a message posted after the
-  // bind.  These tests hand the key over directly, so they poll the
-  // exposing side once first, as the session's next turn would.
+  // expose() queues its bind for the link's next post() or poll(): in a
+  // session the key reaches the peer in a message posted after it.  These
+  // tests hand the key over directly, so they poll the exposing side once
+  // first, as the session's next turn would.
   slotrpc::Result<RemoteSegment> expose(const BulkRegistration& reg, size_t offset, size_t length,
                                         BulkAccess access) {
     auto seg = c->link->expose(reg, offset, length, access);
@@ -587,6 +588,42 @@ TEST_CASE("bulk: a link that goes down ends its transfers and revokes before kLi
     const size_t down = p.s->index_of(CKind::kLinkDown);
     for (size_t i = down; i < p.s->got.size(); ++i) CHECK(p.s->got[i].kind != CKind::kBulkDone);
   }
+}
+
+TEST_CASE("bulk: one doorbell per turn: binds with the message after them, a turn's reads, a turn's invalidations") {
+  Pair p;
+  constexpr size_t kLen = 4096;
+  Bulk cmem(*p.c->link, 3 * kLen), smem(*p.s->link, 3 * kLen);
+  fill(cmem.mem, 3 * kLen, 18);
+  const auto bells = [](const End& e) { return e.link->stats().doorbells; };
+  // Client: three exposures, then the message that would carry their keys.
+  uint64_t c0 = bells(*p.c);
+  std::vector<RemoteSegment> segs;
+  for (size_t i = 0; i < 3; ++i) {
+    auto seg = p.c->link->expose(cmem.reg, i * kLen, kLen, BulkAccess::kRemoteRead);
+    REQUIRE(seg.ok());
+    segs.push_back(seg.value());
+  }
+  CHECK(bells(*p.c) == c0);  // the binds wait for the message...
+  fill(p.c->sslot(0), 100, 70);
+  const Outgoing msg{p.c->sslot(0), 100, slotrpc::core::make_imm(0, 1), Lane::kSlot};
+  p.c->link->post({&msg, 1});
+  CHECK(bells(*p.c) == c0 + 1);  // ...and leave with it
+  REQUIRE(p.run([&] { return p.s->count(CKind::kMessage) == 1; }));
+  CHECK(mismatch(p.s->rslot(0), 100, 70) == 100);
+  // Server: three reads started in one turn (three handlers' read_bulk).
+  const uint64_t s0 = bells(*p.s);
+  for (size_t i = 0; i < 3; ++i)
+    REQUIRE(p.s->link->read(smem.reg, i * kLen, segs[i], 0, kLen, 10 + i).ok());
+  CHECK(bells(*p.s) == s0);
+  REQUIRE(p.run([&] { return p.s->dones(10) + p.s->dones(11) + p.s->dones(12) == 3; }));
+  CHECK(bells(*p.s) == s0 + 1);  // one chain (rxe allows 16 reads in flight)
+  CHECK(mismatch(smem.mem, 3 * kLen, 18) == 3 * kLen);
+  // Client: three revokes in one turn (a batch of replies).
+  c0 = bells(*p.c);
+  for (size_t i = 0; i < 3; ++i) CHECK_FALSE(p.c->link->revoke(segs[i], 20 + i));
+  REQUIRE(p.run([&] { return p.c->dones(20) + p.c->dones(21) + p.c->dones(22) == 3; }));
+  CHECK(bells(*p.c) == c0 + 1);
 }
 
 TEST_CASE("bulk: exposure MRs (Soft-RoCE) are kept per range, stay exact when reused, and go with their registration") {

@@ -227,7 +227,7 @@ void VerbsLink::queue_bulk(Pending::Kind kind, uint32_t index) {
   p.kind = kind;
   p.bulk = index;
   ++backlog_bulk_;
-  if (connected_) flush_backlog();
+  if (connected_) defer_flush();
 }
 
 void VerbsLink::prepare_window_wr(size_t i, const Pending& p) {
@@ -313,7 +313,7 @@ Status VerbsLink::start_transfer(bool write, const BulkRegistration& local, size
   // The core posts a call's reply only after the write's kBulkDone, so the
   // reply still follows its data (transport.h).
   (write ? b.writes : b.reads).push_back(i);
-  if (connected_) flush_backlog();
+  if (connected_) defer_flush();
   return {};
 }
 

@@ -40,6 +40,15 @@ void VerbsLink::post(std::span<const Outgoing> batch) {
     }
     ++stats_.backlogged;
   }
+  // Bulk work requests queued this turn (defer_flush: a bind ahead of the
+  // request that carries its key) leave with these messages, one chain.
+  if (connected_ && flush_queued_) flush_backlog();
+}
+
+void VerbsLink::defer_flush() {
+  if (flush_queued_) return;
+  flush_queued_ = true;
+  owner_.flush_list_.push_back(this);
 }
 
 bool VerbsLink::prepare(size_t i, const Outgoing& o) {
@@ -173,10 +182,7 @@ void VerbsLink::flush_backlog() {
 
 void VerbsLink::on_send_done(uint32_t retired) {
   sq_outstanding_ -= std::min(retired, sq_outstanding_);
-  if ((backlog_head_ < backlog_.size() || bulk_waiting()) && !flush_queued_) {
-    flush_queued_ = true;
-    owner_.flush_list_.push_back(this);
-  }
+  if (backlog_head_ < backlog_.size() || bulk_waiting()) defer_flush();
 }
 
 void VerbsLink::repost() {
@@ -314,9 +320,15 @@ size_t VerbsTransport::process(const ibv_wc* wc, int n, Completion* out) {
   }
   for (VerbsLink* l : repost_list_) l->repost();
   repost_list_.clear();
-  for (VerbsLink* l : flush_list_) l->flush_backlog();
-  flush_list_.clear();
+  flush_deferred();
   return k;
+}
+
+void VerbsTransport::flush_deferred() {
+  // Index loop: flushing never queues another flush, but keep it safe if
+  // it ever does.
+  for (size_t i = 0; i < flush_list_.size(); ++i) flush_list_[i]->flush_backlog();
+  flush_list_.clear();
 }
 
 int VerbsTransport::poll_into_ready() {
@@ -340,6 +352,8 @@ void VerbsTransport::drain_cq() {
 }
 
 size_t VerbsTransport::poll(std::span<Completion> out) {
+  // What the last turn queued (VerbsLink::defer_flush) goes out first.
+  if (!flush_list_.empty()) flush_deferred();
   size_t got = drain_ready(out);
   if (got == out.size()) return got;
   if (check_fds_ || --countdown_ == 0) {
@@ -364,6 +378,9 @@ size_t VerbsTransport::poll(std::span<Completion> out) {
 }
 
 bool VerbsTransport::prepare_sleep() {
+  // Never sleep on work requests not yet posted: the completions they would
+  // bring are what the loop waits for.
+  if (!flush_list_.empty()) flush_deferred();
   if (ready_head_ < ready_.size()) return false;
   if (!armed_) {
     if (const int rc = ibv_req_notify_cq(cq_, 0); rc != 0) {

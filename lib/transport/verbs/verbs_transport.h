@@ -172,6 +172,12 @@ class VerbsLink final : public Link {
   bool prepare(size_t i, const Outgoing& o);  // fills wr_[i]; false: the link failed
   bool ring_doorbell(size_t n);               // posts wr_[0..n) as one chain
   void flush_backlog();
+  // Queues flush_backlog() for the transport's next poll() or
+  // prepare_sleep(), or for this link's next post(), whichever comes first:
+  // bulk work requests queued in one turn (a bind and the request carrying
+  // its key, the invalidations of every call a batch of replies ended, the
+  // READs of every handler that ran) leave in one chain, one doorbell.
+  void defer_flush();
   void repost();
   bool on_receive(const ibv_wc& wc, const std::byte* buffer, Completion* out);
   void on_send_done(uint32_t retired);
@@ -332,6 +338,8 @@ class VerbsTransport final : public Transport {
   // Until the CQ is empty (a destroyed queue pair's completions leave
   // before its number can be reused).
   void drain_cq();
+  // Runs flush_backlog() of every link in flush_list_ (defer_flush).
+  void flush_deferred();
   size_t process(const ibv_wc* wc, int n, Completion* out);
   void check_fds();
   void on_async_event(const ibv_async_event& e);
