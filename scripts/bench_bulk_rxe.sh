@@ -48,14 +48,20 @@ if [[ ${1:-} == --guest ]]; then
   for t in ib_read_bw ib_write_bw; do
     for k in "${!SIZES[@]}"; do perf "$t" "${SIZES[$k]}" "${ITERS[$k]}"; done
   done
+  # One run per size, with as many calls as perftest's iterations of that
+  # size (SIZE x ITERS bytes; 5 calls of 64 KiB measured mostly noise);
+  # the --guest-merge step joins their JSON files.
   echo "== slotrpc-bench bulk-read, bulk-write over verbs"
-  sizes=$(IFS=,; echo "${SIZES[*]}")
-  "$BENCH" --modes bulk-read,bulk-write --transports bulk-verbs --address 127.0.0.1 --bulk-sizes "$sizes" \
-    --bulk-calls 5 --json "$OUT/rxe-bulk.json"
+  for k in "${!SIZES[@]}"; do
+    "$BENCH" --modes bulk-read,bulk-write --transports bulk-verbs --address 127.0.0.1 \
+      --bulk-sizes "${SIZES[$k]}" --bulk-calls "${ITERS[$k]}" --json "$OUT/rxe-bulk-$k.json"
+  done
   echo "== the same with ${DEEP} calls in flight (perftest keeps its queue full too)"
-  "$BENCH" --modes bulk-read,bulk-write --transports bulk-verbs --address 127.0.0.1 \
-    --bulk-sizes "$(IFS=,; echo "${DEEP_SIZES[*]}")" --bulk-calls 40 --bulk-outstanding "$DEEP" \
-    --json "$OUT/rxe-bulk-deep.json"
+  for k in "${!DEEP_SIZES[@]}"; do
+    "$BENCH" --modes bulk-read,bulk-write --transports bulk-verbs --address 127.0.0.1 \
+      --bulk-sizes "${DEEP_SIZES[$k]}" --bulk-calls "$((ITERS[k] > 8 * DEEP ? ITERS[k] : 8 * DEEP))" \
+      --bulk-outstanding "$DEEP" --json "$OUT/rxe-bulk-deep-$k.json"
+  done
   exit 0
 fi
 
@@ -86,10 +92,17 @@ results=$(mktemp -d)
 trap 'rm -rf -- "$results"' EXIT
 BULK_RXE_DEEP=$DEEP RXE_VM_PASS_ENV=BULK_RXE_DEEP SLOTRPC_UNIX_PATH=off SLOTRPC_LOG_LEVEL=warn tests/rxe/rxe-vm.sh --cache "$BUILD/rxe-cache" --timeout "$TIMEOUT" \
   --results "$results" -- "$ROOT/scripts/bench_bulk_rxe.sh" --guest "$ROOT/$BUILD/bench/slotrpc-bench"
-cp "$results"/rxe-bulk.json "$results"/rxe-bulk-deep.json "$results"/ib_read_bw.txt "$results"/ib_write_bw.txt "$OUT"/
-python3 - "$OUT" <<'PY' | tee "$OUT/rxe-bulk-summary.txt"
-import json, sys
-out = sys.argv[1]
+cp "$results"/ib_read_bw.txt "$results"/ib_write_bw.txt "$OUT"/
+python3 - "$OUT" "$results" <<'PY' | tee "$OUT/rxe-bulk-summary.txt"
+import glob, json, sys
+out, results = sys.argv[1], sys.argv[2]
+# The per-size runs, joined: one file per pass (run info of the first).
+for name in ("rxe-bulk", "rxe-bulk-deep"):
+    files = sorted(glob.glob(f"{results}/{name}-[0-9]*.json"))
+    doc = json.load(open(files[0]))
+    for f in files[1:]:
+        doc["results"] += json.load(open(f))["results"]
+    json.dump(doc, open(f"{out}/{name}.json", "w"), indent=1)
 perf = {}
 res = []
 for t in ("ib_read_bw", "ib_write_bw"):
