@@ -5,9 +5,9 @@
 // Data path (docs/protocol.md, "Bulk transfers on verbs"):
 //   expose   an IBV_WR_BIND_MW of a free pool window over exactly the
 //            exposed range, REMOTE_READ or REMOTE_WRITE, bound to this
-//            link's queue pair.  Posted in send-queue order (through the
-//            backlog when the queue is full), so the slot message carrying
-//            the key is behind the bind.
+//            link's queue pair.  Queued in the backlog, in send-queue
+//            order, so the slot message carrying the key is behind the
+//            bind; it leaves with that message, one chain (defer_flush).
 //   revoke   an IBV_WR_LOCAL_INV of the window's key, signaled; its
 //            completion is the kBulkDone, and the window goes back to the
 //            pool (a type-2 window must be invalidated before it can be
@@ -22,6 +22,10 @@
 //            of waiting for the whole write (which on a slow link outlived
 //            the peer timeout).  A reply follows its data because the core
 //            posts it only after the write's kBulkDone (transport.h).
+// Binds, invalidations and transfers queued in one turn of the loop leave
+// in one chain at its end (VerbsLink::defer_flush): a doorbell is a system
+// call on Soft-RoCE and an MMIO write on a NIC, once per turn, not per
+// request.
 // Every bulk work request is signaled (one completion per chunk of a
 // megabyte costs nothing) and carries kBulkBit; completions of one send
 // queue arrive in posting order, so `in_flight` (a FIFO) says which
