@@ -665,6 +665,21 @@ TEST_CASE("bulk: exposure MRs (Soft-RoCE) are kept per range, stay exact when re
   CHECK(mrs.registrations() == before + 21);
   CHECK(mrs.idle(parent) == ExposureMrs::kIdlePerParent);
   {
+    // One still under a window when its registration goes is orphaned: it
+    // goes when the window's invalidation completes, not before (its
+    // deregistration would fail) and not never.
+    Bulk other(*p.c->link, 2 * kLen);
+    const size_t all = mrs.entries();
+    auto seg = p.c->link->expose(other.reg, kLen, kLen, BulkAccess::kRemoteRead);
+    REQUIRE(seg.ok());
+    CHECK(mrs.entries() == all + 1);
+    other.link->deregister_bulk(other.reg);
+    CHECK(mrs.entries() == all + 1);  // bound: kept
+    CHECK(mrs.idle(nullptr) == all);  // not idle (never handed out again)
+    p.revoke(seg.value(), token++);
+    CHECK(mrs.entries() == all);
+  }
+  {
     // A registration's MRs go when it is deregistered.
     Bulk other(*p.c->link, 2 * kLen);
     auto seg = p.expose(other.reg, 0, kLen, BulkAccess::kRemoteWrite);

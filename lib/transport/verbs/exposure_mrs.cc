@@ -129,6 +129,11 @@ uint64_t ExposureMrs::registrations() const {
   return registrations_;
 }
 
+size_t ExposureMrs::entries() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.size();
+}
+
 size_t ExposureMrs::idle(const ibv_mr* parent) const {
   std::lock_guard<std::mutex> lock(mu_);
   size_t n = 0;

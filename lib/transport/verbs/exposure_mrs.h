@@ -65,6 +65,7 @@ class ExposureMrs {
 
   // For tests.
   size_t idle(const ibv_mr* parent) const;  // nullptr: all parents
+  size_t entries() const;                    // idle, bound and orphaned
   uint64_t registrations() const;  // ibv_reg_mr calls so far
 
  private:
