@@ -7,10 +7,11 @@
 // binds its window over an MR of its own covering exactly that range.
 //
 // Why they are kept: registering one per exposure and deregistering it
-// after the revoke cost two system calls and a page walk per call, about a
-// twentieth of a 64 KiB call's time in the Soft-RoCE VM (docs/benchmarks.md,
-// "exposure MRs").  Calls that expose the same range again (a tensor
-// buffer, a registered staging area) now bind over the MR they had.
+// after the revoke cost two system calls and a page walk per call (in the
+// Soft-RoCE VM the 64 KiB bulk figures moved within their noise without
+// them: docs/benchmarks.md, fourteenth session).  Calls that expose the
+// same range again (a tensor buffer, a registered staging area) now bind
+// over the MR they had.
 //
 // Why keeping them keeps the exposure rules (docs/protocol.md): these MRs
 // carry no REMOTE_* access, so their own keys reach nothing; the peer only
