@@ -49,6 +49,9 @@ void wait_for_termination() {
 ChildProcess::~ChildProcess() {
   if (pid_ > 0) {
     ::kill(pid_, SIGTERM);
+    // A stopped server (SIGSTOP, as a failure test does) acts on the TERM
+    // only once continued; without this the benchmark waited forever.
+    ::kill(pid_, SIGCONT);
     int status = 0;
     ::waitpid(pid_, &status, 0);
   }
