@@ -131,6 +131,12 @@ struct SLOTRPC_API Config {
   // builds the rest (docs/tuning.md, "Early flush").  0: once per turn.
   uint32_t tcp_flush_every = 16;
   LaneScheduling tcp_lane_sched = LaneScheduling::kNormal;  // SLOTRPC_TCP_LANE_SCHED normal|batch
+  // SLOTRPC_TCP_LANE_SPIN_US: how long a bulk lane thread keeps polling its
+  // lanes (yielding the CPU between polls) after it last found work,
+  // before it sleeps in epoll_wait.  A transfer's data arrives and drains
+  // in pieces, and a thread that slept between them paid a wake-up for
+  // each (docs/tuning.md, "TCP bulk lanes").  0: sleep at once.
+  uint32_t tcp_lane_spin_us = 200;
   // SLOTRPC_PACK_SMALL: requests and replies of at most this many bytes
   // (32-byte header + payload) that are ready in the same event-loop turn
   // travel together in one slot message, one work request or frame

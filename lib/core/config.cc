@@ -50,6 +50,8 @@ std::span<const UintSetting> uint_settings() {
        "tcp: bulk segments of at least this many bytes move on a second connection and thread (0: never)"},
       {"SLOTRPC_TCP_BULK_PUSH", "tcp_bulk_push", &Config::tcp_bulk_push, 0, 16u << 20,
        "tcp: send_bulk segments up to this many bytes follow their request unasked (0: never)"},
+      {"SLOTRPC_TCP_LANE_SPIN_US", "tcp_lane_spin_us", &Config::tcp_lane_spin_us, 0, 10'000'000,
+       "tcp: microseconds a bulk lane thread polls on, yielding, after its last work before it sleeps (0: at once)"},
       {"SLOTRPC_TCP_FLUSH_EVERY", "tcp_flush_every", &Config::tcp_flush_every, 0, 65536,
        "tcp: a session sends once this many messages wait, not only at the end of the loop turn (0: end of turn only)"},
       {"SLOTRPC_PACK_SMALL", "pack_small", &Config::pack_small, 0, 16384,

@@ -118,6 +118,43 @@ TEST_CASE("a frame posted after a lane write's kBulkDone waits at the FENCE unti
   CHECK_FALSE(owner->down());
 }
 
+TEST_CASE("a lane thread polls on for tcp_lane_spin_us after its last work before it sleeps; with 0 it sleeps between bursts") {
+  // 24 MiB read through the lane: the reader's lane thread receives it in
+  // bursts, with the socket empty between them.
+  auto transfer = [](uint32_t spin_us, uint64_t* reader_sleeps, uint64_t* owner_sleeps) {
+    Config c = lanes_from(1 << 20);
+    c.tcp_lane_spin_us = spin_us;
+    World w(c);
+    End *owner, *reader;
+    std::tie(owner, reader) = w.connect();
+    w.lane(*owner, *reader);
+    const size_t size = size_t{24} << 20;
+    std::vector<std::byte> src = pattern(size, 11), dst(size);
+    BulkRegistration sreg = reg(*owner->link, src), dreg = reg(*reader->link, dst);
+    auto seg = owner->link->expose(sreg, 0, size, BulkAccess::kRemoteRead);
+    REQUIRE(seg.ok());
+    REQUIRE((seg->rkey & TcpTransport::kLaneKeyBit) != 0);
+    const uint64_t before = w.b.lane_sleeps();
+    REQUIRE(reader->link->read(dreg, 0, seg.value(), 0, size, 1).ok());
+    REQUIRE(w.pump_until([&] { return reader->find(CKind::kBulkDone, 1) || reader->down(); }));
+    ok_done(*reader, 1);
+    check_equal(dst, src);
+    *reader_sleeps = w.b.lane_sleeps() - before;
+    *owner_sleeps = w.a.lane_sleeps();
+  };
+  uint64_t reader = 0, owner = 0;
+  // 0: the reader's lane thread sleeps whenever a poll finds nothing to
+  // complete, many times per transfer.
+  transfer(0, &reader, &owner);
+  CAPTURE(reader);
+  CHECK(reader > 0);
+  // Ten seconds: neither lane thread sleeps from its start to the end of
+  // the transfer (far less than ten seconds apart, even under ASan).
+  transfer(10'000'000, &reader, &owner);
+  CHECK(reader == 0);
+  CHECK(owner == 0);
+}
+
 TEST_CASE("a lane that dies takes its session link with it; the lane's transfer ends before kLinkDown") {
   World w(lanes_from(1 << 20));
   End *owner, *reader;

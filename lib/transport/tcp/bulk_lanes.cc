@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -41,6 +42,7 @@ Result<std::unique_ptr<BulkLanes>> BulkLanes::start(const Config& loop_config, i
   if (::epoll_ctl(loop_epoll_fd, EPOLL_CTL_ADD, l->wake_fd_, &ev) != 0) return sys_error("epoll_ctl");
   l->loop_epoll_fd_ = loop_epoll_fd;
   l->batch_ = loop_config.tcp_lane_sched == LaneScheduling::kBatch;
+  l->spin_ = std::chrono::microseconds(loop_config.tcp_lane_spin_us);
   try {
     l->thread_ = std::thread([p = l.get()] { p->run(); });
   } catch (const std::system_error& e) {
@@ -80,6 +82,16 @@ void BulkLanes::run() {
   }
   std::array<Completion, 64> buf;
   std::array<epoll_event, 2> evs;
+  // Spinning (Config::tcp_lane_spin_us): after the last sign of work the
+  // thread polls on for spin_, yielding the CPU between polls, before it
+  // sleeps.  A transfer keeps a lane busy only in bursts (the receiver
+  // drains the socket faster than loopback or the NIC fills it; the sender
+  // waits for room), and a thread that slept between bursts paid a
+  // wake-up for each: 100,000 context switches for ten 1 GiB echoes, and
+  // 20 to 40 % of the throughput from 16 MiB up (docs/benchmarks.md, "TCP:
+  // lane threads spin").  Yielding, not spinning flat out, so that an
+  // event loop woken for a small call on the same core gets it at once.
+  auto last_work = std::chrono::steady_clock::now();
   for (;;) {
     size_t n;
     {
@@ -87,10 +99,28 @@ void BulkLanes::run() {
       n = transport_->poll(buf);
       for (size_t i = 0; i < n; ++i) forward(to_event(buf[i]));
     }
-    if (n != 0) continue;  // more may be ready; epoll comes back when not
-    // Asleep until a lane socket is ready or stop.  The timeout lets the
-    // transport's drain clock (peer_timeout_ms) run while a peer stalls.
-    const int k = ::epoll_wait(wait_fd_, evs.data(), static_cast<int>(evs.size()), 100);
+    if (n != 0) {  // more may be ready; epoll comes back when not
+      if (spin_.count() != 0) last_work = std::chrono::steady_clock::now();
+      continue;
+    }
+    int k = 0;
+    if (spin_.count() != 0) {
+      k = ::epoll_wait(wait_fd_, evs.data(), static_cast<int>(evs.size()), 0);
+      const auto now = std::chrono::steady_clock::now();
+      if (k > 0) {
+        last_work = now;
+      } else if (now - last_work < spin_) {
+        ::sched_yield();
+        continue;
+      }
+    }
+    if (k <= 0) {
+      // Asleep until a lane socket is ready or stop.  The timeout lets the
+      // transport's drain clock (peer_timeout_ms) run while a peer stalls.
+      sleeps_.fetch_add(1, std::memory_order_relaxed);
+      k = ::epoll_wait(wait_fd_, evs.data(), static_cast<int>(evs.size()), 100);
+      if (k > 0 && spin_.count() != 0) last_work = std::chrono::steady_clock::now();
+    }
     for (int i = 0; i < k; ++i)
       if (evs[i].data.fd == stop_fd_) return;
   }

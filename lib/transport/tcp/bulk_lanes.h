@@ -35,6 +35,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -92,6 +93,9 @@ class BulkLanes {
   // link that must report them before its own kLinkDown).
   void drain_lane(TcpLink* lane, std::vector<Event>& out);
   int wake_fd() const { return wake_fd_; }
+  // Times the lane thread went to sleep in epoll_wait (any thread; for
+  // tests of Config::tcp_lane_spin_us).
+  uint64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }
 
  private:
   BulkLanes() = default;
@@ -107,6 +111,8 @@ class BulkLanes {
   int stop_fd_ = -1;   // eventfd: stops the lane thread
   int wait_fd_ = -1;   // epoll of the lane thread: transport_'s epoll fd and stop_fd_
   bool batch_ = false;  // the thread runs SCHED_BATCH (Config::tcp_lane_sched)
+  std::chrono::microseconds spin_{0};  // Config::tcp_lane_spin_us
+  std::atomic<uint64_t> sleeps_{0};
   std::thread thread_;
 
   std::mutex events_mu_;

@@ -44,6 +44,8 @@ const char tcp_bulk_domain = 0;
 
 const void* TcpLink::bulk_domain() const { return &tcp_bulk_domain; }
 
+uint64_t TcpTransport::lane_sleeps() const { return lanes_ != nullptr ? lanes_->sleeps() : 0; }
+
 Result<BulkRegistration> TcpLink::register_bulk(const BulkSource& source) {
   if (source.dmabuf_fd >= 0)
     return Status(StatusCode::kUnimplemented,

@@ -506,6 +506,9 @@ class TcpTransport final : public Transport {
   // with calls (two slices; a link whose slice has grown uses two of its
   // own).
   int bulk_notsent_lowat() const { return static_cast<int>(2 * bulk_slice_); }
+  // Times this loop's lane thread went to sleep (0 before its first lane;
+  // for tests of Config::tcp_lane_spin_us).
+  uint64_t lane_sleeps() const;
   // Read requests a link has outstanding at its peer, and serves for it.
   static constexpr size_t kMaxBulkReads = 16;
 
