@@ -131,6 +131,58 @@ TEST_CASE("a push nobody claims is dropped after a turn; the read then asks for 
   }
 }
 
+TEST_CASE("a push read in pieces from its first byte goes straight into each piece's read") {
+  // Pieces that end inside a frame (10000, 4097) and on frame boundaries
+  // (65536: the frames are one 64 KiB slice at first); each read issued
+  // once the one before is done, as a handler reading page by page does.
+  for (const size_t piece : {size_t{10000}, size_t{65536}, size_t{4097}}) {
+    CAPTURE(piece);
+    PushPair p;
+    const size_t size = 300000;
+    auto o = p.offer(size, 14);
+    uint64_t token = 10, pieces = 0;
+    for (size_t at = 0; at < size; at += piece, ++token, ++pieces) {
+      const size_t n = std::min(piece, size - at);
+      REQUIRE(p.reader->link->read(o->dreg, at, o->seg, at, n, token).ok());
+      REQUIRE(p.w.pump_until([&] { return p.reader->find(CKind::kBulkDone, token) || p.reader->down(); }));
+      ok_done(*p.reader, token);
+    }
+    check_equal(o->dst, o->src);
+    CHECK(p.reader->link->stats().bulk_requests == 0);  // no READ_REQ
+    CHECK(p.reader->link->push_counts().claimed == pieces);
+    CHECK(p.reader->link->push_counts().dropped == 0);
+    CHECK_FALSE(p.reader->link->push_parked());
+    CHECK(p.owner->link->revoke(o->seg, 99));
+    CHECK_FALSE(p.reader->down());
+    CHECK_FALSE(p.owner->down());
+  }
+}
+
+TEST_CASE("a push whose next piece nobody reads in time is dropped there; the rest is asked for as usual") {
+  for (const size_t first : {size_t{10000}, size_t{65536}}) {
+    CAPTURE(first);
+    PushPair p;
+    const size_t size = 300000;
+    auto o = p.offer(size, 15);
+    REQUIRE(p.reader->link->read(o->dreg, 0, o->seg, 0, first, 7).ok());
+    REQUIRE(p.w.pump_until([&] { return p.reader->find(CKind::kBulkDone, 7) || p.reader->down(); }));
+    ok_done(*p.reader, 7);
+    // The handler does something else; a second request arrives behind
+    // the push, so the push was dropped (parsing went on).
+    p.post_request(2);
+    REQUIRE(p.w.pump_until([&] { return p.messages(*p.reader) == 2 || p.reader->down(); }));
+    CHECK(p.reader->link->push_counts().dropped == 1);
+    // A read of the next piece now, from where the first ended: asked for.
+    REQUIRE(p.reader->link->read(o->dreg, first, o->seg, first, size - first, 8).ok());
+    REQUIRE(p.w.pump_until([&] { return p.reader->find(CKind::kBulkDone, 8) || p.reader->down(); }));
+    ok_done(*p.reader, 8);
+    check_equal(o->dst, o->src);
+    CHECK(p.reader->link->stats().bulk_requests == 1);
+    CHECK(p.reader->link->push_counts().claimed == 1);
+    CHECK_FALSE(p.reader->down());
+  }
+}
+
 TEST_CASE("which ranges are pushed: read ranges up to the limit, after the next slot frame") {
   PushPair p(64 * 1024);
   std::vector<std::byte> mem = pattern(256 * 1024, 14);

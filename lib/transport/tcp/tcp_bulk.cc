@@ -164,8 +164,9 @@ Status TcpLink::read(const BulkRegistration& local, size_t local_offset, const R
     std::lock_guard<std::mutex> lock(owner_.lanes_->mu());
     return lane_->read(local, local_offset, remote, remote_offset, length, token);
   }
-  // The range's owner pushed it and its first frame waits: no READ_REQ.
-  if (parked_ && claim_push(local.base + local_offset, remote, remote_offset, length, token))
+  // The range's owner pushed it and its next bytes wait for a read: no
+  // READ_REQ.
+  if (!pushes_in_.empty() && claim_push(local.base + local_offset, remote, remote_offset, length, token))
     return Status::ok_status();
   ReadOp op;
   op.token = token;
@@ -504,11 +505,15 @@ bool TcpLink::on_bulk_header() {
 // read_bulk names.  The reader cannot know that memory before its handler
 // runs, so the push's first frame *parks*: its header is read, and the
 // link reads nothing more until either the handler's read claims the push
-// (same range, whole) or every message that came before the push has been
-// handed out and the loop has gone round once (then the push is dropped,
-// read and thrown away, and the handler's later read sends a READ_REQ as
-// always).  Parking never lasts more than a turn or two of the loop, and
-// bytes never land anywhere but in a read's destination.
+// (from its first byte: the whole range, or a first piece of it) or every
+// message that came before the push has been handed out and the loop has
+// gone round once (then the push is dropped, read and thrown away, and the
+// handler's later read sends a READ_REQ as always).  A read of a first
+// piece parks the push again where that read ends, even inside a frame,
+// so that the handler's read of the next piece (per page, say) claims it
+// in turn; the same turn rule drops it if none comes.  Parking never lasts
+// more than a turn or two of the loop, and bytes never land anywhere but
+// in a read's destination.
 
 void TcpLink::set_push_limit(uint64_t bytes) {
   push_limit_ = std::min<uint64_t>(bytes, TcpTransport::kMaxPushBytes);
@@ -584,25 +589,41 @@ bool TcpLink::on_push_header(uint32_t rkey, uint32_t status, uint64_t total, uin
     PushIn p;
     p.rkey = rkey;
     p.total = total;
+    p.got = length;
     pushes_in_.push_back(p);
     // Park: the frame's data stays where it is until a read claims it.
-    parked_ = true;
-    parked_len_ = static_cast<uint32_t>(length);
-    parked_poll_ = owner_.polls_;
-    parked_mark_ = owner_.completions_queued_;
-    owner_.watch_push(this);
+    push_frame_left_ = static_cast<uint32_t>(length);
+    park(rkey);
     return true;
   }
   // (The parked state cannot be here: nothing is read while a push parks.)
   if (addr != it->got || total != it->total || length > it->total - it->got)
     return refuse("at " + std::to_string(addr) + "+" + std::to_string(length) +
                   ", out of order or beyond its " + std::to_string(it->total) + " bytes");
-  receive_push_frame(it, static_cast<uint32_t>(length));
+  it->got += length;
+  push_frame_left_ = static_cast<uint32_t>(length);
+  // The read of the piece before this frame ended with the last frame: the
+  // next piece's read claims it from here.
+  if (it->state == PushIn::State::kClaimed && waits_for_read(*it)) {
+    it->state = PushIn::State::kParked;
+    park(rkey);
+    return true;
+  }
+  receive_push_part(it);
   return true;
 }
 
-void TcpLink::receive_push_frame(std::vector<PushIn>::iterator p, uint32_t length) {
-  p->got += length;
+void TcpLink::park(uint32_t rkey) {
+  parked_ = true;
+  push_rkey_ = rkey;
+  parked_poll_ = owner_.polls_;
+  parked_mark_ = owner_.completions_queued_;
+  owner_.watch_push(this);
+}
+
+void TcpLink::receive_push_part(std::vector<PushIn>::iterator p) {
+  uint32_t n = push_frame_left_;
+  push_rkey_ = p->rkey;
   rx_ = Rx::kBulkData;
   bulk_type_ = TcpTransport::kBulkPushData;
   slot_frames_at_data_ = owner_.slot_frames();
@@ -611,23 +632,39 @@ void TcpLink::receive_push_frame(std::vector<PushIn>::iterator p, uint32_t lengt
   if (p->state == PushIn::State::kClaimed) {
     auto r = find_read(p->read_tag);
     if (r != reads_.end()) {
+      n = static_cast<uint32_t>(std::min<uint64_t>(n, r->length - r->got));
       body_dest_ = r->dest + r->got;
-      r->got += length;
+      r->got += n;
       bulk_read_tag_ = r->tag;
     }
   }
-  if (p->got == p->total) pushes_in_.erase(p);
+  push_frame_left_ -= n;
+  if (p->got == p->total && push_frame_left_ == 0) pushes_in_.erase(p);
   in_body_ = true;
   body_control_ = false;
-  body_len_ = length;
+  body_len_ = n;
   body_got_ = 0;
+}
+
+void TcpLink::end_push_part() {
+  if (push_frame_left_ == 0) return;  // the frame is in: the next one has a header
+  auto p = find_push(push_rkey_);
+  if (p == pushes_in_.end()) return;  // cannot happen: erased only with its frame's last part
+  // The claimed read took its piece (finish_frame ended it) and the frame
+  // goes on: the next piece waits for its read, exactly where it starts.
+  if (p->state == PushIn::State::kClaimed && waits_for_read(*p)) {
+    p->state = PushIn::State::kParked;
+    park(p->rkey);
+    return;
+  }
+  receive_push_part(p);
 }
 
 bool TcpLink::claim_push(std::byte* dest, const RemoteSegment& remote, uint64_t remote_offset,
                          size_t length, uint64_t token) {
-  if (remote_offset != 0) return false;
-  auto it = find_push(remote.rkey);  // at most one push is parked: this one, if any
-  if (it == pushes_in_.end() || it->state != PushIn::State::kParked || length != it->total)
+  auto it = find_push(remote.rkey);
+  if (it == pushes_in_.end() || !waits_for_read(*it) || remote_offset != it->claimed ||
+      length > it->total - it->claimed)
     return false;
   ReadOp op;
   op.token = token;
@@ -638,11 +675,24 @@ bool TcpLink::claim_push(std::byte* dest, const RemoteSegment& remote, uint64_t 
   op.requested = true;  // as good as asked for: the requested prefix of reads_
   reads_.push_front(op);
   ++reads_requested_;
+  const bool was_parked = it->state == PushIn::State::kParked;
   it->state = PushIn::State::kClaimed;
   it->read_tag = op.tag;
+  it->claimed += length;
   ++pushes_claimed_;
-  unpark(it);
+  // Parked: its data is read from here on.  Otherwise the read of the
+  // piece before ended with a frame, and the next frame's header, not read
+  // yet, finds this read.
+  if (was_parked) unpark(it);
   return true;
+}
+
+bool TcpLink::waits_for_read(const PushIn& p) {
+  // Parked; or claimed by a read that has ended, the push going on (the
+  // next frame, its header not read yet, parks unless a read comes first).
+  return p.state == PushIn::State::kParked ||
+         (p.state == PushIn::State::kClaimed && p.claimed < p.total &&
+          find_read(p.read_tag) == reads_.end());
 }
 
 void TcpLink::drop_parked() {
@@ -656,7 +706,7 @@ void TcpLink::drop_parked() {
 
 void TcpLink::unpark(std::vector<PushIn>::iterator p) {
   parked_ = false;
-  receive_push_frame(p, parked_len_);  // the parked frame's data, from here on
+  receive_push_part(p);  // the parked frame's data, from where it waits
   // We may be on a handler's fiber (a claim): what staging holds is parsed
   // at the start of the next poll, and the socket is read from there on.
   push_resume_ = true;

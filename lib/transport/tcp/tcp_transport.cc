@@ -555,6 +555,8 @@ bool TcpLink::finish_frame() {
       // dropped push's chunk has tag 0, which no read has).
       auto it = find_read(bulk_read_tag_);
       if (it != reads_.end() && it->got == it->length) end_read(it, StatusCode::kOk);
+      // A push's frame may go on past the read that took this part.
+      if (bulk_type_ == TcpTransport::kBulkPushData && !down_) end_push_part();
     }
     return !down_;
   }

@@ -297,14 +297,17 @@ class TcpLink final : public Link {
     uint64_t revoke_token = 0;    // kBulkDone for revoke() once that chunk is out
     bool push = false;            // PUSH_DATA, not asked for (not counted in kMaxBulkReads)
   };
-  // A push being received (receiver side).  kParked: its first frame's
-  // header is read and reading waits; kClaimed: its frames go to the read
-  // `read_tag`; kDropped: its frames are read and thrown away.
+  // A push being received (receiver side).  kParked: reading waits at
+  // its next byte, `claimed` (the first frame's, or the first after a read
+  // of a piece of it ended); kClaimed: its bytes go to the read `read_tag`,
+  // which took [claimed - that read's length, claimed); kDropped: the rest
+  // is read and thrown away.
   struct PushIn {
     enum class State : uint8_t { kParked, kClaimed, kDropped };
     uint32_t rkey = 0;
     uint64_t total = 0;
-    uint64_t got = 0;  // bytes of the frames whose data is being or has been read
+    uint64_t got = 0;      // bytes of the frames begun (headers read)
+    uint64_t claimed = 0;  // bytes promised to reads, from 0
     State state = State::kParked;
     uint64_t read_tag = 0;
   };
@@ -319,9 +322,16 @@ class TcpLink final : public Link {
   static StatusCode peer_status(uint32_t status);  // a peer's status code, or UNAVAILABLE
   bool on_push_header(uint32_t rkey, uint32_t status, uint64_t total, uint64_t addr,
                       uint64_t length);
-  // The next `length` bytes of push `p` are this frame's data: into its
-  // read when claimed, thrown away when dropped.
-  void receive_push_frame(std::vector<PushIn>::iterator p, uint32_t length);
+  // The next bytes of push `p`'s current frame (push_frame_left_ of
+  // them): into its read when claimed, up to the read's end; thrown away
+  // when dropped.
+  void receive_push_part(std::vector<PushIn>::iterator p);
+  // A part of a push's frame is in (finish_frame): if the frame goes on
+  // past a read that ended, park again for the next piece's read.
+  void end_push_part();
+  void park(uint32_t rkey);  // reading waits for a read of push `rkey`'s next byte
+  // Whether a read from p.claimed would claim the push's next bytes.
+  bool waits_for_read(const PushIn& p);
   bool claim_push(std::byte* dest, const RemoteSegment& remote, uint64_t remote_offset,
                   size_t length, uint64_t token);
   void drop_parked();               // the parked push had no reader in time
@@ -429,8 +439,9 @@ class TcpLink final : public Link {
   std::vector<uint32_t> push_ready_;   // sender: exposed, waiting for the request's post
   bool accepts_pushes_ = false;
   std::vector<PushIn> pushes_in_;      // receiver, at most kMaxBulkReads
-  bool parked_ = false;                // a push's first frame waits (see accept_pushes)
-  uint32_t parked_len_ = 0;            // its data bytes
+  bool parked_ = false;                // a push waits for a read (see accept_pushes)
+  uint32_t push_rkey_ = 0;             // the push whose frame is being (or waits to be) read
+  uint32_t push_frame_left_ = 0;       // bytes of that frame not yet handed to a part
   uint64_t parked_poll_ = 0;           // the owner's poll in which it parked
   uint64_t parked_mark_ = 0;           // the owner's completions_queued_ then
   bool push_resume_ = false;           // claimed or dropped: staging to parse at the next poll
