@@ -402,16 +402,24 @@ void VerbsLink::finish_bulk_on_down() {
     push_bulk_done(op.token, op.status != 0 ? op.status
                                             : static_cast<uint16_t>(StatusCode::kUnavailable));
   }
-  for (BulkState::Window& w : b.windows) {
+  for (BulkState::Window& w : b.windows)
     if (w.state == BulkState::Window::State::kRevoking)
       push_bulk_done(w.token, static_cast<uint16_t>(StatusCode::kOk));
-    // Deallocating unbinds: the registrations under the windows can then
-    // be deregistered while this (dead) session object still exists.
+  // The registrations under the windows can then be deregistered while
+  // this (dead) session object still exists.
+  free_bulk_windows();
+  bulk_.reset();
+}
+
+void VerbsLink::free_bulk_windows() {
+  if (!bulk_) return;
+  for (BulkState::Window& w : bulk_->windows) {
+    // Deallocating a window unbinds it: nothing reaches its range after.
     if (w.mw != nullptr && ibv_dealloc_mw(w.mw) != 0)
       core::log().error("slotrpc: ibv_dealloc_mw ({}): {}", description_, std::strerror(errno));
+    w.mw = nullptr;
     release_own_mr(w);
   }
-  bulk_.reset();
 }
 
 }  // namespace slotrpc::transport::verbs

@@ -2,7 +2,6 @@
 // transitions to RTR and RTS on connect, with the ring window's bind.
 #include "transport/verbs/verbs_transport.h"
 
-#include "transport/verbs/exposure_mrs.h"
 #include "transport/verbs/verbs_internal.h"
 
 #include <cstring>
@@ -34,11 +33,7 @@ VerbsLink::~VerbsLink() {
   }
   for (Window& w : windows_)
     if (w.mw != nullptr) ibv_dealloc_mw(w.mw);
-  if (bulk_)
-    for (BulkState::Window& w : bulk_->windows) {
-      if (w.mw != nullptr) ibv_dealloc_mw(w.mw);
-      if (w.own_mr != nullptr) ExposureMrs::instance().release(w.own_mr);
-    }
+  free_bulk_windows();
   if (!mrs_.empty()) {
     core::log().warn("slotrpc: {} destroyed with {} memory region(s) still registered", description_,
                  mrs_.size());

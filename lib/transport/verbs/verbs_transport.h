@@ -197,6 +197,9 @@ class VerbsLink final : public Link {
   void on_bulk_done();                  // a successful signaled bulk request
   void fail_bulk_front(uint16_t code);  // the failed request was a bulk one
   void finish_bulk_on_down();           // fail(): every pending op ends
+  // Deallocates the bulk windows and gives back their exposure MRs (a
+  // failed link, a destroyed one).
+  void free_bulk_windows();
   bool bulk_waiting() const {
     return bulk_ != nullptr && (!bulk_->reads.empty() || !bulk_->writes.empty());
   }
