@@ -602,14 +602,16 @@ bool TcpLink::on_push_header(uint32_t rkey, uint32_t status, uint64_t total, uin
                   ", out of order or beyond its " + std::to_string(it->total) + " bytes");
   it->got += length;
   push_frame_left_ = static_cast<uint32_t>(length);
-  // The read of the piece before this frame ended with the last frame: the
-  // next piece's read claims it from here.
-  if (it->state == PushIn::State::kClaimed && waits_for_read(*it)) {
-    it->state = PushIn::State::kParked;
-    park(rkey);
-    return true;
-  }
-  receive_push_part(it);
+  // The read of the piece before this frame may have ended with the last
+  // frame: then the next piece's read claims it from here.
+  if (!park_for_next_piece(it)) receive_push_part(it);
+  return true;
+}
+
+bool TcpLink::park_for_next_piece(std::vector<PushIn>::iterator p) {
+  if (p->state != PushIn::State::kClaimed || !waits_for_read(*p)) return false;
+  p->state = PushIn::State::kParked;
+  park(p->rkey);
   return true;
 }
 
@@ -652,12 +654,7 @@ void TcpLink::end_push_part() {
   if (p == pushes_in_.end()) return;  // cannot happen: erased only with its frame's last part
   // The claimed read took its piece (finish_frame ended it) and the frame
   // goes on: the next piece waits for its read, exactly where it starts.
-  if (p->state == PushIn::State::kClaimed && waits_for_read(*p)) {
-    p->state = PushIn::State::kParked;
-    park(p->rkey);
-    return;
-  }
-  receive_push_part(p);
+  if (!park_for_next_piece(p)) receive_push_part(p);
 }
 
 bool TcpLink::claim_push(std::byte* dest, const RemoteSegment& remote, uint64_t remote_offset,

@@ -431,8 +431,9 @@ void TcpLink::on_readable(bool drain_all) {
     if (lane_mode_) lane_received(static_cast<uint64_t>(n));
     if (fenced_ || parked_) return;
     // Fewer bytes than asked: the socket is drained; skip the EAGAIN call
-    // (unless more of a bulk frame is on its way to a quiet link: above).
-    if (static_cast<size_t>(n) < room && !drain_all && !(read_on && in_body_)) return;
+    // (unless more of a bulk frame is on its way to a quiet link: above;
+    // a short read never completes the frame).
+    if (static_cast<size_t>(n) < room && !drain_all && !read_on) return;
   }
 }
 

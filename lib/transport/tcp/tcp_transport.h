@@ -332,6 +332,9 @@ class TcpLink final : public Link {
   void park(uint32_t rkey);  // reading waits for a read of push `rkey`'s next byte
   // Whether a read from p.claimed would claim the push's next bytes.
   bool waits_for_read(const PushIn& p);
+  // Claimed by a read that has ended, the push going on: parks it where
+  // the next piece starts (true), for that piece's read.
+  bool park_for_next_piece(std::vector<PushIn>::iterator p);
   bool claim_push(std::byte* dest, const RemoteSegment& remote, uint64_t remote_offset,
                   size_t length, uint64_t token);
   void drop_parked();               // the parked push had no reader in time
