@@ -62,9 +62,7 @@ void ExposureMrs::release(ibv_mr* mr) {
       if (e.users > 0) --e.users;
       if (e.users > 0) break;
       if (e.orphan) {
-        gone.push_back(e.mr);
-        entries_[i] = entries_.back();
-        entries_.pop_back();
+        take(i, gone);
         break;
       }
       e.last_use = ++tick_;
@@ -87,9 +85,7 @@ void ExposureMrs::drop_parent(ibv_mr* parent) {
         e.orphan = true;  // still under a window: goes at its last release
         ++i;
       } else {
-        gone.push_back(e.mr);
-        entries_[i] = entries_.back();
-        entries_.pop_back();
+        take(i, gone);
       }
     }
   }
@@ -109,13 +105,17 @@ void ExposureMrs::trim(const ibv_mr* parent, std::vector<ibv_mr*>& out) {
         if (oldest == entries_.size() || e.last_use < entries_[oldest].last_use) oldest = i;
       }
       if (idle <= limit) return;
-      out.push_back(entries_[oldest].mr);
-      entries_[oldest] = entries_.back();
-      entries_.pop_back();
+      take(oldest, out);
     }
   };
   evict(parent, kIdlePerParent);
   evict(nullptr, kIdleTotal);
+}
+
+void ExposureMrs::take(size_t i, std::vector<ibv_mr*>& out) {
+  out.push_back(entries_[i].mr);
+  entries_[i] = entries_.back();  // order does not matter
+  entries_.pop_back();
 }
 
 void ExposureMrs::deregister(const std::vector<ibv_mr*>& mrs) {

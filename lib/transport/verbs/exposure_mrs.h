@@ -82,6 +82,8 @@ class ExposureMrs {
   // Evicts least recently used idle entries above the bounds into `out`
   // (deregistered by the caller, outside the lock).
   void trim(const ibv_mr* parent, std::vector<ibv_mr*>& out);
+  // Removes entry i, its MR into `out` (deregistered outside the lock).
+  void take(size_t i, std::vector<ibv_mr*>& out);
   static void deregister(const std::vector<ibv_mr*>& mrs);
 
   mutable std::mutex mu_;
