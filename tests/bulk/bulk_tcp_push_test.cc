@@ -399,6 +399,48 @@ TEST_CASE("calls: a send_bulk segment up to tcp_bulk_push follows its request; t
   CHECK(server_off.requests == server.requests + 5);  // one READ_REQ a call
 }
 
+TEST_CASE("calls: 32 calls in flight with pushed segments all succeed (at most 16 pushes under way, the rest asked for)") {
+  // The receiver refuses a 17th push under way at once (it fails the
+  // connection), and the client used to push every segment of every call
+  // in flight: 17 or more calls with send_bulk segments lost the session.
+  Config c;
+  c.tcp_bulk_lane = 0;
+  slotrpc::Server server(c);
+  REQUIRE(server.add_service(push_service()).ok());
+  REQUIRE(server.start("127.0.0.1:0").ok());
+  Config cc = c;
+  cc.transport = slotrpc::TransportKind::kTcp;
+  auto ch = slotrpc::Channel::connect("127.0.0.1:" + std::to_string(server.port()), cc);
+  REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
+  constexpr int kCalls = 32;
+  constexpr size_t kSize = 200000;
+  std::vector<std::vector<std::byte>> src, dst;
+  std::vector<slotrpc::Future<slotrpc::RawReply>> replies;
+  for (int i = 0; i < kCalls; ++i) {
+    src.push_back(pattern(kSize, 300 + static_cast<uint32_t>(i)));
+    dst.emplace_back(kSize);
+  }
+  for (int i = 0; i < kCalls; ++i) {
+    slotrpc::CallOptions o;
+    o.send_bulk(std::span<const std::byte>(src[i])).receive_bulk(std::span<std::byte>(dst[i]));
+    replies.push_back((*ch)->call(
+        kEcho, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(fbb.CreateVector(std::vector<uint64_t>{0})); },
+        std::move(o)));
+  }
+  for (int i = 0; i < kCalls; ++i) {
+    CAPTURE(i);
+    REQUIRE(replies[i].wait_for(60s));
+    slotrpc::RawReply r = replies[i].get();
+    REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+    check_equal(dst[i], src[i]);
+  }
+  // The session survived: still the one tcp session open on the server.
+  uint64_t open_sessions = 0;
+  for (const auto& t : server.metrics().transports)
+    if (t.transport == "tcp") open_sessions = t.sessions;
+  CHECK(open_sessions == 1);
+}
+
 TEST_CASE("calls: a handler that reads after a wait still gets every byte (the push is dropped)") {
   Config c;
   c.tcp_bulk_lane = 0;

@@ -523,9 +523,17 @@ void TcpLink::set_push_limit(uint64_t bytes) {
 void TcpLink::accept_pushes(bool on) { accepts_pushes_ = on && !lane_mode_; }
 
 void TcpLink::start_pushes() {
+  // The receiver refuses a push beyond kMaxBulkReads under way at once
+  // (protocol.md), and push jobs are served round robin, so each one
+  // started counts until its last frame is in the kernel.  A range over
+  // that bound is not pushed: the reader asks for it with a READ_REQ.
+  size_t pushing = static_cast<size_t>(
+      std::count_if(serves_.begin(), serves_.end(), [](const ServeJob& s) { return s.push; }));
   for (const uint32_t rkey : push_ready_) {
     auto it = exposures_.find(rkey);
     if (it == exposures_.end()) continue;  // revoked before its request left
+    if (pushing >= TcpTransport::kMaxBulkReads) break;
+    ++pushing;
     if (serves_.empty() && writes_.empty()) transfer_started();
     ServeJob j;
     j.tag = it->second.length;  // a push's frames carry its total
