@@ -751,6 +751,7 @@ void TcpTransport::handle_event(const epoll_event& e) {
   }
   auto* link = static_cast<TcpLink*>(e.data.ptr);
   if (link == nullptr) return;  // its link was destroyed after epoll_wait
+  ++socket_events_;
   {
     const uint32_t ev = e.events;
     const bool broken = (ev & (EPOLLERR | EPOLLHUP)) != 0;

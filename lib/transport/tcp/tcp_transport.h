@@ -523,6 +523,10 @@ class TcpTransport final : public Transport {
   // Times this loop's lane thread went to sleep (0 before its first lane;
   // for tests of Config::tcp_lane_spin_us).
   uint64_t lane_sleeps() const;
+  // Socket events poll() has handled (a link read or wrote): the lane
+  // thread's sign of work, since a transfer's data moves without a
+  // completion until its end (BulkLanes::run).
+  uint64_t socket_events() const { return socket_events_; }
   // Read requests a link has outstanding at its peer, and serves for it.
   static constexpr size_t kMaxBulkReads = 16;
 
@@ -625,6 +629,7 @@ class TcpTransport final : public Transport {
   size_t live_links_ = 0;  // links must not outlive the transport (they use io_)
   uint64_t slot_frames_ = 0;  // slot_frames()
   uint64_t polls_ = 0;        // poll() calls: a push parks for at least one turn
+  uint64_t socket_events_ = 0;  // socket_events()
   uint64_t completions_queued_ = 0;  // ever pushed to ready_ ...
   uint64_t completions_taken_ = 0;   // ... and handed out by poll()
   std::vector<TcpLink*> push_watch_;
