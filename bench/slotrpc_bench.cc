@@ -554,6 +554,14 @@ int serve_slotrpc(const std::string& host, const std::string& port_file, uint32_
 // A 4-byte length and the payload each way, TCP_NODELAY, non-blocking
 // sockets spun on (never a sleep in the kernel): no framing, no
 // serialization, no copies beyond the socket's.  What a TCP RPC can approach.
+//
+// One way (the limit of modes bulk-read and bulk-write): the length word
+// kOneWay, then a u32 direction and a u64 size.  kToServer: the client
+// sends the size's bytes and the server answers with one byte once it has
+// them all; kToClient: the server sends them.  The payload crosses once per
+// call, as a bulk-read's or bulk-write's does.
+constexpr uint32_t kOneWay = 0xFFFF'FFFFu;
+constexpr uint32_t kToServer = 1, kToClient = 2;
 
 // Spins on a non-blocking socket; after 20 us without progress it yields
 // the CPU between polls (sched_yield, never a sleep), as slotrpc's busy mode
@@ -604,6 +612,20 @@ int serve_socket(const std::string& host, const std::string& port_file) {
         std::vector<uint8_t> buf;
         uint32_t n = 0;
         while (spin_io(fd, reinterpret_cast<uint8_t*>(&n), 4, false)) {
+          if (n == kOneWay) {
+            uint8_t head[12];
+            if (!spin_io(fd, head, sizeof head, false)) break;
+            uint32_t dir;
+            uint64_t size;
+            std::memcpy(&dir, head, 4);
+            std::memcpy(&size, head + 4, 8);
+            if (buf.size() < size) buf.resize(size, kFill);
+            uint8_t ack = 1;
+            const bool ok = dir == kToServer ? spin_io(fd, buf.data(), size, false) && spin_io(fd, &ack, 1, true)
+                                             : spin_io(fd, buf.data(), size, true);
+            if (!ok) break;
+            continue;
+          }
           buf.resize(n + 4);
           std::memcpy(buf.data(), &n, 4);
           if (!spin_io(fd, buf.data() + 4, n, false) || !spin_io(fd, buf.data(), n + 4, true)) break;
@@ -618,7 +640,10 @@ int serve_socket(const std::string& host, const std::string& port_file) {
 
 class SocketDriver final : public EchoDriver {
  public:
-  SocketDriver(std::string host, uint16_t port) : host_(std::move(host)), port_(port) {}
+  // kEcho: the ping-pong; kToServer / kToClient: one way (above).
+  enum class Direction { kEcho, kToServer, kToClient };
+  SocketDriver(std::string host, uint16_t port, Direction dir = Direction::kEcho)
+      : host_(std::move(host)), port_(port), dir_(dir) {}
   ~SocketDriver() override {
     if (fd_ >= 0) ::close(fd_);
   }
@@ -630,6 +655,7 @@ class SocketDriver final : public EchoDriver {
       pt.first_error = std::string("connect: ") + std::strerror(errno);
       return pt;
     }
+    if (dir_ != Direction::kEcho) return run_one_way(size, calls, done);
     std::vector<uint8_t> out(size + 4, kFill), in(size + 4);
     const uint32_t n = static_cast<uint32_t>(size);
     std::memcpy(out.data(), &n, 4);
@@ -650,6 +676,39 @@ class SocketDriver final : public EchoDriver {
   }
 
  private:
+  Point run_one_way(uint64_t size, uint64_t calls, std::atomic<uint64_t>& done) {
+    Point pt;
+    const bool to_server = dir_ == Direction::kToServer;
+    std::vector<uint8_t> data(size, to_server ? kFill : 0);
+    uint8_t head[16];
+    const uint32_t dir = to_server ? kToServer : kToClient;
+    std::memcpy(head, &kOneWay, 4);
+    std::memcpy(head + 4, &dir, 4);
+    std::memcpy(head + 8, &size, 8);
+    const auto t0 = Clock::now();
+    for (uint64_t i = 0; i < calls; ++i) {
+      const auto start = Clock::now();
+      uint8_t ack = 0;
+      bool ok = spin_io(fd_, head, sizeof head, true);
+      if (to_server) {
+        ok = ok && spin_io(fd_, data.data(), size, true) && spin_io(fd_, &ack, 1, false);
+      } else {
+        ok = ok && spin_io(fd_, data.data(), size, false);
+      }
+      pt.latency_ns.record(static_cast<uint64_t>((Clock::now() - start).count()));
+      const bool bytes_ok = to_server ? ack == 1 : size == 0 || (data[0] == kFill && data[size - 1] == kFill);
+      if ((!ok || !bytes_ok) && pt.failed++ == 0) {
+        pt.first_error = ok ? "wrong payload bytes" : std::string("socket: ") + std::strerror(errno);
+      }
+      if (!to_server && size != 0) data[0] = data[size - 1] = 0;
+      done.fetch_add(1, std::memory_order_relaxed);
+      if (!ok) break;
+    }
+    pt.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    pt.calls = calls;
+    return pt;
+  }
+
   bool connect() {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
@@ -662,6 +721,7 @@ class SocketDriver final : public EchoDriver {
   }
   std::string host_;
   uint16_t port_;
+  Direction dir_;
   int fd_ = -1;
 };
 
@@ -745,8 +805,10 @@ void print_table(const std::vector<Row>& rows, const std::string& mode) {
       std::printf("\nbulk payloads (echo of SIZE bytes as bulk segments; microseconds; "
                   "MB/s counts one direction; vs_limit: p50 over the socket ping-pong's)\n");
     else
-      std::printf("\n%s (SIZE bytes one way per call, %s by the handler; microseconds)\n",
-                  mode.c_str(), mode == "bulk-read" ? "pulled (read_bulk)" : "pushed (write_bulk)");
+      std::printf("\n%s (SIZE bytes one way per call, %s by the handler; microseconds; vs_limit: "
+                  "calls/s over a busy-polling socket's one-way transfer, %s)\n",
+                  mode.c_str(), mode == "bulk-read" ? "pulled (read_bulk)" : "pushed (write_bulk)",
+                  mode == "bulk-read" ? "client to server" : "server to client");
     std::printf("%-18s %11s %11s %9s %9s %9s %9s %9s %6s\n", "system", "size_B", "outstanding", "p50", "p99", "max",
                 "MB_per_s", "vs_limit", "failed");
     for (const Row& r : rows) {
@@ -889,8 +951,9 @@ int main(int argc, char** argv) {
       ->delimiter(',')->check(CLI::IsMember({"latency", "throughput", "bulk", "bulk-read", "bulk-write", "bulk-load"}))
       ->capture_default_str();
   app.add_option("--transports", systems,
-                 "Systems: tcp, shm, verbs (slotrpc), grpc, socket (the limit); bulk-tcp, bulk-verbs (slotrpc "
-                 "bulk payloads: modes bulk and bulk-load only)")
+                 "Systems: tcp, shm, verbs (slotrpc), grpc, socket (the limit; in modes bulk, bulk-read and "
+                 "bulk-write a ping-pong or one-way transfer of the same sizes); bulk-tcp, bulk-verbs (slotrpc "
+                 "bulk payloads: modes bulk, bulk-read, bulk-write and bulk-load only)")
       ->delimiter(',')->check(CLI::IsMember({"tcp", "shm", "verbs", "grpc", "socket", "bulk-tcp", "bulk-verbs"}))
       ->capture_default_str();
   app.add_option("--bulk-sizes", bulk_sizes, "Mode bulk: payload bytes")->delimiter(',')
@@ -1106,11 +1169,20 @@ int main(int argc, char** argv) {
       }
       continue;
     }
-    if (do_bulk && sys == "socket") {
-      SocketDriver d(host, server.port());
-      for (uint64_t size : bulk_sizes) {
-        const Point pt = measure(d, "bulk socket " + size_text(size), size, 2, bulk_calls, 1, 1);
-        record_bulk("bulk", name, size, pt, 1);
+    if (sys == "socket") {
+      // The ping-pong for mode bulk; one-way transfers for bulk-read (the
+      // payload goes to the server, as a pulled request segment does) and
+      // bulk-write (it comes back, as a pushed reply segment does).
+      for (const auto& [mode, on, dir] :
+           {std::tuple{"bulk", do_bulk, SocketDriver::Direction::kEcho},
+            std::tuple{"bulk-read", do_bulk_read, SocketDriver::Direction::kToServer},
+            std::tuple{"bulk-write", do_bulk_write, SocketDriver::Direction::kToClient}}) {
+        if (!on) continue;
+        SocketDriver d(host, server.port(), dir);
+        for (uint64_t size : bulk_sizes) {
+          const Point pt = measure(d, std::string(mode) + " socket " + size_text(size), size, 2, bulk_calls, 1, 1);
+          record_bulk(mode, name, size, pt, 1);
+        }
       }
     }
     if (do_latency) {
