@@ -11,7 +11,6 @@
 #include <thread>
 
 #include "tcp_world.h"
-#include "transport/tcp/tcp_frame.h"
 
 namespace {
 
@@ -181,38 +180,11 @@ TEST_CASE("a lane thread stays awake through a transfer whose data keeps arrivin
   const RemoteSegment seg{0, size, TcpTransport::kLaneKeyBit | 1};
   REQUIRE(reader->link->read(dreg, 0, seg, 0, size, 1).ok());
 
-  // The READ_REQ: kBulkMarker | type, imm, then the 32-byte bulk header
-  // (rkey, status, tag, addr, length), docs/protocol.md.
-  std::array<uint8_t, 40> req{};
-  size_t got = 0;
-  const auto deadline = Clock::now() + kTimeout;
-  while (got < req.size()) {
-    w.poll_one(w.b);  // the loop side: nothing needs it, but it runs as in a server
-    const ssize_t k = ::recv(raw, req.data() + got, req.size() - got, MSG_DONTWAIT);
-    if (k > 0) got += static_cast<size_t>(k);
-    REQUIRE(Clock::now() < deadline);
-  }
-  REQUIRE(tcp_frame::load_u32_le(reinterpret_cast<std::byte*>(req.data())) ==
-          (TcpTransport::kBulkMarker | TcpTransport::kBulkReadRequest));
-  const uint64_t tag = tcp_frame::load_u64_le(reinterpret_cast<std::byte*>(req.data() + 16));
-
+  const PacedReadPeer peer_end{raw};
+  // The loop side runs meanwhile, as in a server (nothing needs it).
+  const uint64_t tag = peer_end.take_request([&] { w.poll_one(w.b); });
   const uint64_t before = w.b.lane_sleeps();
-  std::thread peer([&] {
-    for (size_t i = 0; i < kFrames; ++i) {
-      std::array<std::byte, 40> h{};
-      tcp_frame::store_u32_le(h.data(), TcpTransport::kBulkMarker | TcpTransport::kBulkReadData);
-      tcp_frame::store_u64_le(h.data() + 16, tag);
-      tcp_frame::store_u64_le(h.data() + 24, i * kFrame);
-      tcp_frame::store_u64_le(h.data() + 32, kFrame);
-      iovec iov[2] = {{h.data(), h.size()}, {src.data() + i * kFrame, kFrame}};
-      msghdr m{};
-      m.msg_iov = iov;
-      m.msg_iovlen = 2;
-      // Blocking: the reader's buffers take a frame at once.
-      if (::sendmsg(raw, &m, MSG_NOSIGNAL) != static_cast<ssize_t>(h.size() + kFrame)) return;
-      if (i + 1 < kFrames) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  });
+  std::thread peer([&] { peer_end.send(tag, src, kFrame, std::chrono::milliseconds(20)); });
   const bool finished = w.pump_until([&] { return reader->find(CKind::kBulkDone, 1) || reader->down(); });
   const uint64_t during = w.b.lane_sleeps() - before;
   peer.join();

@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,11 +18,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "core/wire_format.h"
+#include "transport/tcp/tcp_frame.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace tcp_world {
@@ -136,6 +139,47 @@ inline std::vector<std::byte> pattern(size_t n, uint32_t seed) {
   }
   return v;
 }
+
+// A raw bulk peer (tests of what counts as work while data arrives): it
+// takes a reader's READ_REQ from `fd` and answers it with READ_DATA frames
+// of `frame` bytes of `src`, one every `gap` (docs/protocol.md, "TCP bulk
+// frames": kBulkMarker | type, imm, then rkey, status, tag, addr, length).
+struct PacedReadPeer {
+  int fd;
+  // The READ_REQ's tag; `turn` runs between attempts (a loop to pump).
+  uint64_t take_request(const std::function<void()>& turn = [] {}) const {
+    std::array<std::byte, 40> req{};
+    size_t got = 0;
+    const auto deadline = Clock::now() + kTimeout;
+    while (got < req.size()) {
+      turn();
+      const ssize_t k = ::recv(fd, req.data() + got, req.size() - got, MSG_DONTWAIT);
+      if (k > 0) got += static_cast<size_t>(k);
+      REQUIRE(Clock::now() < deadline);
+    }
+    REQUIRE(tcp_frame::load_u32_le(req.data()) == (TcpTransport::kBulkMarker | TcpTransport::kBulkReadRequest));
+    return tcp_frame::load_u64_le(req.data() + 16);
+  }
+  // Blocking sends: the reader's socket buffers take a frame at once.
+  // False if the reader went away.
+  bool send(uint64_t tag, const std::vector<std::byte>& src, size_t frame, std::chrono::milliseconds gap) const {
+    for (size_t at = 0; at < src.size(); at += frame) {
+      const size_t n = std::min(frame, src.size() - at);
+      std::array<std::byte, 40> h{};
+      tcp_frame::store_u32_le(h.data(), TcpTransport::kBulkMarker | TcpTransport::kBulkReadData);
+      tcp_frame::store_u64_le(h.data() + 16, tag);
+      tcp_frame::store_u64_le(h.data() + 24, at);
+      tcp_frame::store_u64_le(h.data() + 32, n);
+      iovec iov[2] = {{h.data(), h.size()}, {const_cast<std::byte*>(src.data() + at), n}};
+      msghdr m{};
+      m.msg_iov = iov;
+      m.msg_iovlen = 2;
+      if (::sendmsg(fd, &m, MSG_NOSIGNAL) != static_cast<ssize_t>(h.size() + n)) return false;
+      if (at + n < src.size()) std::this_thread::sleep_for(gap);
+    }
+    return true;
+  }
+};
 
 inline BulkRegistration reg(Link& l, std::vector<std::byte>& mem) {
   auto r = l.register_bulk(BulkSource{mem.data(), mem.size()});
