@@ -308,8 +308,8 @@ bool Reactor::run_turn() {
   // a bulk transfer's data arrives without one until its last byte, and a
   // loop that counted only completions went idle in the middle of a
   // transfer, yielding every turn after busy_yield_us and sleeping after
-  // its spin (docs/benchmarks.md, "TCP: lane threads spin through a
-  // transfer").  Two loads of a counter: nothing on the hot path.
+  // its spin (docs/benchmarks.md, sixteenth session, "data that arrives is
+  // work").  Two loads of a counter: nothing on the hot path.
   const uint64_t tcp_events = tcp_.socket_events();
   worked |= deliver(tcp_.poll(completions_), counters_.tcp.completions_per_poll);
   worked |= tcp_.socket_events() != tcp_events;

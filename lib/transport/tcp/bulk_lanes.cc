@@ -97,7 +97,7 @@ void BulkLanes::run() {
   // byte, and counting only them sent the receiving lane thread to sleep
   // every 200 us in the middle of a 64 MiB transfer (40 sleeps a call,
   // each paid as a wake-up the sender waited for; docs/benchmarks.md,
-  // "TCP: lane threads spin through a transfer").
+  // sixteenth session, "data that arrives is work").
   auto last_work = std::chrono::steady_clock::now();
   for (;;) {
     size_t n;

@@ -523,9 +523,10 @@ class TcpTransport final : public Transport {
   // Times this loop's lane thread went to sleep (0 before its first lane;
   // for tests of Config::tcp_lane_spin_us).
   uint64_t lane_sleeps() const;
-  // Socket events poll() has handled (a link read or wrote): the lane
-  // thread's sign of work, since a transfer's data moves without a
-  // completion until its end (BulkLanes::run).
+  // Socket events poll() has handled (a link read or wrote): a sign of
+  // work for the lane thread (BulkLanes::run) and the event loop
+  // (Reactor::run_turn), since a transfer's data moves without a
+  // completion until its end.
   uint64_t socket_events() const { return socket_events_; }
   // Read requests a link has outstanding at its peer, and serves for it.
   static constexpr size_t kMaxBulkReads = 16;
