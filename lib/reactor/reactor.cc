@@ -304,15 +304,15 @@ bool Reactor::run_turn() {
   };
   if (verbs_) worked |= deliver(verbs_->poll(completions_), counters_.verbs.completions_per_poll);
   if (shm_) worked |= deliver(shm_->poll(completions_), counters_.shm.completions_per_poll);
-  // A socket event the TCP poll handled is work even without a completion:
+  // Bytes the TCP poll moved are work even without a completion:
   // a bulk transfer's data arrives without one until its last byte, and a
   // loop that counted only completions went idle in the middle of a
   // transfer, yielding every turn after busy_yield_us and sleeping after
   // its spin (docs/benchmarks.md, sixteenth session, "data that arrives is
   // work").  Two loads of a counter: nothing on the hot path.
-  const uint64_t tcp_events = tcp_.socket_events();
+  const uint64_t tcp_bytes = tcp_.bytes_moved();
   worked |= deliver(tcp_.poll(completions_), counters_.tcp.completions_per_poll);
-  worked |= tcp_.socket_events() != tcp_events;
+  worked |= tcp_.bytes_moved() != tcp_bytes;
 
   // The turn's clock read: it stamps the sessions that heard their peer in
   // the batches above (after every callback of theirs ran, so never earlier

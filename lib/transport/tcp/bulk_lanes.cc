@@ -92,7 +92,7 @@ void BulkLanes::run() {
   // lane threads spin").  Yielding, not spinning flat out, so that an
   // event loop woken for a small call on the same core gets it at once.
   //
-  // Work is a completion or a socket event the poll handled.  Completions
+  // Work is a completion or bytes the poll moved.  Completions
   // alone are not enough: a read's data arrives without one until its last
   // byte, and counting only them sent the receiving lane thread to sleep
   // every 200 us in the middle of a 64 MiB transfer (40 sleeps a call,
@@ -104,9 +104,9 @@ void BulkLanes::run() {
     bool moved;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      const uint64_t events = transport_->socket_events();
+      const uint64_t bytes = transport_->bytes_moved();
       n = transport_->poll(buf);
-      moved = transport_->socket_events() != events;
+      moved = transport_->bytes_moved() != bytes;
       for (size_t i = 0; i < n; ++i) forward(to_event(buf[i]));
     }
     if (n != 0 || moved) {  // more may be ready; epoll comes back when not

@@ -234,6 +234,7 @@ void TcpLink::flush_pending() {
       return;
     }
     size_t left = static_cast<size_t>(n);
+    owner_.bytes_moved_ += left;
     queued_bytes_ -= left;
     lane_out_ += left;  // read only for lanes (their fences)
     progress |= n > 0;
@@ -421,6 +422,7 @@ void TcpLink::on_readable(bool drain_all) {
       fail(errno_text("recv", err));
       return;
     }
+    owner_.bytes_moved_ += static_cast<uint64_t>(n);
     if (direct) {
       body_got_ += static_cast<uint32_t>(n);
       if (body_got_ == body_len_ && !finish_frame()) return;
@@ -751,7 +753,6 @@ void TcpTransport::handle_event(const epoll_event& e) {
   }
   auto* link = static_cast<TcpLink*>(e.data.ptr);
   if (link == nullptr) return;  // its link was destroyed after epoll_wait
-  ++socket_events_;
   {
     const uint32_t ev = e.events;
     const bool broken = (ev & (EPOLLERR | EPOLLHUP)) != 0;

@@ -523,11 +523,12 @@ class TcpTransport final : public Transport {
   // Times this loop's lane thread went to sleep (0 before its first lane;
   // for tests of Config::tcp_lane_spin_us).
   uint64_t lane_sleeps() const;
-  // Socket events poll() has handled (a link read or wrote): a sign of
+  // Bytes the links of this transport have received or sent: a sign of
   // work for the lane thread (BulkLanes::run) and the event loop
   // (Reactor::run_turn), since a transfer's data moves without a
-  // completion until its end.
-  uint64_t socket_events() const { return socket_events_; }
+  // completion until its end.  (Bytes, not socket events: an event that
+  // moves nothing is no work.)
+  uint64_t bytes_moved() const { return bytes_moved_; }
   // Read requests a link has outstanding at its peer, and serves for it.
   static constexpr size_t kMaxBulkReads = 16;
 
@@ -630,7 +631,7 @@ class TcpTransport final : public Transport {
   size_t live_links_ = 0;  // links must not outlive the transport (they use io_)
   uint64_t slot_frames_ = 0;  // slot_frames()
   uint64_t polls_ = 0;        // poll() calls: a push parks for at least one turn
-  uint64_t socket_events_ = 0;  // socket_events()
+  uint64_t bytes_moved_ = 0;  // bytes_moved()
   uint64_t completions_queued_ = 0;  // ever pushed to ready_ ...
   uint64_t completions_taken_ = 0;   // ... and handed out by poll()
   std::vector<TcpLink*> push_watch_;
