@@ -182,17 +182,29 @@ TEST_CASE("an adaptive loop receiving bulk data counts it as work: it does not s
   const std::vector<std::byte> src = pattern(kFrame * kFrames, 17);
   std::vector<std::byte> ring(size_t{kSlots} * kSlotSize), dst(src.size());
   std::unique_ptr<TcpLink> link;
+  // On the loop thread (the link is the loop's); failures are reported
+  // here, on the test's thread.
+  std::string setup_error;
   on_loop([&] {
     auto r = loop.tcp().adopt(fd, "idle-bulk");
-    REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+    if (!r.ok()) {
+      setup_error = "adopt: " + r.status().to_string();
+      return;
+    }
     link = std::move(r).value();
     auto rr = link->register_memory(ring, Access::kRemoteWrite);
-    REQUIRE(rr.ok());
+    if (!rr.ok()) {
+      setup_error = "register_memory: " + rr.status().to_string();
+      return;
+    }
     // No context: the loop hands the link's completions to no session.
-    REQUIRE(link->attach(rr.value(), MemoryRegion{}, kSlots, kSlotSize, nullptr).ok());
-    const BulkRegistration dreg = reg(*link, dst);
-    REQUIRE(link->read(dreg, 0, RemoteSegment{0, src.size(), 1}, 0, src.size(), 1).ok());
+    Status st = link->attach(rr.value(), MemoryRegion{}, kSlots, kSlotSize, nullptr);
+    auto dreg = st.ok() ? link->register_bulk(BulkSource{dst.data(), dst.size()})
+                        : Result<BulkRegistration>(st);
+    if (dreg.ok()) st = link->read(dreg.value(), 0, RemoteSegment{0, src.size(), 1}, 0, src.size(), 1);
+    if (!dreg.ok() || !st.ok()) setup_error = (dreg.ok() ? st : dreg.status()).to_string();
   });
+  REQUIRE_MESSAGE(setup_error.empty(), setup_error);
   const PacedReadPeer peer{raw};
   const uint64_t tag = peer.take_request();
   uint64_t before = 0;
