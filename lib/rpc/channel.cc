@@ -104,11 +104,20 @@ struct Channel::Impl : std::enable_shared_from_this<Channel::Impl> {
   std::thread lane_opener;
   bool lane_opening = false;
   std::vector<core::PendingCall*> waiting_for_lane;
+  // While calls wait for the lane, this timer lets them go early: all of
+  // them when the session ends meanwhile (they fail with its reason), and
+  // each one when its deadline passes.  Without it they waited for the
+  // opener, up to connect_timeout_ms, when the server stalled during the
+  // lane's handshake (a call with a 300 ms deadline took the full 5 s).
+  reactor::TimerHeap::TimerId lane_wait_timer = 0;
   void install(Established& e);
   // True when `pc` waits for the lane (taken over); false: submit it now.
   bool hold_for_lane(core::PendingCall* pc);
   void lane_attempt_over();
   bool cancel_held(uint64_t request_id);
+  void arm_lane_wait();
+  static void on_lane_wait(void* self, uint64_t);
+  void cancel_lane_wait();
 };
 
 namespace {
@@ -556,6 +565,7 @@ bool Channel::Impl::hold_for_lane(core::PendingCall* pc) {
   if (biggest == 0 || biggest < config.tcp_bulk_lane) return false;
   if (lane_opening) {
     waiting_for_lane.push_back(pc);
+    arm_lane_wait();
     return true;
   }
   if (lane_token == 0 || !session || session->closed()) return false;
@@ -565,6 +575,7 @@ bool Channel::Impl::hold_for_lane(core::PendingCall* pc) {
   const uint64_t token = std::exchange(lane_token, 0);
   lane_opening = true;
   waiting_for_lane.push_back(pc);
+  arm_lane_wait();
   // Connect and handshake off the loop (bounded by connect_timeout_ms),
   // then one task on the loop attaches the lane and lets the calls go.
   lane_opener = std::thread([self = shared_from_this(), s = session, link = lane_link, token] {
@@ -594,7 +605,61 @@ bool Channel::Impl::hold_for_lane(core::PendingCall* pc) {
   return true;
 }
 
+// The lane-wait timer's next check: the earliest deadline of a held call,
+// and at most 10 ms away, for the session's end (a session has no hook to
+// call us; 10 ms is noise beside the peer timeout that ends it).
+void Channel::Impl::arm_lane_wait() {
+  cancel_lane_wait();
+  if (!lane_opening || waiting_for_lane.empty()) return;
+  Clock::time_point next = Clock::now() + std::chrono::milliseconds(10);
+  for (const core::PendingCall* pc : waiting_for_lane)
+    if (pc->deadline) next = std::min(next, *pc->deadline);
+  lane_wait_timer = loop->timers().add(next, &Impl::on_lane_wait, this, 0);
+}
+
+void Channel::Impl::cancel_lane_wait() {
+  if (lane_wait_timer != 0) loop->timers().cancel(lane_wait_timer);
+  lane_wait_timer = 0;
+}
+
+void Channel::Impl::on_lane_wait(void* self_ptr, uint64_t) {
+  auto* self = static_cast<Impl*>(self_ptr);
+  self->lane_wait_timer = 0;
+  if (!self->lane_opening) return;
+  if (!self->session || self->session->closed()) {
+    // The session ended while its lane was being opened: its calls fail
+    // now, with its reason (submit() to a closed session does that).  The
+    // opener's result finds the session closed and no calls left.
+    auto calls = std::move(self->waiting_for_lane);
+    self->waiting_for_lane.clear();
+    for (core::PendingCall* pc : calls) {
+      if (self->session) {
+        self->session->submit(pc);
+      } else {
+        core::ClientSession::fail_later(*self->loop, pc, Status(StatusCode::kUnavailable, "no session"));
+      }
+    }
+    return;
+  }
+  const Clock::time_point now = Clock::now();
+  auto& held = self->waiting_for_lane;
+  for (size_t i = 0; i < held.size();) {
+    core::PendingCall* pc = held[i];
+    if (pc->deadline && *pc->deadline <= now) {
+      held.erase(held.begin() + static_cast<ptrdiff_t>(i));
+      core::ClientSession::fail_later(
+          *self->loop, pc,
+          Status(StatusCode::kDeadlineExceeded,
+                 "deadline passed before the call was sent (it waited for the channel's bulk lane)"));
+    } else {
+      ++i;
+    }
+  }
+  self->arm_lane_wait();
+}
+
 void Channel::Impl::lane_attempt_over() {
+  cancel_lane_wait();
   lane_opening = false;
   auto calls = std::move(waiting_for_lane);
   waiting_for_lane.clear();
@@ -613,6 +678,7 @@ bool Channel::Impl::cancel_held(uint64_t request_id) {
   if (it == waiting_for_lane.end()) return false;
   core::PendingCall* pc = *it;
   waiting_for_lane.erase(it);
+  if (waiting_for_lane.empty()) cancel_lane_wait();
   core::ClientSession::fail_later(*loop, pc, Status(StatusCode::kCancelled, "cancelled by the caller"));
   return true;
 }
@@ -747,6 +813,7 @@ Channel::~Channel() {
     std::thread r = std::move(impl->reconnector);
     lane_opener = std::move(impl->lane_opener);
     impl->lane_token = 0;  // no new opener from here on
+    impl->cancel_lane_wait();
     auto held = std::move(impl->waiting_for_lane);
     impl->waiting_for_lane.clear();
     for (core::PendingCall* pc : held)

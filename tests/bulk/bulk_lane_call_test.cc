@@ -152,6 +152,85 @@ class FirstOnlyProxy {
   std::thread thread_;
 };
 
+// Forwards the first connection it accepts to the server at `to`, both
+// ways; takes the second (the client's bulk lane) and never answers it, so
+// the client's lane opener waits for its whole connect_timeout_ms.  With
+// `drop_session`, it closes the forwarded pair as soon as the lane
+// connection arrives: the session dies while its lane is being opened.
+class StallLaneProxy {
+ public:
+  StallLaneProxy(uint16_t to, bool drop_session) : drop_(drop_session) {
+    lst_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(lst_ >= 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    REQUIRE(::bind(lst_, reinterpret_cast<sockaddr*>(&addr), len) == 0);
+    REQUIRE(::listen(lst_, 8) == 0);
+    REQUIRE(::getsockname(lst_, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this, to] { run(to); });
+  }
+  ~StallLaneProxy() {
+    stop_ = true;
+    thread_.join();
+    ::close(lst_);
+  }
+  uint16_t port() const { return port_; }
+  bool lane_seen() const { return lane_seen_.load(); }
+
+ private:
+  static bool copy(int from, int to) {
+    std::byte buf[65536];
+    const ssize_t n = ::recv(from, buf, sizeof buf, 0);
+    if (n <= 0) return false;
+    for (ssize_t sent = 0; sent < n;) {
+      const ssize_t k = ::send(to, buf + sent, static_cast<size_t>(n - sent), MSG_NOSIGNAL);
+      if (k <= 0) return false;
+      sent += k;
+    }
+    return true;
+  }
+  void run(uint16_t to) {
+    int a = -1, b = -1, lane = -1;
+    while (!stop_) {
+      pollfd p[3] = {{lst_, POLLIN, 0}, {a, POLLIN, 0}, {b, POLLIN, 0}};
+      if (::poll(p, 3, 20) <= 0) continue;  // 20 ms: how soon ~StallLaneProxy is noticed
+      if (p[0].revents != 0) {
+        const int c = ::accept4(lst_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c >= 0 && a < 0) {
+          a = c;
+          b = raw_tcp::tcp_connect(to);
+        } else if (c >= 0 && lane < 0) {
+          lane = c;  // held, never answered
+          lane_seen_ = true;
+          if (drop_) {
+            ::close(a);
+            ::close(b);
+            a = b = -1;
+          }
+        } else if (c >= 0) {
+          ::close(c);
+        }
+      }
+      if (a >= 0 && ((p[1].revents != 0 && !copy(a, b)) || (p[2].revents != 0 && !copy(b, a)))) {
+        ::close(a);
+        ::close(b);
+        a = b = -1;
+      }
+    }
+    for (int fd : {a, b, lane})
+      if (fd >= 0) ::close(fd);
+  }
+  bool drop_;
+  int lst_ = -1;
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> lane_seen_{false};
+  std::thread thread_;
+};
+
 // Each test runs on a Runtime of its own: its loops, and their lane
 // threads, end with the test.
 
@@ -247,6 +326,57 @@ TEST_CASE("a lane that cannot be opened leaves the session as it was: large call
   echo(**ch, 2 << 20, 9);
   CHECK(proxy.refused() == 1);
   ch->reset();
+}
+
+// A call that waits for the lane being opened is bound by its deadline and
+// by its session, not by the opener's connect_timeout_ms (20 s here).
+// Before, both calls below took the whole 20 s: held calls went to the
+// session only once the opener gave up.
+TEST_CASE("a call waiting for its channel's lane fails at its deadline, or when the session dies, not when the lane's connect times out") {
+  Config cfg = tcp_config(1 << 20);
+  cfg.connect_timeout_ms = 20'000;
+  slotrpc::Runtime rt(cfg);
+  Server server(rt, tcp_config(1 << 20));
+  REQUIRE(server.add_service(echo_service()).ok());
+  REQUIRE(server.start("127.0.0.1:0").ok());
+  auto large_call = [](Channel& ch, CallOptions o) {
+    std::vector<std::byte> out(2 << 20), in(2 << 20);
+    o.send_bulk(std::span<std::byte>(out)).receive_bulk(std::span<std::byte>(in));
+    const auto t0 = std::chrono::steady_clock::now();
+    RawReply r = ch.call(kEcho, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(fbb.CreateVector(std::vector<uint64_t>{0})); },
+                         std::move(o))
+                     .get();
+    return std::make_pair(r.status(), std::chrono::steady_clock::now() - t0);
+  };
+  SUBCASE("the deadline") {
+    auto proxy = std::make_unique<StallLaneProxy>(server.port(), /*drop_session=*/false);
+    auto ch = Channel::connect("127.0.0.1:" + std::to_string(proxy->port()), rt, cfg);
+    REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
+    auto [st, took] = large_call(**ch, CallOptions::with_timeout(std::chrono::milliseconds(300)));
+    CAPTURE(st.to_string());
+    CHECK(proxy->lane_seen());
+    CHECK(st.code() == StatusCode::kDeadlineExceeded);
+    CHECK(took < std::chrono::seconds(10));
+    // Small calls never waited, and the session is still up.
+    echo(**ch, 4096, 30);
+    // The proxy goes first: the opener's socket closes, so the channel's
+    // destructor (which joins the opener) does not wait out its timeout.
+    proxy.reset();
+    ch->reset();
+  }
+  SUBCASE("the session's end") {
+    auto proxy = std::make_unique<StallLaneProxy>(server.port(), /*drop_session=*/true);
+    auto ch = Channel::connect("127.0.0.1:" + std::to_string(proxy->port()), rt, cfg);
+    REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
+    auto [st, took] = large_call(**ch, CallOptions());
+    CAPTURE(st.to_string());
+    CHECK(proxy->lane_seen());
+    CHECK(st.code() == StatusCode::kUnavailable);
+    CHECK(took < std::chrono::seconds(10));
+    proxy.reset();
+    ch->reset();
+  }
+  server.stop();
 }
 
 }  // namespace
