@@ -880,6 +880,45 @@ struct RetryingCall : std::enable_shared_from_this<RetryingCall> {
   uint32_t retries_left = 0;
   std::atomic<bool> cancelled{false};
   std::atomic<uint64_t> current_id{0};
+  // Loop thread.  Between attempts the call waits for a session (a
+  // reconnect, bounded by connect_timeout_ms); a cancel or its deadline
+  // ends it there and then, not when the reconnect is over (before, a
+  // cancelled call was sent again after the reconnect, and a 300 ms
+  // deadline waited out the whole connect timeout).
+  bool finished = false;  // the caller's sink has run
+  bool waiting = false;   // between attempts, in with_session
+  reactor::Reactor* loop = nullptr;
+  reactor::TimerHeap::TimerId deadline_timer = 0;
+  std::shared_ptr<RetryingCall> keep;  // alive while the timer is armed
+
+  void finish(RawReply&& reply) {
+    if (finished) return;
+    finished = true;
+    stop_waiting();
+    sink(std::move(reply));
+  }
+  void stop_waiting() {
+    waiting = false;
+    if (deadline_timer != 0) loop->timers().cancel(deadline_timer);
+    deadline_timer = 0;
+    keep.reset();
+  }
+  // Waits for a session until the deadline, if any.
+  void start_waiting(reactor::Reactor& on) {
+    waiting = true;
+    loop = &on;
+    if (!options.deadline || finished) return;
+    keep = shared_from_this();
+    deadline_timer = on.timers().add(*options.deadline, &RetryingCall::on_deadline, this, 0);
+  }
+  static void on_deadline(void* self_ptr, uint64_t) {
+    auto* self = static_cast<RetryingCall*>(self_ptr);
+    self->deadline_timer = 0;
+    auto hold = std::move(self->keep);  // `self` lives to the end of this function
+    if (!self->waiting) return;
+    self->finish(RawReply(Status(StatusCode::kDeadlineExceeded,
+                                 "deadline passed while the channel reconnected for a retry")));
+  }
 };
 
 }  // namespace
@@ -898,7 +937,7 @@ CallHandle Channel::call(uint32_t method_id, RequestWriter writer, CallOptions o
     auto attempt = std::make_shared<std::function<void()>>();
     *attempt = [r, weak_attempt = std::weak_ptr<std::function<void()>>(attempt)]() {
       auto impl = r->channel.lock();
-      if (!impl) return r->sink(RawReply(Status(StatusCode::kCancelled, "channel closed")));
+      if (!impl) return r->finish(RawReply(Status(StatusCode::kCancelled, "channel closed")));
       auto* pc = new core::PendingCall;
       pc->method_id = r->method_id;
       pc->writer = r->writer;
@@ -914,15 +953,19 @@ CallHandle Channel::call(uint32_t method_id, RequestWriter writer, CallOptions o
                            r->retries_left > 0 && !r->cancelled && impl && again &&
                            !impl->closing.load() &&
                            (!r->options.deadline || Clock::now() < *r->options.deadline);
-        if (!retry) return r->sink(std::move(reply));
+        if (!retry) return r->finish(std::move(reply));
         --r->retries_left;
         core::log().info("slotrpc: retrying idempotent call (method id 0x{:08x}) after: {}", r->method_id,
                      reply.status().message());
+        r->start_waiting(*impl->loop);
         impl->with_session([r, again, failed = Status(reply.status())](const Status& st) {
+          if (r->finished) return;  // its deadline or a cancel ended it while it waited
+          r->stop_waiting();
+          if (r->cancelled) return r->finish(RawReply(Status(StatusCode::kCancelled, "cancelled by the caller")));
           if (!st.ok()) {
-            return r->sink(RawReply(Status(StatusCode::kUnavailable,
-                                           fmt::format("{}; reconnect failed: {}", failed.message(),
-                                                       st.message()))));
+            return r->finish(RawReply(Status(StatusCode::kUnavailable,
+                                             fmt::format("{}; reconnect failed: {}", failed.message(),
+                                                         st.message()))));
           }
           (*again)();
         });
@@ -941,6 +984,10 @@ CallHandle Channel::call(uint32_t method_id, RequestWriter writer, CallOptions o
       auto impl = weak.lock();
       if (!impl || impl->closing.load()) return;
       impl->loop->run_or_post([impl, r] {
+        if (r->waiting) {  // between attempts: no call of it is in a session
+          r->finish(RawReply(Status(StatusCode::kCancelled, "cancelled by the caller")));
+          return;
+        }
         if (impl->session)
           impl->session->cancel(r->current_id.load(), Status(StatusCode::kCancelled, "cancelled by the caller"));
       });
