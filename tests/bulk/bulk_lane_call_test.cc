@@ -88,11 +88,16 @@ void echo(Channel& ch, size_t size, uint8_t seed) {
 }
 
 // Forwards the first connection it accepts to the server at `to`, both
-// ways, and closes every later one at once: a server whose session works
-// but whose lanes cannot be reached.
-class FirstOnlyProxy {
+// ways: the session.  What it does with the next ones (the client's lane):
+//   kRefuse: closes each at once (a server whose lanes cannot be reached);
+//   kHold: keeps the first and never answers it, so the client's lane
+//     opener waits for its whole connect_timeout_ms;
+//   kHoldAndDropSession: the same, and closes the session's pair as soon
+//     as it arrives (the session dies while its lane is being opened).
+class SessionProxy {
  public:
-  explicit FirstOnlyProxy(uint16_t to) {
+  enum class Later { kRefuse, kHold, kHoldAndDropSession };
+  SessionProxy(uint16_t to, Later later) : later_(later) {
     lst_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     REQUIRE(lst_ >= 0);
     sockaddr_in addr{};
@@ -105,79 +110,13 @@ class FirstOnlyProxy {
     port_ = ntohs(addr.sin_port);
     thread_ = std::thread([this, to] { run(to); });
   }
-  ~FirstOnlyProxy() {
+  ~SessionProxy() {
     stop_ = true;
     thread_.join();
     ::close(lst_);
   }
   uint16_t port() const { return port_; }
   int refused() const { return refused_.load(); }
-
- private:
-  static bool copy(int from, int to) {
-    std::byte buf[65536];
-    const ssize_t n = ::recv(from, buf, sizeof buf, 0);
-    if (n <= 0) return false;
-    for (ssize_t sent = 0; sent < n;) {
-      const ssize_t k = ::send(to, buf + sent, static_cast<size_t>(n - sent), MSG_NOSIGNAL);
-      if (k <= 0) return false;
-      sent += k;
-    }
-    return true;
-  }
-  void run(uint16_t to) {
-    int a = -1, b = -1;
-    while (!stop_) {
-      pollfd p[3] = {{lst_, POLLIN, 0}, {a, POLLIN, 0}, {b, POLLIN, 0}};
-      if (::poll(p, 3, 20) <= 0) continue;  // 20 ms: how soon ~FirstOnlyProxy is noticed
-      if (p[0].revents != 0) {
-        const int c = ::accept4(lst_, nullptr, nullptr, SOCK_CLOEXEC);
-        if (c >= 0 && a < 0) {
-          a = c;
-          b = raw_tcp::tcp_connect(to);
-        } else if (c >= 0) {
-          ::close(c);
-          ++refused_;
-        }
-      }
-      if ((p[1].revents != 0 && !copy(a, b)) || (p[2].revents != 0 && !copy(b, a))) break;
-    }
-    if (a >= 0) ::close(a);
-    if (b >= 0) ::close(b);
-  }
-  int lst_ = -1;
-  uint16_t port_ = 0;
-  std::atomic<bool> stop_{false};
-  std::atomic<int> refused_{0};
-  std::thread thread_;
-};
-
-// Forwards the first connection it accepts to the server at `to`, both
-// ways; takes the second (the client's bulk lane) and never answers it, so
-// the client's lane opener waits for its whole connect_timeout_ms.  With
-// `drop_session`, it closes the forwarded pair as soon as the lane
-// connection arrives: the session dies while its lane is being opened.
-class StallLaneProxy {
- public:
-  StallLaneProxy(uint16_t to, bool drop_session) : drop_(drop_session) {
-    lst_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    REQUIRE(lst_ >= 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    REQUIRE(::bind(lst_, reinterpret_cast<sockaddr*>(&addr), len) == 0);
-    REQUIRE(::listen(lst_, 8) == 0);
-    REQUIRE(::getsockname(lst_, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-    port_ = ntohs(addr.sin_port);
-    thread_ = std::thread([this, to] { run(to); });
-  }
-  ~StallLaneProxy() {
-    stop_ = true;
-    thread_.join();
-    ::close(lst_);
-  }
-  uint16_t port() const { return port_; }
   bool lane_seen() const { return lane_seen_.load(); }
 
  private:
@@ -193,40 +132,39 @@ class StallLaneProxy {
     return true;
   }
   void run(uint16_t to) {
-    int a = -1, b = -1, lane = -1;
+    int a = -1, b = -1, held = -1;
+    auto drop_session = [&] {
+      ::close(a);
+      ::close(b);
+      a = b = -1;
+    };
     while (!stop_) {
       pollfd p[3] = {{lst_, POLLIN, 0}, {a, POLLIN, 0}, {b, POLLIN, 0}};
-      if (::poll(p, 3, 20) <= 0) continue;  // 20 ms: how soon ~StallLaneProxy is noticed
+      if (::poll(p, 3, 20) <= 0) continue;  // 20 ms: how soon ~SessionProxy is noticed
       if (p[0].revents != 0) {
         const int c = ::accept4(lst_, nullptr, nullptr, SOCK_CLOEXEC);
-        if (c >= 0 && a < 0) {
+        if (c >= 0 && a < 0 && held < 0) {
           a = c;
           b = raw_tcp::tcp_connect(to);
-        } else if (c >= 0 && lane < 0) {
-          lane = c;  // held, never answered
+        } else if (c >= 0 && later_ != Later::kRefuse && held < 0) {
+          held = c;  // never answered
           lane_seen_ = true;
-          if (drop_) {
-            ::close(a);
-            ::close(b);
-            a = b = -1;
-          }
+          if (later_ == Later::kHoldAndDropSession && a >= 0) drop_session();
         } else if (c >= 0) {
           ::close(c);
+          ++refused_;
         }
       }
-      if (a >= 0 && ((p[1].revents != 0 && !copy(a, b)) || (p[2].revents != 0 && !copy(b, a)))) {
-        ::close(a);
-        ::close(b);
-        a = b = -1;
-      }
+      if (a >= 0 && ((p[1].revents != 0 && !copy(a, b)) || (p[2].revents != 0 && !copy(b, a)))) drop_session();
     }
-    for (int fd : {a, b, lane})
+    for (int fd : {a, b, held})
       if (fd >= 0) ::close(fd);
   }
-  bool drop_;
+  Later later_;
   int lst_ = -1;
   uint16_t port_ = 0;
   std::atomic<bool> stop_{false};
+  std::atomic<int> refused_{0};
   std::atomic<bool> lane_seen_{false};
   std::thread thread_;
 };
@@ -313,7 +251,7 @@ TEST_CASE("a lane that cannot be opened leaves the session as it was: large call
   Server server(rt, tcp_config(1 << 20));
   REQUIRE(server.add_service(echo_service()).ok());
   REQUIRE(server.start("127.0.0.1:0").ok());
-  FirstOnlyProxy proxy(server.port());
+  SessionProxy proxy(server.port(), SessionProxy::Later::kRefuse);
   slotrpc::test::LogCapture logs;
   auto ch = Channel::connect("127.0.0.1:" + std::to_string(proxy.port()), rt, tcp_config(1 << 20));
   REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
@@ -349,7 +287,7 @@ TEST_CASE("a call waiting for its channel's lane fails at its deadline, or when 
     return std::make_pair(r.status(), std::chrono::steady_clock::now() - t0);
   };
   SUBCASE("the deadline") {
-    auto proxy = std::make_unique<StallLaneProxy>(server.port(), /*drop_session=*/false);
+    auto proxy = std::make_unique<SessionProxy>(server.port(), SessionProxy::Later::kHold);
     auto ch = Channel::connect("127.0.0.1:" + std::to_string(proxy->port()), rt, cfg);
     REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
     auto [st, took] = large_call(**ch, CallOptions::with_timeout(std::chrono::milliseconds(300)));
@@ -365,7 +303,7 @@ TEST_CASE("a call waiting for its channel's lane fails at its deadline, or when 
     ch->reset();
   }
   SUBCASE("the session's end") {
-    auto proxy = std::make_unique<StallLaneProxy>(server.port(), /*drop_session=*/true);
+    auto proxy = std::make_unique<SessionProxy>(server.port(), SessionProxy::Later::kHoldAndDropSession);
     auto ch = Channel::connect("127.0.0.1:" + std::to_string(proxy->port()), rt, cfg);
     REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
     auto [st, took] = large_call(**ch, CallOptions());
