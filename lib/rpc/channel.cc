@@ -118,6 +118,9 @@ struct Channel::Impl : std::enable_shared_from_this<Channel::Impl> {
   void arm_lane_wait();
   static void on_lane_wait(void* self, uint64_t);
   void cancel_lane_wait();
+  // Lets every held call go: to the session (a closed one fails it with
+  // its reason), or CANCELLED when the channel is closing.
+  void release_held();
 };
 
 namespace {
@@ -628,17 +631,9 @@ void Channel::Impl::on_lane_wait(void* self_ptr, uint64_t) {
   if (!self->lane_opening) return;
   if (!self->session || self->session->closed()) {
     // The session ended while its lane was being opened: its calls fail
-    // now, with its reason (submit() to a closed session does that).  The
-    // opener's result finds the session closed and no calls left.
-    auto calls = std::move(self->waiting_for_lane);
-    self->waiting_for_lane.clear();
-    for (core::PendingCall* pc : calls) {
-      if (self->session) {
-        self->session->submit(pc);
-      } else {
-        core::ClientSession::fail_later(*self->loop, pc, Status(StatusCode::kUnavailable, "no session"));
-      }
-    }
+    // now, with its reason.  The opener's result finds the session closed
+    // and no calls left.
+    self->release_held();
     return;
   }
   const Clock::time_point now = Clock::now();
@@ -661,6 +656,10 @@ void Channel::Impl::on_lane_wait(void* self_ptr, uint64_t) {
 void Channel::Impl::lane_attempt_over() {
   cancel_lane_wait();
   lane_opening = false;
+  release_held();
+}
+
+void Channel::Impl::release_held() {
   auto calls = std::move(waiting_for_lane);
   waiting_for_lane.clear();
   for (core::PendingCall* pc : calls) {
@@ -907,7 +906,7 @@ struct RetryingCall : std::enable_shared_from_this<RetryingCall> {
   void start_waiting(reactor::Reactor& on) {
     waiting = true;
     loop = &on;
-    if (!options.deadline || finished) return;
+    if (!options.deadline) return;
     keep = shared_from_this();
     deadline_timer = on.timers().add(*options.deadline, &RetryingCall::on_deadline, this, 0);
   }

@@ -107,8 +107,8 @@ struct World {
   }
   // Gives the pair x (on a) <-> y (on b) a bulk lane: a second loopback
   // connection, as the handshake would (transport/tcp/bulk_lanes.h).
-  void lane(End& x, End& y, bool small_buffers = false) {
-    auto [c, s] = loopback_pair(small_buffers);
+  void lane(End& x, End& y) {
+    auto [c, s] = loopback_pair();
     REQUIRE(x.link->attach_lane(c).ok());
     REQUIRE(y.link->attach_lane(s).ok());
   }
