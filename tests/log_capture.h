@@ -4,6 +4,7 @@
 #pragma once
 
 #include <spdlog/sinks/base_sink.h>
+#include <spdlog/sinks/dist_sink.h>
 
 #include <algorithm>
 #include <memory>
@@ -34,6 +35,25 @@ class CaptureSink final : public spdlog::sinks::base_sink<std::mutex> {
   std::vector<std::string> lines_;
 };
 
+// Where captures attach.  The logger's own sink list is a plain vector
+// that spdlog reads without a lock while any thread logs (a test's loops,
+// the default runtime's, a server session closing after the test's last
+// check), so changing it while they run is a data race: ASan caught a
+// capture's destructor freeing lines a loop thread was appending to
+// (bulk_lane_call_test, several runs in 30 beside another test).  So the
+// list changes once, before main() while the process has one thread: this
+// dist sink joins it, and captures come and go inside the dist sink, under
+// its lock.
+inline std::shared_ptr<spdlog::sinks::dist_sink_mt> capture_hub() {
+  static const std::shared_ptr<spdlog::sinks::dist_sink_mt> hub = [] {
+    auto h = std::make_shared<spdlog::sinks::dist_sink_mt>();
+    core::log().sinks().push_back(h);
+    return h;
+  }();
+  return hub;
+}
+inline const bool capture_hub_installed = (capture_hub(), true);  // before main()
+
 // A CaptureSink on the library's logger for the capture's lifetime.
 class LogCapture {
  public:
@@ -41,11 +61,10 @@ class LogCapture {
     auto& l = core::log();
     level_ = l.level();
     if (l.level() > spdlog::level::warn) l.set_level(spdlog::level::warn);
-    l.sinks().push_back(sink_);
+    capture_hub()->add_sink(sink_);
   }
   ~LogCapture() {
-    auto& sinks = core::log().sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+    capture_hub()->remove_sink(sink_);
     core::log().set_level(level_);
   }
   LogCapture(const LogCapture&) = delete;
