@@ -4,6 +4,7 @@
 #   ./scripts/test.sh
 #
 # Phases, each failing fast with a non-zero exit:
+#   0. free disk space: 8 GiB under the checkout, 1 GiB in TMPDIR
 #   1. install dependencies        (scripts/install-deps.sh --test-vm)
 #   2. build-test/ -O2, no -g      -> meson setup, compile, test
 #   2b. install check: build-test installs into a temporary prefix
@@ -172,6 +173,28 @@ setup_and_compile() {
   banner "[$dir] meson compile"
   meson compile -C "$dir"
 }
+
+# --- 0. free disk space ----------------------------------------------------------
+# A full disk does not fail clearly: the linker of some test aborted with
+# "LLVM ERROR: IO failure on output stream" six minutes into a CI run whose
+# disk had 2.7 GB free.  The suite's builds take ~6.6 GB under the checkout
+# (build-asan alone ~5 GB: 45 test binaries of ~120 MB, most of it the
+# sanitizers' per-check data and its relocations, which every test binary
+# carries for the whole library); the compilers' temporary files and the
+# rxe VM's share go to TMPDIR.  Say so up front instead.
+SUITE_DISK_GIB=8
+TMP_DISK_GIB=1
+# need_space DIR GIB HINT: fails unless DIR's filesystem has GIB GiB available.
+need_space() {
+  local dir=$1 gib=$2 hint=$3 avail_kib
+  avail_kib=$(df -Pk -- "$dir" | awk 'NR == 2 { print $4 }')
+  [[ $avail_kib =~ ^[0-9]+$ ]] || die "cannot read the free space of $dir (df -Pk)"
+  if ((avail_kib < gib * 1024 * 1024)); then
+    die "$dir has $((avail_kib / 1024)) MiB free; the suite needs $gib GiB there ($hint)"
+  fi
+}
+need_space "$ROOT" "$SUITE_DISK_GIB" "its builds go under the checkout"
+need_space "${TMPDIR:-/tmp}" "$TMP_DISK_GIB" "for temporary files; TMPDIR may name another filesystem"
 
 # --- 1. dependencies ---------------------------------------------------------
 banner "Installing dependencies"
