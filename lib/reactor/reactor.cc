@@ -303,7 +303,12 @@ bool Reactor::run_turn() {
     return true;
   };
   if (verbs_) worked |= deliver(verbs_->poll(completions_), counters_.verbs.completions_per_poll);
-  if (shm_) worked |= deliver(shm_->poll(completions_), counters_.shm.completions_per_poll);
+  if (shm_) {
+    // Bulk chunks copied in or out are work too (the TCP rule below).
+    const uint64_t shm_bytes = shm_->bytes_moved();
+    worked |= deliver(shm_->poll(completions_), counters_.shm.completions_per_poll);
+    worked |= shm_->bytes_moved() != shm_bytes;
+  }
   // Bytes the TCP poll moved are work even without a completion:
   // a bulk transfer's data arrives without one until its last byte, and a
   // loop that counted only completions went idle in the middle of a

@@ -1029,18 +1029,15 @@ Future<RawReply> Channel::call(uint32_t method_id, RequestWriter writer, CallOpt
 TransportKind Channel::transport() const { return impl_->kind.load(); }
 
 Result<MemoryRegion> Channel::register_memory(std::span<std::byte> memory) {
-  if (transport() == TransportKind::kShm)
-    return Status(StatusCode::kUnimplemented,
-                  "register_memory: bulk transfers are not supported on shm (same-host shared "
-                  "memory) yet; use SLOTRPC_TRANSPORT=tcp or verbs for bulk payloads");
   return bulk::make_region(transport::BulkSource{memory.data(), memory.size()});
 }
 
 Result<MemoryRegion> Channel::register_memory(const DmaBuf& m) {
   if (transport() == TransportKind::kShm)
     return Status(StatusCode::kUnimplemented,
-                  "register_memory: bulk transfers are not supported on shm (same-host shared "
-                  "memory) yet; use SLOTRPC_TRANSPORT=verbs for device memory");
+                  "register_memory: shm (same-host shared memory) copies bulk data with the CPU "
+                  "and cannot reach dma-buf (device) memory; use SLOTRPC_TRANSPORT=verbs for "
+                  "device memory");
   if (m.fd < 0) return Status(StatusCode::kInvalidArgument, "register_memory: dma-buf fd < 0");
   return bulk::make_region(transport::BulkSource{m.address, m.length, m.fd, m.offset});
 }

@@ -211,9 +211,19 @@ ServiceDefinition bulk_service(MemoryRegion* server_region) {
   return svc;
 }
 
+// tcp here; the rxe suite runs this binary with SLOTRPC_TRANSPORT=verbs,
+// and bulk_call_shm with =shm.
 TransportKind wanted_transport() {
   const char* t = std::getenv("SLOTRPC_TRANSPORT");
-  return t != nullptr && std::string(t) == "verbs" ? TransportKind::kVerbs : TransportKind::kTcp;
+  const std::string name = t != nullptr ? t : "";
+  return name == "verbs" ? TransportKind::kVerbs : name == "shm" ? TransportKind::kShm : TransportKind::kTcp;
+}
+std::string transport_name() {
+  switch (wanted_transport()) {
+    case TransportKind::kVerbs: return "verbs";
+    case TransportKind::kShm: return "shm";
+    default: return "tcp";
+  }
 }
 
 struct Fixture {
@@ -234,7 +244,7 @@ struct Fixture {
   }
   void reconnect(Config client_config = {}) {
     channel.reset();
-    client_config.transport = wanted_transport();  // never shm: it has no bulk path
+    client_config.transport = wanted_transport();
     auto ch = Channel::connect("127.0.0.1:" + std::to_string(server->port()), client_config);
     REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
     channel = std::move(ch).value();
@@ -495,7 +505,7 @@ TEST_CASE("bulk calls: adjacent pages move as one transfer, scattered ones one e
   Config client_config;
   client_config.tcp_bulk_lane = 0;
   Fixture fx(server_config, client_config);
-  const std::string transport = wanted_transport() == TransportKind::kVerbs ? "verbs" : "tcp";
+  const std::string transport = transport_name();
   auto bulk_requests = [&] {
     for (const auto& t : fx.server->metrics().transports)
       if (t.transport == transport) return t.bulk_requests;

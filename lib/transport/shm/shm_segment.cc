@@ -69,7 +69,8 @@ Result<Layout> compute_layout(Geometry g) {
   l.desc_count = next_pow2(4 * g.slot_count + 64);
   l.desc_offset = kPage;
   l.data_offset = round_up(l.desc_offset + size_t{l.desc_count} * sizeof(Descriptor), kPage);
-  l.total = round_up(l.data_offset + size_t{g.slot_count} * g.slot_size, kPage);
+  l.staging_offset = round_up(l.data_offset + size_t{g.slot_count} * g.slot_size, kPage);
+  l.total = l.staging_offset + kStagingBytes;
   return l;
 }
 

@@ -17,6 +17,10 @@
 //   data     slot_count x slot_size: this side's outgoing slots.  The
 //            sender builds a message here and the receiver reads it here:
 //            no copy on the sending side.
+//   staging  kStagingBytes: bulk bytes on their way to the peer (a ring of
+//            chunks, each named by one bulk descriptor; shm_bulk.cc).
+//            memfd pages cost nothing until touched, so a session that
+//            never moves bulk data pays address space only.
 //
 // The owner maps its segment read-write, then seals it (F_SEAL_FUTURE_WRITE,
 // SHRINK, GROW, SEAL) and passes the memfd to the peer with SCM_RIGHTS over
@@ -34,6 +38,7 @@
 // segment (those are only compared with it).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -49,10 +54,31 @@ namespace slotrpc::transport::shm {
 // "WHAT: strerror(err)", for the errors of both shm files.
 std::string errno_text(const char* what, int err);
 
+// Words of a segment, read or written as atomics.  The peer's segment is
+// mapped read-only: loads only (an 8-byte load is a plain mov on x86-64 and
+// a plain ldr on aarch64, it never writes).
+template <typename T>
+T load_peer(const T& word, std::memory_order order) {
+  return std::atomic_ref<T>(const_cast<T&>(word)).load(order);
+}
+template <typename T>
+void store_own(T& word, T value, std::memory_order order) {
+  std::atomic_ref<T>(word).store(value, order);
+}
+
 inline constexpr size_t kCacheLine = 64;
 inline constexpr size_t kPage = 4096;
 inline constexpr uint32_t kOfferMagic = 0x314d4853;  // "SHM1"
-inline constexpr uint32_t kOfferVersion = 2;  // 2: seq and inline payload in the descriptor
+// 2: seq and inline payload in the descriptor; 3: the bulk staging area
+inline constexpr uint32_t kOfferVersion = 3;
+
+// Bulk transfers (shm_bulk.cc): bytes move through the sender's staging
+// area in chunks of at most kBulkChunkBytes, at most kStagingBytes of them
+// unconsumed at a time.  A chunk is one copy of ~20-60 us, the longest a
+// small message waits behind bulk data on either loop; 16 chunks in flight
+// keep both sides copying while the other does.
+inline constexpr uint32_t kBulkChunkBytes = 256 * 1024;
+inline constexpr size_t kStagingBytes = 16 * size_t{kBulkChunkBytes};
 
 struct Geometry {
   uint32_t slot_count = 0;
@@ -66,7 +92,15 @@ struct ControlBlock {
   alignas(kCacheLine) uint32_t sleeping;
 };
 
-enum class DescLane : uint32_t { kSlot = 1, kControl = 2, kInline = 3 };
+enum class DescLane : uint32_t {
+  kSlot = 1,
+  kControl = 2,
+  kInline = 3,
+  // Bulk (shm_bulk.cc; payload layouts there and in docs/protocol.md).
+  kBulkReadRequest = 4,  // "send me `length` bytes at `addr` of your exposure `rkey`"
+  kBulkReadData = 5,     // a chunk of a read in our staging area, or its failure
+  kBulkWriteData = 6,    // a chunk for the peer's exposure `rkey`, in our staging area
+};
 
 // Payloads up to this size travel inside the descriptor (kInline).
 inline constexpr uint32_t kInlineMax = 40;
@@ -96,6 +130,7 @@ struct Layout {
   uint32_t desc_count = 0;  // power of two
   size_t desc_offset = 0;
   size_t data_offset = 0;
+  size_t staging_offset = 0;  // kStagingBytes of bulk chunks
   size_t total = 0;
 };
 

@@ -17,18 +17,6 @@
 namespace slotrpc::transport::shm {
 namespace {
 
-// Words of a segment, read or written as atomics.  The peer's segment is
-// mapped read-only: loads only (an 8-byte load is a plain mov on x86-64 and
-// a plain ldr on aarch64, it never writes).
-template <typename T>
-T load_peer(const T& word, std::memory_order order) {
-  return std::atomic_ref<T>(const_cast<T&>(word)).load(order);
-}
-template <typename T>
-void store_own(T& word, T value, std::memory_order order) {
-  std::atomic_ref<T>(word).store(value, order);
-}
-
 // After copying bytes out of memory a hostile peer writes: the compiler must
 // not serve a later read of the private copy by re-reading shared memory (a
 // copy it may otherwise elide).  A compiler barrier, no instruction.
@@ -306,12 +294,17 @@ size_t ShmLink::receive(std::span<Completion> out) {
                                                                 peer_.layout.desc_offset);
   const std::byte* const data = peer_.map.base() + peer_.layout.data_offset;
   const uint64_t desc_count = desc_mask_ + uint64_t{1};
+  // n descriptors consumed, k completions made: a bulk descriptor may make
+  // none.  At most about one chunk of bulk bytes is copied per call, so a
+  // slot message behind bulk data waits at most one chunk's copy.
+  size_t n = 0;
   size_t k = 0;
-  for (; k < out.size() && !down_; ++k) {
+  uint64_t bulk_moved = 0;
+  for (; k < out.size() && !down_ && bulk_moved < kBulkChunkBytes; ++n) {
     // The next descriptor's own sequence word says whether it is there: one
     // cache line per message (the head word is only read before sleeping).
-    const uint64_t expect = consumed_ + k + 1;
-    const Descriptor& shared = descs[(consumed_ + k) & desc_mask_];
+    const uint64_t expect = consumed_ + n + 1;
+    const Descriptor& shared = descs[(consumed_ + n) & desc_mask_];
     const uint64_t seq = load_peer(shared.seq, std::memory_order_acquire);
     if (seq != expect) {
       // Not written yet: it still holds its previous lap (0 on the first).
@@ -380,24 +373,34 @@ size_t ShmLink::receive(std::span<Completion> out) {
       c.slot = slot;
       c.length = d.length;
     } else {
-      fail("descriptor with unknown lane " + std::to_string(d.lane));
-      break;
+      // Bulk (shm_bulk.cc), or a lane nobody knows (it fails the link).
+      bool done = false;
+      if (!on_bulk_descriptor(d, c, &done, &bulk_moved)) break;
+      if (!done) continue;  // no completion: c stays free for the next one
     }
+    ++k;
   }
-  if (k == 0) {
+  if (n == 0) {
     // Everything the peer published before it died has been delivered.
     if (peer_gone_ && !down_) fail("peer closed the shm socket (process exited or session closed)");
     return 0;
   }
-  consumed_ += k;
-  // One store per batch tells the peer the descriptors may be reused.
+  consumed_ += n;
+  if (bulk_moved != 0) {
+    shm_stats_.bulk_bytes_received += bulk_moved;
+    owner_.bulk_bytes_moved_ += bulk_moved;
+  }
+  // One store per batch tells the peer the descriptors may be reused (for
+  // bulk chunks: their staging bytes; we copied them out above).
   store_own(own_ctl()->tail, consumed_, std::memory_order_release);
   return k;
 }
 
 bool ShmLink::announce_sleep() {
   if (down_ || !attached_) return true;
-  if (peer_gone_ || !backlog_.empty()) return false;  // work for the next poll
+  // Work for the next poll: a backlog, or bulk data to send (a peer slow
+  // to consume it is bounded by the drain rule, pump_bulk()).
+  if (peer_gone_ || !backlog_.empty() || has_bulk_work()) return false;
   store_own(own_ctl()->sleeping, uint32_t{1}, std::memory_order_seq_cst);
   sleep_announced_ = true;
   return !peer_has_more();
@@ -444,6 +447,7 @@ void ShmLink::fail(std::string reason) {
   // Closing our end is how the peer learns at once that this link is gone.
   sock_.reset();
   backlog_.clear();
+  fail_bulk(down_reason_);
   // The segments stay mapped until destruction: a session may still hold
   // pointers into send_slots().
   Completion c;
@@ -583,6 +587,7 @@ size_t ShmTransport::poll(std::span<Completion> out) {
     ShmLink* link = links_[(next_link_ + i) % count];
     link->withdraw_sleep();
     if (!link->backlog_.empty()) link->flush_backlog();
+    if (link->has_bulk_work()) link->pump_bulk();
     got += link->receive(out.subspan(got));
   }
   if (count != 0) next_link_ = (next_link_ + 1) % count;

@@ -40,8 +40,10 @@
 #include <sys/epoll.h>
 
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "slotrpc/config.h"
@@ -59,6 +61,10 @@ struct ShmLinkStats {
   uint64_t inline_sends = 0;    // slot messages of <= kInlineMax bytes sent in the descriptor
   uint64_t wakeups_sent = 0;    // eventfd writes for a sleeping peer
   uint64_t backlogged = 0;      // messages that waited for descriptor room
+  uint64_t bulk_chunks_sent = 0;      // bulk chunks copied into our staging area
+  uint64_t bulk_bytes_sent = 0;       // ... and their bytes
+  uint64_t bulk_bytes_received = 0;   // bulk bytes copied out of the peer's staging area
+  uint64_t bulk_stalls = 0;           // polls on which bulk data waited for staging or ring room
 };
 
 // A peer that consumes nothing while we hold a backlog is closed after the
@@ -83,6 +89,30 @@ class ShmLink final : public Link {
   LinkStats stats() const override { return stats_; }
   std::span<std::byte> send_slots() override;
 
+  // Bulk transfers (shm_bulk.cc): through the staging areas of both
+  // segments, one copy into the sender's, one out of it by the receiver.
+  // The side that exposes a range serves the peer's reads from it and
+  // checks the peer's writes against it, so the peer never touches our
+  // memory: every access is checked here, on our loop, against an exposure
+  // of this link (a bad one fails the link, as verbs' remote access error
+  // fails the queue pair).
+  bool supports_bulk() const override { return true; }
+  const void* bulk_domain() const override;
+  Result<BulkRegistration> register_bulk(const BulkSource& source) override;
+  void deregister_bulk(BulkRegistration& registration) override;
+  Result<RemoteSegment> expose(const BulkRegistration& registration, size_t offset, size_t length,
+                               BulkAccess access) override;
+  bool revoke(const RemoteSegment& segment, uint64_t token) override;
+  Status read(const BulkRegistration& local, size_t local_offset, const RemoteSegment& remote,
+              uint64_t remote_offset, size_t length, uint64_t token) override;
+  Status write(const BulkRegistration& local, size_t local_offset, const RemoteSegment& remote,
+               uint64_t remote_offset, size_t length, uint64_t token) override;
+
+  // Bounds on bulk state, as on TCP: at most kMaxBulkReads of this side's
+  // read requests outstanding (more wait here), and a peer with more than
+  // that outstanding against us is failed.
+  static constexpr size_t kMaxBulkReads = 16;
+
   // For a link made by ShmTransport::accept(): sends our offer, after the
   // HelloReply (the server's order, see accept()).
   Status send_own_offer();
@@ -99,6 +129,23 @@ class ShmLink final : public Link {
   size_t receive(std::span<Completion> out);
   bool peer_has_more();
   bool write_descriptor(const Outgoing& o, const std::byte* control_copy);
+  // Publishes a descriptor built by the bulk code; false when the ring is
+  // full (or the peer's consumed count is nonsense: then the link failed).
+  bool put_descriptor(const Descriptor& d);
+  bool ring_has_room();
+  // Bulk, shm_bulk.cc.  pump_bulk(): called by every poll while this side
+  // has bulk work; publishes what waits (read requests, failed reads) and
+  // copies at most one chunk into staging.  on_bulk_descriptor(): one
+  // received bulk descriptor; returns false when the link failed, and sets
+  // *done when it completed a read (a kBulkDone in *c).
+  void pump_bulk();
+  bool has_bulk_work() const { return !bulk_small_.empty() || !serves_.empty() || !writes_.empty(); }
+  bool on_bulk_descriptor(const Descriptor& d, Completion& c, bool* done, uint64_t* moved);
+  void request_reads();
+  void reclaim_staging();
+  std::byte* stage(uint32_t length);
+  void bulk_done(uint64_t token, StatusCode code);
+  void fail_bulk(const std::string& reason);
   void flush_backlog();
   // The drain rule: fails the link when the peer consumed nothing for the
   // peer timeout while the backlog waits.  Only runs with a backlog.
@@ -153,6 +200,65 @@ class ShmLink final : public Link {
   // when the backlog starts).  Read and written only with a backlog: the
   // clock is not read on the hot path.
   std::chrono::steady_clock::time_point last_drain_{};
+
+  // ---- Bulk (shm_bulk.cc) ----
+  // Ranges this side exposed, by key.  Keys count up and are never reused.
+  struct Exposure {
+    std::byte* base = nullptr;
+    uint64_t length = 0;
+    BulkAccess access = BulkAccess::kRemoteRead;
+  };
+  std::unordered_map<uint32_t, Exposure> exposures_;
+  uint32_t last_rkey_ = 0;
+  // This side's reads: requested (the first reads_requested_) or waiting.
+  struct ReadOp {
+    uint64_t token = 0;
+    uint64_t tag = 0;
+    std::byte* dest = nullptr;
+    uint64_t length = 0;
+    uint64_t got = 0;
+    uint32_t rkey = 0;
+    uint64_t addr = 0;
+  };
+  std::deque<ReadOp> reads_;
+  size_t reads_requested_ = 0;
+  uint64_t next_tag_ = 1;
+  // The peer's reads this side serves from its exposures, in order.
+  struct ServeJob {
+    uint64_t tag = 0;
+    uint32_t rkey = 0;
+    const std::byte* src = nullptr;
+    uint64_t length = 0;
+    uint64_t sent = 0;
+  };
+  std::deque<ServeJob> serves_;
+  // This side's writes into the peer's exposures.
+  struct WriteJob {
+    uint64_t token = 0;
+    uint32_t rkey = 0;
+    uint64_t addr = 0;
+    const std::byte* src = nullptr;
+    uint64_t length = 0;
+    uint64_t sent = 0;
+  };
+  std::deque<WriteJob> writes_;
+  bool serve_turn_ = true;  // round robin between serving and writing
+  // Descriptors without data (read requests, failed reads) waiting for
+  // ring room, in order.
+  std::deque<Descriptor> bulk_small_;
+  // The staging ring: bytes handed out and freed (positions modulo
+  // kStagingBytes), and for each chunk the descriptor that names it: the
+  // chunk is free again once the peer's consumed count passes it.
+  uint64_t stage_head_ = 0;
+  uint64_t stage_tail_ = 0;
+  struct StageUse {
+    uint64_t desc = 0;  // our descriptor index (published_ before it)
+    uint64_t end = 0;   // stage_head_ after it
+  };
+  std::deque<StageUse> stage_uses_;
+  // When bulk data last moved while it waited for room (the drain rule).
+  std::chrono::steady_clock::time_point bulk_progress_{};
+  bool bulk_stalled_ = false;
 };
 
 class ShmTransport final : public Transport {
@@ -193,6 +299,7 @@ class ShmTransport final : public Transport {
   size_t poll(std::span<Completion> out) override;
   int wait_fd() const override { return epoll_fd_.get(); }
   bool prepare_sleep() override;
+  uint64_t bytes_moved() const { return bulk_bytes_moved_; }
 
   // Busy polling checks the sockets and eventfds (epoll_wait, a system call)
   // on one poll in this many; sleeping always checks them first.
@@ -208,6 +315,9 @@ class ShmTransport final : public Transport {
 
   Fd epoll_fd_;
   uint32_t peer_timeout_ms_;
+  // Bulk bytes copied in or out by this transport's links (the reactor
+  // counts them as work: a bulk chunk is no completion).
+  uint64_t bulk_bytes_moved_ = 0;
   std::vector<ShmLink*> links_;
   std::vector<Completion> ready_;  // link-down completions, in order
   size_t next_link_ = 0;           // round robin start, so no link starves

@@ -1,0 +1,471 @@
+// ShmLink's bulk transfers (issue 12): Link::read / write / expose / revoke
+// between two processes of one host, through the staging areas of the two
+// segments (shm_segment.h).  The slot path is in shm_transport.cc.
+//
+// Why staging and not one copy straight between the address spaces
+// (process_vm_readv): that system call needs ptrace rights over the peer,
+// which Yama's ptrace_scope 1 (Ubuntu's default) and container seccomp
+// profiles refuse, and where it is allowed it reaches the peer's whole
+// address space, not one call's range.  Through staging, a peer reads only
+// what we copied into our own sealed segment for it, and writes only into
+// its own: every access to our memory is made by our loop, after a check
+// against an exposure of this link.  The price is a second copy; memcpy
+// moves several GB/s per core, and the two copies of a transfer run at the
+// same time on the two sides' loops, one chunk apart.
+//
+// Descriptors (docs/protocol.md, "Shared memory: bulk"), payload bytes
+// little-endian as the host is (both ends run on one host):
+//   READ_REQ   payload: u64 tag, u32 rkey, u32 0, u64 addr, u64 length
+//   READ_DATA  payload: u64 tag, u32 status, u32 0, u64 addr (position in
+//              the read); offset/length: the chunk in our staging area
+//              (length 0 and status != 0: the read failed, e.g. revoked)
+//   WRITE_DATA payload: u32 rkey, u32 0, u64 addr (in the exposure);
+//              offset/length: the chunk in our staging area
+// A chunk is at most kBulkChunkBytes and lies wholly inside the staging
+// area; it stays there, untouched, until the peer's consumed count passes
+// its descriptor (the consumer copies it out before it counts it).
+//
+// Not on the slot hot path: a link without bulk work never comes here
+// except through a descriptor lane it does not use.
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "core/logging.h"
+#include "transport/shm/shm_transport.h"
+
+namespace slotrpc::transport::shm {
+namespace {
+
+// One object for every shm link of the process: registration is a no-op
+// (memcpy reaches any host memory), so registrations are interchangeable.
+const char shm_bulk_domain = 0;
+
+template <typename T>
+void put_field(std::byte* p, T v) {
+  std::memcpy(p, &v, sizeof v);
+}
+template <typename T>
+T get_field(const std::byte* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+StatusCode peer_status(uint32_t status) {
+  return is_known_status_code(static_cast<uint16_t>(status)) && status != 0
+             ? static_cast<StatusCode>(status)
+             : StatusCode::kUnavailable;
+}
+
+}  // namespace
+
+const void* ShmLink::bulk_domain() const { return &shm_bulk_domain; }
+
+Result<BulkRegistration> ShmLink::register_bulk(const BulkSource& source) {
+  if (source.dmabuf_fd >= 0)
+    return Status(StatusCode::kUnimplemented,
+                  "shm copies bulk data with the CPU and cannot reach dma-buf (device) memory: "
+                  "copy it to host memory first, or use verbs");
+  if (source.address == nullptr || source.length == 0)
+    return Status(StatusCode::kInvalidArgument, "bulk memory is empty");
+  BulkRegistration r;
+  r.base = source.address;
+  r.length = source.length;
+  r.domain = bulk_domain();
+  return r;
+}
+
+void ShmLink::deregister_bulk(BulkRegistration& registration) { registration = {}; }
+
+Result<RemoteSegment> ShmLink::expose(const BulkRegistration& registration, size_t offset,
+                                      size_t length, BulkAccess access) {
+  if (registration.domain != bulk_domain() || registration.base == nullptr)
+    return Status(StatusCode::kInvalidArgument, "expose: not a shm bulk registration");
+  if (length == 0 || offset > registration.length || length > registration.length - offset)
+    return Status(StatusCode::kInvalidArgument,
+                  "expose: " + std::to_string(length) + " bytes at offset " +
+                      std::to_string(offset) + " are outside a registration of " +
+                      std::to_string(registration.length));
+  if (access != BulkAccess::kRemoteRead && access != BulkAccess::kRemoteWrite)
+    return Status(StatusCode::kInvalidArgument, "expose: unknown access");
+  if (down_) return Status(StatusCode::kUnavailable, "expose: link down: " + down_reason_);
+  // Keys count up and are never reused, so a key the peer kept after a
+  // revoke never names another exposure.
+  if (last_rkey_ == UINT32_MAX)
+    return Status(StatusCode::kResourceExhausted, "expose: the link has used every rkey");
+  const uint32_t rkey = ++last_rkey_;
+  exposures_.emplace(rkey, Exposure{registration.base + offset, length, access});
+  // addr is opaque: the peer addresses the range from 0.
+  return RemoteSegment{0, length, rkey};
+}
+
+bool ShmLink::revoke(const RemoteSegment& segment, uint64_t /*token*/) {
+  if (exposures_.erase(segment.rkey) == 0 || down_) return true;
+  // Reads served from the range end now with a failed READ_DATA.  Nothing
+  // of the range is in flight: a chunk is copied into staging within one
+  // poll, so once the exposure is gone no later access reaches the memory,
+  // and a WRITE_DATA that names the key fails the link.
+  for (auto it = serves_.begin(); it != serves_.end();) {
+    if (it->rkey != segment.rkey) {
+      ++it;
+      continue;
+    }
+    Descriptor d{};
+    d.lane = static_cast<uint32_t>(DescLane::kBulkReadData);
+    put_field<uint64_t>(d.payload, it->tag);
+    put_field<uint32_t>(d.payload + 8, static_cast<uint32_t>(StatusCode::kUnavailable));
+    put_field<uint64_t>(d.payload + 16, it->sent);
+    bulk_small_.push_back(d);
+    it = serves_.erase(it);
+  }
+  return true;
+}
+
+Status ShmLink::read(const BulkRegistration& local, size_t local_offset, const RemoteSegment& remote,
+                     uint64_t remote_offset, size_t length, uint64_t token) {
+  if (local.domain != bulk_domain() || local.base == nullptr)
+    return Status(StatusCode::kInvalidArgument, "read: not a shm bulk registration");
+  if (length == 0 || local_offset > local.length || length > local.length - local_offset ||
+      remote_offset > remote.length || length > remote.length - remote_offset)
+    return Status(StatusCode::kInvalidArgument,
+                  "read: " + std::to_string(length) + " bytes outside the local or remote range");
+  if (!attached_) return Status(StatusCode::kInvalidArgument, "read: link not attached");
+  if (down_) return Status(StatusCode::kUnavailable, "read: link down: " + down_reason_);
+  ReadOp op;
+  op.token = token;
+  op.tag = next_tag_++;
+  op.dest = local.base + local_offset;
+  op.length = length;
+  op.rkey = remote.rkey;
+  op.addr = remote.addr + remote_offset;
+  reads_.push_back(op);
+  request_reads();
+  return Status::ok_status();
+}
+
+Status ShmLink::write(const BulkRegistration& local, size_t local_offset,
+                      const RemoteSegment& remote, uint64_t remote_offset, size_t length,
+                      uint64_t token) {
+  if (local.domain != bulk_domain() || local.base == nullptr)
+    return Status(StatusCode::kInvalidArgument, "write: not a shm bulk registration");
+  if (length == 0 || local_offset > local.length || length > local.length - local_offset ||
+      remote_offset > remote.length || length > remote.length - remote_offset)
+    return Status(StatusCode::kInvalidArgument,
+                  "write: " + std::to_string(length) + " bytes outside the local or remote range");
+  if (!attached_) return Status(StatusCode::kInvalidArgument, "write: link not attached");
+  if (down_) return Status(StatusCode::kUnavailable, "write: link down: " + down_reason_);
+  WriteJob j;
+  j.token = token;
+  j.rkey = remote.rkey;
+  j.addr = remote.addr + remote_offset;
+  j.src = local.base + local_offset;
+  j.length = length;
+  writes_.push_back(j);
+  return Status::ok_status();
+}
+
+void ShmLink::request_reads() {
+  for (size_t i = reads_requested_; i < reads_.size() && reads_requested_ < kMaxBulkReads; ++i) {
+    const ReadOp& r = reads_[i];
+    Descriptor d{};
+    d.lane = static_cast<uint32_t>(DescLane::kBulkReadRequest);
+    put_field<uint64_t>(d.payload, r.tag);
+    put_field<uint32_t>(d.payload + 8, r.rkey);
+    put_field<uint64_t>(d.payload + 16, r.addr);
+    put_field<uint64_t>(d.payload + 24, r.length);
+    bulk_small_.push_back(d);
+    ++reads_requested_;
+    ++stats_.bulk_requests;
+  }
+}
+
+void ShmLink::bulk_done(uint64_t token, StatusCode code) {
+  Completion c;
+  c.kind = Completion::Kind::kBulkDone;
+  c.context = context_;
+  c.link = this;
+  c.bulk_token = token;
+  c.bulk_status = static_cast<uint16_t>(code);
+  owner_.push(c);
+}
+
+void ShmLink::reclaim_staging() {
+  if (stage_uses_.empty()) return;
+  const uint64_t t = load_peer(peer_ctl()->tail, std::memory_order_acquire);
+  if (t - peer_tail_ > published_ - peer_tail_) {
+    fail("peer's consumed count " + std::to_string(t) + " is outside " +
+         std::to_string(peer_tail_) + ".." + std::to_string(published_) +
+         " (corrupt or hostile peer)");
+    return;
+  }
+  peer_tail_ = t;
+  while (!stage_uses_.empty() && stage_uses_.front().desc < peer_tail_) {
+    stage_tail_ = stage_uses_.front().end;
+    stage_uses_.pop_front();
+  }
+}
+
+std::byte* ShmLink::stage(uint32_t length) {
+  // A chunk never wraps: one that would run past the end starts at the
+  // beginning, and the bytes skipped are freed with it.
+  const uint64_t pos = stage_head_ % kStagingBytes;
+  const uint64_t skip = pos + length > kStagingBytes ? kStagingBytes - pos : 0;
+  if (kStagingBytes - (stage_head_ - stage_tail_) < skip + length) {
+    reclaim_staging();
+    if (down_ || kStagingBytes - (stage_head_ - stage_tail_) < skip + length) return nullptr;
+  }
+  stage_head_ += skip;
+  std::byte* const p = own_.map.base() + own_.layout.staging_offset + stage_head_ % kStagingBytes;
+  stage_head_ += length;
+  stage_uses_.push_back(StageUse{published_, stage_head_});
+  return p;
+}
+
+bool ShmLink::ring_has_room() {
+  const uint64_t desc_count = desc_mask_ + uint64_t{1};
+  if (published_ - peer_tail_ < desc_count) return true;
+  const uint64_t t = load_peer(peer_ctl()->tail, std::memory_order_acquire);
+  if (t - peer_tail_ > published_ - peer_tail_) {
+    fail("peer's consumed count " + std::to_string(t) + " is outside " +
+         std::to_string(peer_tail_) + ".." + std::to_string(published_) +
+         " (corrupt or hostile peer)");
+    return false;
+  }
+  peer_tail_ = t;
+  return published_ - peer_tail_ < desc_count;
+}
+
+bool ShmLink::put_descriptor(const Descriptor& d) {
+  if (!ring_has_room()) return false;
+  auto* const slot_desc = reinterpret_cast<Descriptor*>(own_.map.base() + own_.layout.desc_offset) +
+                          (published_ & desc_mask_);
+  std::memcpy(reinterpret_cast<std::byte*>(slot_desc) + sizeof d.seq,
+              reinterpret_cast<const std::byte*>(&d) + sizeof d.seq, sizeof d - sizeof d.seq);
+  ++published_;
+  store_own(slot_desc->seq, published_, std::memory_order_release);
+  return true;
+}
+
+void ShmLink::pump_bulk() {
+  // Slot messages first: bulk descriptors never pass a backlog.
+  if (down_ || !attached_ || !backlog_.empty()) return;
+  bool published = false;
+  while (!bulk_small_.empty() && put_descriptor(bulk_small_.front())) {
+    bulk_small_.pop_front();
+    published = true;
+  }
+  if (down_) return;
+  // One chunk per poll: the longest a slot message waits behind bulk data
+  // is one chunk's copy.  Serving the peer's reads and our own writes take
+  // turns.
+  bool moved = false;
+  if (bulk_small_.empty() && (!serves_.empty() || !writes_.empty())) {
+    const bool serve = !serves_.empty() && (serve_turn_ || writes_.empty());
+    serve_turn_ = !serve;
+    const uint64_t left = serve ? serves_.front().length - serves_.front().sent
+                                : writes_.front().length - writes_.front().sent;
+    const auto n = static_cast<uint32_t>(std::min<uint64_t>(left, kBulkChunkBytes));
+    std::byte* dst = ring_has_room() ? stage(n) : nullptr;
+    if (dst != nullptr) {
+      Descriptor d{};
+      d.length = n;
+      d.offset = static_cast<uint32_t>(dst - (own_.map.base() + own_.layout.staging_offset));
+      if (serve) {
+        ServeJob& j = serves_.front();
+        std::memcpy(dst, j.src + j.sent, n);
+        d.lane = static_cast<uint32_t>(DescLane::kBulkReadData);
+        put_field<uint64_t>(d.payload, j.tag);
+        put_field<uint64_t>(d.payload + 16, j.sent);
+        j.sent += n;
+        if (j.sent == j.length) {
+          serves_.pop_front();
+        } else if (serves_.size() > 1) {
+          serves_.push_back(j);  // round robin between the peer's reads
+          serves_.pop_front();
+        }
+      } else {
+        WriteJob& j = writes_.front();
+        std::memcpy(dst, j.src + j.sent, n);
+        d.lane = static_cast<uint32_t>(DescLane::kBulkWriteData);
+        put_field<uint32_t>(d.payload, j.rkey);
+        put_field<uint64_t>(d.payload + 8, j.addr + j.sent);
+        j.sent += n;
+        ++stats_.bulk_requests;
+        if (j.sent == j.length) {
+          // Every byte is in staging: the source may be reused, and a reply
+          // posted after this completion follows the chunks in the ring.
+          const uint64_t token = j.token;
+          writes_.pop_front();
+          bulk_done(token, StatusCode::kOk);
+        } else if (writes_.size() > 1) {
+          writes_.push_back(j);  // round robin between this side's writes
+          writes_.pop_front();
+        }
+      }
+      // stage() recorded published_ as this chunk's descriptor index.
+      put_descriptor(d);  // cannot fail: ring_has_room() said so above
+      published = moved = true;
+      ++shm_stats_.bulk_chunks_sent;
+      shm_stats_.bulk_bytes_sent += n;
+      owner_.bulk_bytes_moved_ += n;
+    }
+  }
+  if (down_) return;
+  if (published) publish();
+  // The drain rule of the backlog (check_drain), for bulk data: a peer
+  // that consumes no staged chunk for peer_timeout_ms while more waits is
+  // failed.  The clock is read only while stalled.
+  const bool waiting = !bulk_small_.empty() || ((!serves_.empty() || !writes_.empty()) && !moved);
+  if (!waiting) {
+    bulk_stalled_ = false;
+    return;
+  }
+  ++shm_stats_.bulk_stalls;
+  const auto now = std::chrono::steady_clock::now();
+  if (!bulk_stalled_ || published) {
+    bulk_stalled_ = true;
+    bulk_progress_ = now;
+    return;
+  }
+  const auto idle = now - bulk_progress_;
+  if (idle < std::chrono::milliseconds(owner_.peer_timeout_ms_)) return;
+  std::string reason =
+      "peer has consumed no bulk data for " +
+      std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(idle).count()) +
+      " ms with more to send (peer_timeout_ms = " + std::to_string(owner_.peer_timeout_ms_) + ")";
+  core::log().warn("slotrpc: closing {}: {}", description_, reason);
+  fail(std::move(reason));
+}
+
+bool ShmLink::on_bulk_descriptor(const Descriptor& d, Completion& c, bool* done, uint64_t* moved) {
+  *done = false;
+  const std::byte* const staging = peer_.map.base() + peer_.layout.staging_offset;
+  // A chunk of the peer's staging area: its place and size against our
+  // own constants, before a byte is copied.
+  auto chunk_ok = [&](const char* what) {
+    if (d.length == 0 || d.length > kBulkChunkBytes || d.offset > kStagingBytes - d.length) {
+      fail(std::string("peer sent ") + what + " of " + std::to_string(d.length) +
+           " bytes at staging offset " + std::to_string(d.offset) + " (chunks are 1.." +
+           std::to_string(kBulkChunkBytes) + " bytes inside " + std::to_string(kStagingBytes) + ")");
+      return false;
+    }
+    return true;
+  };
+  // The peer's access against our exposure; every failure fails the link
+  // before a byte moves (verbs: a remote access error).
+  auto exposure = [&](uint32_t rkey, BulkAccess want, uint64_t addr, uint64_t length,
+                      const char* what) -> Exposure* {
+    auto it = exposures_.find(rkey);
+    if (it == exposures_.end()) {
+      fail(std::string("peer ") + what + " through rkey " + std::to_string(rkey) +
+           (rkey != 0 && rkey <= last_rkey_ ? ", which was revoked" : ", which was never exposed"));
+      return nullptr;
+    }
+    Exposure& e = it->second;
+    if (e.access != want) {
+      fail(std::string("peer ") + what + " through rkey " + std::to_string(rkey) + ", exposed for " +
+           (e.access == BulkAccess::kRemoteRead ? "reading" : "writing") + " only");
+      return nullptr;
+    }
+    if (length == 0 || addr > e.length || length > e.length - addr) {
+      fail(std::string("peer ") + what + " " + std::to_string(length) + " bytes at " +
+           std::to_string(addr) + " of rkey " + std::to_string(rkey) + ", which exposes " +
+           std::to_string(e.length));
+      return nullptr;
+    }
+    return &e;
+  };
+  switch (static_cast<DescLane>(d.lane)) {
+    case DescLane::kBulkReadRequest: {
+      const uint64_t tag = get_field<uint64_t>(d.payload);
+      const uint32_t rkey = get_field<uint32_t>(d.payload + 8);
+      const uint64_t addr = get_field<uint64_t>(d.payload + 16);
+      const uint64_t length = get_field<uint64_t>(d.payload + 24);
+      Exposure* e = exposure(rkey, BulkAccess::kRemoteRead, addr, length, "read");
+      if (e == nullptr) return false;
+      if (serves_.size() >= kMaxBulkReads) {
+        fail("peer has more than " + std::to_string(kMaxBulkReads) + " bulk reads outstanding");
+        return false;
+      }
+      serves_.push_back(ServeJob{tag, rkey, e->base + addr, length, 0});
+      return true;
+    }
+    case DescLane::kBulkReadData: {
+      const uint64_t tag = get_field<uint64_t>(d.payload);
+      const uint32_t status = get_field<uint32_t>(d.payload + 8);
+      const uint64_t addr = get_field<uint64_t>(d.payload + 16);
+      auto it = std::find_if(reads_.begin(), reads_.begin() + static_cast<ptrdiff_t>(reads_requested_),
+                             [tag](const ReadOp& r) { return r.tag == tag; });
+      if (it == reads_.begin() + static_cast<ptrdiff_t>(reads_requested_)) {
+        fail("peer sent read data for unknown read " + std::to_string(tag));
+        return false;
+      }
+      if (status != 0 || d.length == 0) {
+        // The peer revoked the range while serving it (its call ended).
+        if (status == 0 || d.length != 0) {
+          fail("peer sent a failed read with data, or an empty one without a status");
+          return false;
+        }
+        c.kind = Completion::Kind::kBulkDone;
+        c.bulk_token = it->token;
+        c.bulk_status = static_cast<uint16_t>(peer_status(status));
+        reads_.erase(it);
+        --reads_requested_;
+        *done = true;
+        request_reads();
+        return true;
+      }
+      if (!chunk_ok("read data")) return false;
+      if (addr != it->got || d.length > it->length - it->got) {
+        fail("peer sent read data " + std::to_string(addr) + "+" + std::to_string(d.length) +
+             " out of order or beyond read " + std::to_string(tag) + " of " +
+             std::to_string(it->length) + " bytes");
+        return false;
+      }
+      std::memcpy(it->dest + it->got, staging + d.offset, d.length);
+      it->got += d.length;
+      *moved += d.length;
+      if (it->got == it->length) {
+        c.kind = Completion::Kind::kBulkDone;
+        c.bulk_token = it->token;
+        c.bulk_status = static_cast<uint16_t>(StatusCode::kOk);
+        reads_.erase(it);
+        --reads_requested_;
+        *done = true;
+        request_reads();
+      }
+      return true;
+    }
+    case DescLane::kBulkWriteData: {
+      const uint32_t rkey = get_field<uint32_t>(d.payload);
+      const uint64_t addr = get_field<uint64_t>(d.payload + 8);
+      if (!chunk_ok("write data")) return false;
+      Exposure* e = exposure(rkey, BulkAccess::kRemoteWrite, addr, d.length, "wrote");
+      if (e == nullptr) return false;
+      std::memcpy(e->base + addr, staging + d.offset, d.length);
+      *moved += d.length;
+      return true;
+    }
+    default:
+      fail("descriptor with unknown lane " + std::to_string(d.lane));
+      return false;
+  }
+}
+
+void ShmLink::fail_bulk(const std::string& /*reason*/) {
+  // Every bulk operation ends before kLinkDown (transport.h): reads and
+  // writes failed (down_reason() says why); nothing reaches an exposure
+  // any more.
+  for (const ReadOp& r : reads_) bulk_done(r.token, StatusCode::kUnavailable);
+  reads_.clear();
+  reads_requested_ = 0;
+  for (const WriteJob& j : writes_) bulk_done(j.token, StatusCode::kUnavailable);
+  writes_.clear();
+  serves_.clear();
+  bulk_small_.clear();
+  exposures_.clear();
+  stage_uses_.clear();
+}
+
+}  // namespace slotrpc::transport::shm
