@@ -952,9 +952,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--transports", systems,
                  "Systems: tcp, shm, verbs (slotrpc), grpc, socket (the limit; in modes bulk, bulk-read and "
-                 "bulk-write a ping-pong or one-way transfer of the same sizes); bulk-tcp, bulk-verbs (slotrpc "
+                 "bulk-write a ping-pong or one-way transfer of the same sizes); bulk-tcp, bulk-shm, bulk-verbs (slotrpc "
                  "bulk payloads: modes bulk, bulk-read, bulk-write and bulk-load only)")
-      ->delimiter(',')->check(CLI::IsMember({"tcp", "shm", "verbs", "grpc", "socket", "bulk-tcp", "bulk-verbs"}))
+      ->delimiter(',')->check(CLI::IsMember({"tcp", "shm", "verbs", "grpc", "socket", "bulk-tcp", "bulk-shm", "bulk-verbs"}))
       ->capture_default_str();
   app.add_option("--bulk-sizes", bulk_sizes, "Mode bulk: payload bytes")->delimiter(',')
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 31))->capture_default_str();
@@ -1072,11 +1072,11 @@ int main(int argc, char** argv) {
   // as soon as they are printed... they are computed at the end anyway; this
   // order only keeps the table grouped the same way every run.
   std::vector<std::string> order;
-  for (const char* s : {"socket", "grpc", "tcp", "shm", "verbs", "bulk-tcp", "bulk-verbs"}) {
+  for (const char* s : {"socket", "grpc", "tcp", "shm", "verbs", "bulk-tcp", "bulk-shm", "bulk-verbs"}) {
     if (std::find(systems.begin(), systems.end(), s) != systems.end()) order.push_back(s);
   }
   for (const std::string& sys : order) {
-    const bool is_bulk = sys == "bulk-tcp" || sys == "bulk-verbs";
+    const bool is_bulk = sys == "bulk-tcp" || sys == "bulk-shm" || sys == "bulk-verbs";
     const bool is_slotrpc = is_bulk || sys == "tcp" || sys == "shm" || sys == "verbs";
     const std::string name = is_slotrpc ? "slotrpc-" + sys : sys;
     ChildProcess server;
@@ -1126,7 +1126,9 @@ int main(int argc, char** argv) {
     };
     if (is_bulk) {
       slotrpc::Config cfg;
-      cfg.transport = sys == "bulk-tcp" ? slotrpc::TransportKind::kTcp : slotrpc::TransportKind::kVerbs;
+      cfg.transport = sys == "bulk-tcp"   ? slotrpc::TransportKind::kTcp
+                    : sys == "bulk-shm" ? slotrpc::TransportKind::kShm
+                                        : slotrpc::TransportKind::kVerbs;
       BulkDriver d(target, cfg);
       if (auto st = d.connect(); !st.ok()) {
         std::fprintf(stderr, "slotrpc-bench: %s: %s\n", name.c_str(), st.to_string().c_str());

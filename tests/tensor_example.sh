@@ -4,13 +4,14 @@
 # Get, Reduce, Get, every byte checked by the client, plus a Get into a
 # destination one element short (refused, nothing written).  The transport
 # is what SLOTRPC_TRANSPORT says (tcp here; verbs in the rxe suite, through
-# tests/verbs/tensor_over_verbs.sh), and the client's first line must name
-# it, so the run cannot pass over another one.
+# tests/verbs/tensor_over_verbs.sh), or TENSOR_WANT when the environment
+# leaves the choice to transport=auto, and the client's first line must
+# name it, so the run cannot pass over another one.
 # Arguments (run_verbs_tests.sh passes doctest flags) are ignored.
 set -u
 : "${TENSOR_SERVER:?TENSOR_SERVER not set}" "${TENSOR_CLIENT:?TENSOR_CLIENT not set}"
 SIZE=${TENSOR_SIZE:-64M}
-WANT=${SLOTRPC_TRANSPORT:-tcp}
+WANT=${TENSOR_WANT:-${SLOTRPC_TRANSPORT:-tcp}}
 dir=$(mktemp -d)
 trap 'kill "$server" 2>/dev/null; wait "$server" 2>/dev/null; rm -rf "$dir"' EXIT
 "$TENSOR_SERVER" --listen 127.0.0.1:0 --port-file "$dir/port" > "$dir/server.out" 2>&1 &

@@ -108,14 +108,10 @@ int main(int argc, char** argv) {
   check_size(size_text, &bytes);
   const uint64_t n = bytes / 4;
 
-  // transport=auto picks shared memory for a server on this host, and shm
-  // carries no bulk payloads yet (docs/design.md, "Bulk payloads"): unless
-  // the environment chooses, skip shm, so that auto means verbs where both
-  // ends have an RDMA device and tcp otherwise.
-  slotrpc::Config config;
-  if (std::getenv("SLOTRPC_TRANSPORT") == nullptr && std::getenv("SLOTRPC_UNIX_PATH") == nullptr)
-    config.unix_path = "off";
-  auto channel = slotrpc::Channel::connect(address, config);
+  // transport=auto (SLOTRPC_TRANSPORT): shared memory for a server on this
+  // host, verbs where both ends have an RDMA device, tcp otherwise; bulk
+  // payloads travel on all three (docs/design.md, "Bulk payloads").
+  auto channel = slotrpc::Channel::connect(address);
   if (!channel.ok()) fail("%s", channel.status().to_string().c_str());
   slotrpc::Channel& ch = **channel;
   tensor::TensorsClient client(ch);
