@@ -138,6 +138,17 @@ TEST_CASE("shm bulk: 40 reads at once (more than kMaxBulkReads) each complete wi
     CHECK(mismatch(dst[i], static_cast<uint32_t>(i)) == -1);
   }
   CHECK(p.b.link->stats().bulk_requests == kReads);  // one READ_REQ each
+  // Then many small reads, one after the other: the reader's bulk ring
+  // holds only read requests and goes round several times (the ring's room
+  // is not tied to staged chunks).
+  std::vector<std::byte> one(1);
+  const BulkRegistration oreg = reg(p.b, one);
+  for (uint64_t i = 0; i < 3 * kBulkDescCount; ++i) {
+    CAPTURE(i);
+    REQUIRE(p.b.link->read(oreg, 0, segs[0], i, 1, 5000 + i).ok());
+    REQUIRE(p.pump([&] { return find_done(p.b, 5000 + i) != nullptr; }));
+    CHECK(one[0] == src[0][i]);
+  }
 }
 
 TEST_CASE("shm bulk: a message posted while a large transfer runs is not held behind it") {
@@ -152,7 +163,12 @@ TEST_CASE("shm bulk: a message posted while a large transfer runs is not held be
   // message behind them waits for one chunk's copy per poll, at most.
   REQUIRE(pump_until({&p.b}, [&] { return p.b.link->shm_stats().bulk_stalls > 0; }));
   CHECK(p.b.link->shm_stats().bulk_bytes_sent == kStagingBytes);
+  // A message posted now, behind 4 MiB of staged chunks, is delivered by
+  // the receiver's very next poll: bulk descriptors have a ring of their
+  // own, and a poll takes slot messages first, then one chunk.
+  Pair::control(p.b, 4241);
   p.a.poll_once();
+  CHECK(has_control(p.a, 4241));
   CHECK(p.a.link->shm_stats().bulk_bytes_received == kBulkChunkBytes);
   // The transfer in full flow: the receiver has copied some chunks.
   REQUIRE(p.pump([&] { return p.a.link->shm_stats().bulk_bytes_received >= 4 * kBulkChunkBytes; }));
@@ -161,6 +177,23 @@ TEST_CASE("shm bulk: a message posted while a large transfer runs is not held be
   // It arrived while most of the 32 MiB were still to come.
   CHECK(p.a.link->shm_stats().bulk_bytes_received < kBytes / 2);
   REQUIRE(p.pump([&] { return find_done(p.b, 77) != nullptr && mismatch(dst, 5) == -1; }));
+}
+
+TEST_CASE("shm bulk: a write completes only once the peer has copied its last chunk out") {
+  Pair p;
+  constexpr size_t kBytes = (1 << 20) + 5;
+  std::vector<std::byte> dst(kBytes, std::byte{0}), server(kBytes);
+  fill(server, 8);
+  const RemoteSegment out = expose(p.a, reg(p.a, dst), 0, kBytes, BulkAccess::kRemoteWrite);
+  REQUIRE(p.b.link->write(reg(p.b, server), 0, out, 0, kBytes, 3).ok());
+  // Everything fits in staging: the writer stages it all, yet it does not
+  // complete while the peer has not consumed it.
+  for (int i = 0; i < 200; ++i) p.b.poll_once();
+  CHECK(p.b.link->shm_stats().bulk_bytes_sent == kBytes);
+  CHECK(find_done(p.b, 3) == nullptr);
+  REQUIRE(p.pump([&] { return find_done(p.b, 3) != nullptr; }));
+  CHECK(find_done(p.b, 3)->bulk_status == 0);
+  CHECK(mismatch(dst, 8) == -1);
 }
 
 TEST_CASE("shm bulk: a message posted after a write's completion arrives after every written byte") {
@@ -326,7 +359,7 @@ TEST_CASE("shm bulk: hostile bulk descriptors close only their link") {
     std::memcpy(d.payload, &tag, 8);
     std::memcpy(d.payload + 8, &status, 4);
     std::memcpy(d.payload + 16, &addr, 8);
-    p.put(d);
+    p.put_bulk(d);
   };
   auto write_data = [](RawPeer& p, uint32_t rkey, uint64_t addr, uint32_t offset, uint32_t length) {
     Descriptor d{};
@@ -335,7 +368,7 @@ TEST_CASE("shm bulk: hostile bulk descriptors close only their link") {
     d.length = length;
     std::memcpy(d.payload, &rkey, 4);
     std::memcpy(d.payload + 8, &addr, 8);
-    p.put(d);
+    p.put_bulk(d);
   };
   auto read_request = [](RawPeer& p, uint64_t tag, uint32_t rkey, uint64_t addr, uint64_t length) {
     Descriptor d{};
@@ -344,7 +377,7 @@ TEST_CASE("shm bulk: hostile bulk descriptors close only their link") {
     std::memcpy(d.payload + 8, &rkey, 4);
     std::memcpy(d.payload + 16, &addr, 8);
     std::memcpy(d.payload + 24, &length, 8);
-    p.put(d);
+    p.put_bulk(d);
   };
   const std::vector<Case> cases = {
       {"read data for a read never asked", true,
@@ -370,6 +403,22 @@ TEST_CASE("shm bulk: hostile bulk descriptors close only their link") {
        [&](RawPeer& p) { write_data(p, 1, 65536 - 8, 0, 16); }, "which exposes"},
       {"write data with a huge address (wraps a 64-bit sum)", false,
        [&](RawPeer& p) { write_data(p, 1, ~uint64_t{0} - 4, 0, 16); }, "which exposes"},
+      {"a bulk descriptor in the slot ring", false,
+       [&](RawPeer& p) {
+         Descriptor d{};
+         d.lane = static_cast<uint32_t>(DescLane::kBulkWriteData);
+         d.length = 16;
+         p.put(d);
+       },
+       "in the slot ring"},
+      {"a slot descriptor in the bulk ring", false,
+       [&](RawPeer& p) {
+         Descriptor d{};
+         d.lane = static_cast<uint32_t>(DescLane::kSlot);
+         d.length = 16;
+         p.put_bulk(d);
+       },
+       "unknown lane"},
       {"read requests against a write-only exposure", false,
        [&](RawPeer& p) { read_request(p, 1, 1, 0, 16); }, "exposed for writing only"},
   };
@@ -408,7 +457,7 @@ TEST_CASE("shm bulk: more than kMaxBulkReads read requests from the peer fail th
     std::memcpy(d.payload + 8, &s.rkey, 4);
     std::memcpy(d.payload + 16, &addr, 8);
     std::memcpy(d.payload + 24, &length, 8);
-    raw.put(d);
+    raw.put_bulk(d);
   }
   REQUIRE(pump_until({&hub}, [&] { return hub.has_link_down(); }));
   CHECK_MESSAGE(hub.link->down_reason().find("bulk reads outstanding") != std::string::npos,
@@ -425,4 +474,22 @@ TEST_CASE("shm bulk: dma-buf memory is refused with a reason, host memory regist
   CHECK(p.a.link->register_bulk(BulkSource{nullptr, 0}).status().code() == StatusCode::kInvalidArgument);
   CHECK(p.a.link->supports_bulk());
   CHECK(p.a.link->bulk_domain() == p.b.link->bulk_domain());
+}
+
+TEST_CASE("shm bulk: a bulk head claiming descriptors that are not there fails the link before sleep") {
+  // As for the slot ring: the head is read only before sleeping, and a
+  // lying one must not keep the loop awake forever.
+  for (const uint64_t claim : {uint64_t{1}, uint64_t{kBulkDescCount} + 5}) {
+    CAPTURE(claim);
+    End hub;
+    RawPeer raw = connect_raw(hub, kGeo);
+    hub.attach(kGeo);
+    CHECK(hub.transport.prepare_sleep());  // honest: nothing there, it may sleep
+    hub.transport.poll(std::span<Completion>{});  // withdraws the announcement
+    std::atomic_ref<uint64_t>(raw.ctl()->bulk_head).store(claim, std::memory_order_seq_cst);
+    CHECK_FALSE(hub.transport.prepare_sleep());
+    REQUIRE(pump_until({&hub}, [&] { return hub.has_link_down(); }));
+    CHECK_MESSAGE(hub.link->down_reason().find("claims descriptors") != std::string::npos,
+                  hub.link->down_reason());
+  }
 }

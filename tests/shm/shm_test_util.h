@@ -133,6 +133,17 @@ struct RawPeer {
     std::atomic_ref<uint64_t>(slot->seq).store(published, std::memory_order_release);
     std::atomic_ref<uint64_t>(ctl()->head).store(published, std::memory_order_seq_cst);
   }
+  // A descriptor in the bulk ring (bulk lanes, shm_bulk.cc).
+  uint64_t bulk_published = 0;
+  void put_bulk(const Descriptor& d) {
+    auto* slot = reinterpret_cast<Descriptor*>(own.map.base() + own.layout.bulk_desc_offset) +
+                 bulk_published % kBulkDescCount;
+    std::memcpy(reinterpret_cast<std::byte*>(slot) + sizeof d.seq,
+                reinterpret_cast<const std::byte*>(&d) + sizeof d.seq, sizeof d - sizeof d.seq);
+    ++bulk_published;
+    std::atomic_ref<uint64_t>(slot->seq).store(bulk_published, std::memory_order_release);
+    std::atomic_ref<uint64_t>(ctl()->bulk_head).store(bulk_published, std::memory_order_seq_cst);
+  }
   void put_slot(uint16_t slot, uint32_t length, uint32_t offset = 0) {
     Descriptor d{};
     d.lane = static_cast<uint32_t>(DescLane::kSlot);

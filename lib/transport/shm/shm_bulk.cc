@@ -28,6 +28,8 @@
 // Not on the slot hot path: a link without bulk work never comes here
 // except through a descriptor lane it does not use.
 #include <algorithm>
+#include <unistd.h>
+
 #include <cstring>
 #include <string>
 
@@ -191,18 +193,23 @@ void ShmLink::bulk_done(uint64_t token, StatusCode code) {
 }
 
 void ShmLink::reclaim_staging() {
-  if (stage_uses_.empty()) return;
-  const uint64_t t = load_peer(peer_ctl()->tail, std::memory_order_acquire);
-  if (t - peer_tail_ > published_ - peer_tail_) {
-    fail("peer's consumed count " + std::to_string(t) + " is outside " +
-         std::to_string(peer_tail_) + ".." + std::to_string(published_) +
+  // The peer's word is checked against what we published: it can only
+  // have moved forward, and not past our head.
+  const uint64_t t = load_peer(peer_ctl()->bulk_tail, std::memory_order_acquire);
+  if (t - peer_bulk_tail_ > bulk_published_ - peer_bulk_tail_) {
+    fail("peer's consumed count of the bulk ring " + std::to_string(t) + " is outside " +
+         std::to_string(peer_bulk_tail_) + ".." + std::to_string(bulk_published_) +
          " (corrupt or hostile peer)");
     return;
   }
-  peer_tail_ = t;
-  while (!stage_uses_.empty() && stage_uses_.front().desc < peer_tail_) {
+  peer_bulk_tail_ = t;
+  while (!stage_uses_.empty() && stage_uses_.front().desc < peer_bulk_tail_) {
     stage_tail_ = stage_uses_.front().end;
     stage_uses_.pop_front();
+  }
+  while (!write_confirms_.empty() && write_confirms_.front().desc < peer_bulk_tail_) {
+    bulk_done(write_confirms_.front().token, StatusCode::kOk);
+    write_confirms_.pop_front();
   }
 }
 
@@ -218,38 +225,41 @@ std::byte* ShmLink::stage(uint32_t length) {
   stage_head_ += skip;
   std::byte* const p = own_.map.base() + own_.layout.staging_offset + stage_head_ % kStagingBytes;
   stage_head_ += length;
-  stage_uses_.push_back(StageUse{published_, stage_head_});
+  stage_uses_.push_back(StageUse{bulk_published_, stage_head_});
   return p;
 }
 
 bool ShmLink::ring_has_room() {
-  const uint64_t desc_count = desc_mask_ + uint64_t{1};
-  if (published_ - peer_tail_ < desc_count) return true;
-  const uint64_t t = load_peer(peer_ctl()->tail, std::memory_order_acquire);
-  if (t - peer_tail_ > published_ - peer_tail_) {
-    fail("peer's consumed count " + std::to_string(t) + " is outside " +
-         std::to_string(peer_tail_) + ".." + std::to_string(published_) +
-         " (corrupt or hostile peer)");
-    return false;
-  }
-  peer_tail_ = t;
-  return published_ - peer_tail_ < desc_count;
+  if (bulk_published_ - peer_bulk_tail_ < kBulkDescCount) return true;
+  reclaim_staging();  // reads the peer's consumed count (whatever filled the ring)
+  return !down_ && bulk_published_ - peer_bulk_tail_ < kBulkDescCount;
 }
 
 bool ShmLink::put_descriptor(const Descriptor& d) {
   if (!ring_has_room()) return false;
-  auto* const slot_desc = reinterpret_cast<Descriptor*>(own_.map.base() + own_.layout.desc_offset) +
-                          (published_ & desc_mask_);
+  auto* const slot_desc = reinterpret_cast<Descriptor*>(own_.map.base() + own_.layout.bulk_desc_offset) +
+                          bulk_published_ % kBulkDescCount;
   std::memcpy(reinterpret_cast<std::byte*>(slot_desc) + sizeof d.seq,
               reinterpret_cast<const std::byte*>(&d) + sizeof d.seq, sizeof d - sizeof d.seq);
-  ++published_;
-  store_own(slot_desc->seq, published_, std::memory_order_release);
+  ++bulk_published_;
+  store_own(slot_desc->seq, bulk_published_, std::memory_order_release);
   return true;
 }
 
+void ShmLink::publish_bulk() {
+  // As publish() for the slot ring: the Dekker pair with the peer's
+  // announce_sleep() is on bulk_head here.
+  store_own(own_ctl()->bulk_head, bulk_published_, std::memory_order_seq_cst);
+  if (load_peer(peer_ctl()->sleeping, std::memory_order_seq_cst) != 0) {
+    const uint64_t one = 1;
+    [[maybe_unused]] const ssize_t n = ::write(peer_.wake.get(), &one, sizeof one);
+    ++shm_stats_.wakeups_sent;
+  }
+}
+
 void ShmLink::pump_bulk() {
-  // Slot messages first: bulk descriptors never pass a backlog.
-  if (down_ || !attached_ || !backlog_.empty()) return;
+  if (down_ || !attached_) return;
+  const uint64_t tail_before = peer_bulk_tail_;
   bool published = false;
   while (!bulk_small_.empty() && put_descriptor(bulk_small_.front())) {
     bulk_small_.pop_front();
@@ -293,11 +303,12 @@ void ShmLink::pump_bulk() {
         j.sent += n;
         ++stats_.bulk_requests;
         if (j.sent == j.length) {
-          // Every byte is in staging: the source may be reused, and a reply
-          // posted after this completion follows the chunks in the ring.
-          const uint64_t token = j.token;
+          // Every byte is in staging and the source may be reused; the
+          // write completes once the peer has copied its last chunk out
+          // (reclaim_staging), so a reply posted after the completion,
+          // though in the slot ring, never arrives before the data.
+          write_confirms_.push_back(WriteConfirm{bulk_published_, j.token});
           writes_.pop_front();
-          bulk_done(token, StatusCode::kOk);
         } else if (writes_.size() > 1) {
           writes_.push_back(j);  // round robin between this side's writes
           writes_.pop_front();
@@ -311,19 +322,21 @@ void ShmLink::pump_bulk() {
       owner_.bulk_bytes_moved_ += n;
     }
   }
+  if (!write_confirms_.empty()) reclaim_staging();
   if (down_) return;
-  if (published) publish();
+  if (published) publish_bulk();
   // The drain rule of the backlog (check_drain), for bulk data: a peer
   // that consumes no staged chunk for peer_timeout_ms while more waits is
   // failed.  The clock is read only while stalled.
-  const bool waiting = !bulk_small_.empty() || ((!serves_.empty() || !writes_.empty()) && !moved);
+  const bool waiting = !bulk_small_.empty() || ((!serves_.empty() || !writes_.empty()) && !moved) ||
+                       (!write_confirms_.empty() && !moved);
   if (!waiting) {
     bulk_stalled_ = false;
     return;
   }
-  ++shm_stats_.bulk_stalls;
+  if (!bulk_small_.empty() || ((!serves_.empty() || !writes_.empty()) && !moved)) ++shm_stats_.bulk_stalls;
   const auto now = std::chrono::steady_clock::now();
-  if (!bulk_stalled_ || published) {
+  if (!bulk_stalled_ || published || peer_bulk_tail_ != tail_before) {
     bulk_stalled_ = true;
     bulk_progress_ = now;
     return;
@@ -453,6 +466,71 @@ bool ShmLink::on_bulk_descriptor(const Descriptor& d, Completion& c, bool* done,
   }
 }
 
+bool ShmLink::peer_bulk_has_more() {
+  const uint64_t head = load_peer(peer_ctl()->bulk_head, std::memory_order_seq_cst);
+  if (bulk_consumed_ - head <= kBulkDescCount) return false;  // nothing new (see peer_has_more)
+  const auto* const descs = reinterpret_cast<const Descriptor*>(peer_.map.base() +
+                                                                peer_.layout.bulk_desc_offset);
+  const uint64_t seq = load_peer(descs[bulk_consumed_ % kBulkDescCount].seq, std::memory_order_acquire);
+  // A head that claims more than the ring shows would keep us awake for
+  // nothing, forever.
+  if (head - bulk_consumed_ > kBulkDescCount || seq != bulk_consumed_ + 1)
+    fail("peer's bulk head " + std::to_string(head) + " disagrees with its bulk ring at " +
+         std::to_string(bulk_consumed_) + " (claims descriptors that are not there; corrupt or "
+         "hostile peer)");
+  return true;  // a descriptor, or the link-down just queued, for the next poll
+}
+
+size_t ShmLink::receive_bulk(std::span<Completion> out) {
+  if (down_ || !attached_ || out.empty()) return 0;
+  const auto* const descs = reinterpret_cast<const Descriptor*>(peer_.map.base() +
+                                                                peer_.layout.bulk_desc_offset);
+  size_t n = 0;  // descriptors consumed
+  size_t k = 0;  // completions made (reads done)
+  uint64_t moved = 0;
+  // At most about one chunk's copy per call: slot messages that arrive
+  // meanwhile wait for no more than that.
+  while (k < out.size() && !down_ && moved < kBulkChunkBytes) {
+    const uint64_t expect = bulk_consumed_ + n + 1;
+    const Descriptor& shared = descs[(bulk_consumed_ + n) % kBulkDescCount];
+    const uint64_t seq = load_peer(shared.seq, std::memory_order_acquire);
+    if (seq != expect) {
+      const uint64_t stale = expect > kBulkDescCount ? expect - kBulkDescCount : 0;
+      if (seq != stale)
+        fail("bulk descriptor " + std::to_string(expect - 1) + " has sequence word " +
+             std::to_string(seq) + ", expected " + std::to_string(expect) + " or " +
+             std::to_string(stale) + " (corrupt or hostile peer)");
+      break;
+    }
+    // Copy first, then look (the peer may rewrite it at any moment).
+    Descriptor d;
+    std::memcpy(&d, &shared, sizeof d);
+    asm volatile("" ::: "memory");
+    if (d.seq != expect) {
+      fail("bulk descriptor " + std::to_string(expect - 1) + " rewritten while read (corrupt or "
+           "hostile peer)");
+      break;
+    }
+    Completion& c = out[k];
+    c.context = context_;
+    c.link = this;
+    bool done = false;
+    if (!on_bulk_descriptor(d, c, &done, &moved)) break;
+    ++n;
+    if (done) ++k;
+  }
+  if (moved != 0) {
+    shm_stats_.bulk_bytes_received += moved;
+    owner_.bulk_bytes_moved_ += moved;
+  }
+  if (n != 0) {
+    bulk_consumed_ += n;
+    // The chunks are copied out: their staging bytes may be reused.
+    store_own(own_ctl()->bulk_tail, bulk_consumed_, std::memory_order_release);
+  }
+  return k;
+}
+
 void ShmLink::fail_bulk(const std::string& /*reason*/) {
   // Every bulk operation ends before kLinkDown (transport.h): reads and
   // writes failed (down_reason() says why); nothing reaches an exposure
@@ -462,6 +540,8 @@ void ShmLink::fail_bulk(const std::string& /*reason*/) {
   reads_requested_ = 0;
   for (const WriteJob& j : writes_) bulk_done(j.token, StatusCode::kUnavailable);
   writes_.clear();
+  for (const WriteConfirm& w : write_confirms_) bulk_done(w.token, StatusCode::kUnavailable);
+  write_confirms_.clear();
   serves_.clear();
   bulk_small_.clear();
   exposures_.clear();

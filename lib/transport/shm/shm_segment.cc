@@ -68,7 +68,8 @@ Result<Layout> compute_layout(Geometry g) {
   // the sender's backlog.
   l.desc_count = next_pow2(4 * g.slot_count + 64);
   l.desc_offset = kPage;
-  l.data_offset = round_up(l.desc_offset + size_t{l.desc_count} * sizeof(Descriptor), kPage);
+  l.bulk_desc_offset = l.desc_offset + size_t{l.desc_count} * sizeof(Descriptor);
+  l.data_offset = round_up(l.bulk_desc_offset + size_t{kBulkDescCount} * sizeof(Descriptor), kPage);
   l.staging_offset = round_up(l.data_offset + size_t{g.slot_count} * g.slot_size, kPage);
   l.total = l.staging_offset + kStagingBytes;
   return l;

@@ -4,7 +4,7 @@
 // Each side of a link creates its OWN segment (memfd_create) holding
 // everything it writes and the peer reads:
 //
-//   page 0   ControlBlock: three words, each on its own cache line
+//   page 0   ControlBlock: five words, each on its own cache line
 //              head      descriptors this side has published (read by the
 //                        peer only before it sleeps; its busy poller reads
 //                        each descriptor's own sequence word instead)
@@ -12,8 +12,13 @@
 //                        (the peer's flow control)
 //              sleeping  1 while this side's event loop sleeps: the peer
 //                        then writes this side's eventfd after publishing
+//              bulk_head, bulk_tail   the same two for the bulk rings
 //   descs    desc_count x 64-byte Descriptor (power of two), a ring; each
 //            carries its sequence word and up to kInlineMax payload bytes
+//   bulk     kBulkDescCount x Descriptor: the bulk ring (shm_bulk.cc).  Bulk
+//            descriptors have a ring of their own so that a slot message
+//            never waits behind staged chunks: the receiver takes slot
+//            messages first, then at most one chunk per poll.
 //   data     slot_count x slot_size: this side's outgoing slots.  The
 //            sender builds a message here and the receiver reads it here:
 //            no copy on the sending side.
@@ -74,11 +79,17 @@ inline constexpr uint32_t kOfferVersion = 3;
 
 // Bulk transfers (shm_bulk.cc): bytes move through the sender's staging
 // area in chunks of at most kBulkChunkBytes, at most kStagingBytes of them
-// unconsumed at a time.  A chunk is one copy of ~20-60 us, the longest a
-// small message waits behind bulk data on either loop; 16 chunks in flight
-// keep both sides copying while the other does.
-inline constexpr uint32_t kBulkChunkBytes = 256 * 1024;
-inline constexpr size_t kStagingBytes = 16 * size_t{kBulkChunkBytes};
+// unconsumed at a time.  A loop copies one chunk per poll each way, so a
+// chunk's copy is the longest a slot message waits for bulk data on either
+// loop: ~6 us into memory already touched, ~50 us into fresh pages (32
+// first-touch faults of ~1.5 us on the development VM, a standalone memcpy
+// loop); 256 KiB chunks moved no faster (docs/benchmarks.md).  32 chunks
+// in flight keep both sides copying while the other does.
+inline constexpr uint32_t kBulkChunkBytes = 128 * 1024;
+inline constexpr size_t kStagingBytes = 32 * size_t{kBulkChunkBytes};
+// The bulk ring: room for every chunk staging holds, the reads a side may
+// have requested (16) and their failures, with room to spare.
+inline constexpr uint32_t kBulkDescCount = 128;
 
 struct Geometry {
   uint32_t slot_count = 0;
@@ -90,7 +101,10 @@ struct ControlBlock {
   alignas(kCacheLine) uint64_t head;
   alignas(kCacheLine) uint64_t tail;
   alignas(kCacheLine) uint32_t sleeping;
+  alignas(kCacheLine) uint64_t bulk_head;
+  alignas(kCacheLine) uint64_t bulk_tail;
 };
+static_assert(sizeof(ControlBlock) <= kPage);
 
 enum class DescLane : uint32_t {
   kSlot = 1,
@@ -129,6 +143,7 @@ struct Layout {
   Geometry geometry;
   uint32_t desc_count = 0;  // power of two
   size_t desc_offset = 0;
+  size_t bulk_desc_offset = 0;  // kBulkDescCount descriptors
   size_t data_offset = 0;
   size_t staging_offset = 0;  // kStagingBytes of bulk chunks
   size_t total = 0;

@@ -267,6 +267,7 @@ void ShmLink::publish() {
 }
 
 bool ShmLink::peer_has_more() {
+  if (peer_bulk_has_more()) return true;
   // The Dekker pair is on `head` (seq_cst on both sides); the descriptors'
   // own words are release/acquire, ordered before the head store.  So an
   // honest peer whose head we see has its next descriptor visible too.
@@ -294,17 +295,12 @@ size_t ShmLink::receive(std::span<Completion> out) {
                                                                 peer_.layout.desc_offset);
   const std::byte* const data = peer_.map.base() + peer_.layout.data_offset;
   const uint64_t desc_count = desc_mask_ + uint64_t{1};
-  // n descriptors consumed, k completions made: a bulk descriptor may make
-  // none.  At most about one chunk of bulk bytes is copied per call, so a
-  // slot message behind bulk data waits at most one chunk's copy.
-  size_t n = 0;
   size_t k = 0;
-  uint64_t bulk_moved = 0;
-  for (; k < out.size() && !down_ && bulk_moved < kBulkChunkBytes; ++n) {
+  for (; k < out.size() && !down_; ++k) {
     // The next descriptor's own sequence word says whether it is there: one
     // cache line per message (the head word is only read before sleeping).
-    const uint64_t expect = consumed_ + n + 1;
-    const Descriptor& shared = descs[(consumed_ + n) & desc_mask_];
+    const uint64_t expect = consumed_ + k + 1;
+    const Descriptor& shared = descs[(consumed_ + k) & desc_mask_];
     const uint64_t seq = load_peer(shared.seq, std::memory_order_acquire);
     if (seq != expect) {
       // Not written yet: it still holds its previous lap (0 on the first).
@@ -373,27 +369,22 @@ size_t ShmLink::receive(std::span<Completion> out) {
       c.slot = slot;
       c.length = d.length;
     } else {
-      // Bulk (shm_bulk.cc), or a lane nobody knows (it fails the link).
-      bool done = false;
-      if (!on_bulk_descriptor(d, c, &done, &bulk_moved)) break;
-      if (!done) continue;  // no completion: c stays free for the next one
+      // Bulk descriptors travel in the bulk ring (receive_bulk), never here.
+      fail("descriptor with unknown lane " + std::to_string(d.lane) + " in the slot ring");
+      break;
     }
-    ++k;
   }
-  if (n == 0) {
-    // Everything the peer published before it died has been delivered.
-    if (peer_gone_ && !down_) fail("peer closed the shm socket (process exited or session closed)");
-    return 0;
-  }
-  consumed_ += n;
-  if (bulk_moved != 0) {
-    shm_stats_.bulk_bytes_received += bulk_moved;
-    owner_.bulk_bytes_moved_ += bulk_moved;
-  }
-  // One store per batch tells the peer the descriptors may be reused (for
-  // bulk chunks: their staging bytes; we copied them out above).
+  if (k == 0) return 0;
+  consumed_ += k;
+  // One store per batch tells the peer the descriptors may be reused.
   store_own(own_ctl()->tail, consumed_, std::memory_order_release);
   return k;
+}
+
+void ShmLink::check_peer_gone() {
+  // Everything the peer published before it died has been delivered: both
+  // rings are empty (the caller just found nothing in either).
+  if (peer_gone_ && !down_) fail("peer closed the shm socket (process exited or session closed)");
 }
 
 bool ShmLink::announce_sleep() {
@@ -588,7 +579,11 @@ size_t ShmTransport::poll(std::span<Completion> out) {
     link->withdraw_sleep();
     if (!link->backlog_.empty()) link->flush_backlog();
     if (link->has_bulk_work()) link->pump_bulk();
+    // Slot messages first; then at most about one chunk of bulk data.
+    const size_t before = got;
     got += link->receive(out.subspan(got));
+    if (got < out.size()) got += link->receive_bulk(out.subspan(got));
+    if (got == before && link->peer_gone_) link->check_peer_gone();
   }
   if (count != 0) next_link_ = (next_link_ + 1) % count;
   if (!ready_.empty()) got += drain(out.subspan(got));

@@ -139,7 +139,15 @@ class ShmLink final : public Link {
   // received bulk descriptor; returns false when the link failed, and sets
   // *done when it completed a read (a kBulkDone in *c).
   void pump_bulk();
-  bool has_bulk_work() const { return !bulk_small_.empty() || !serves_.empty() || !writes_.empty(); }
+  bool has_bulk_work() const {
+    return !bulk_small_.empty() || !serves_.empty() || !writes_.empty() || !write_confirms_.empty();
+  }
+  // Takes bulk descriptors from the peer's bulk ring, copying at most about
+  // one chunk; returns the completions (reads done) it made.
+  size_t receive_bulk(std::span<Completion> out);
+  bool peer_bulk_has_more();
+  void check_peer_gone();
+  void publish_bulk();
   bool on_bulk_descriptor(const Descriptor& d, Completion& c, bool* done, uint64_t* moved);
   void request_reads();
   void reclaim_staging();
@@ -249,10 +257,24 @@ class ShmLink final : public Link {
   // The staging ring: bytes handed out and freed (positions modulo
   // kStagingBytes), and for each chunk the descriptor that names it: the
   // chunk is free again once the peer's consumed count passes it.
+  // Our bulk ring (descriptors published, the peer's consumed count as last
+  // checked) and the peer's (descriptors we consumed).
+  uint64_t bulk_published_ = 0;
+  uint64_t peer_bulk_tail_ = 0;
+  uint64_t bulk_consumed_ = 0;
+  // Writes whose every chunk is staged, completed once the peer has
+  // consumed the last one (its bulk_tail passes `desc`): a reply posted
+  // after the completion can then never be seen before the data, though it
+  // travels in the other ring.
+  struct WriteConfirm {
+    uint64_t desc = 0;
+    uint64_t token = 0;
+  };
+  std::deque<WriteConfirm> write_confirms_;
   uint64_t stage_head_ = 0;
   uint64_t stage_tail_ = 0;
   struct StageUse {
-    uint64_t desc = 0;  // our descriptor index (published_ before it)
+    uint64_t desc = 0;  // its descriptor's index in our bulk ring
     uint64_t end = 0;   // stage_head_ after it
   };
   std::deque<StageUse> stage_uses_;
