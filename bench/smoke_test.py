@@ -102,13 +102,14 @@ def main():
 
 
 def bulk_smoke(bench):
-    """The bulk modes (issue 12) over TCP beside the socket ping-pong and
-    one-way transfers: every row present, every call completed (each
-    checks the bytes it got), the ratio to the limit filled in."""
+    """The bulk modes (issue 12) over TCP and shared memory beside the
+    socket ping-pong and one-way transfers: every row present, every call
+    completed (each checks the bytes it got), the ratio to the limit filled
+    in."""
     sizes, calls = [4096, 1 << 20], 3
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bulk.json")
-        cmd = [bench, "--modes", "bulk,bulk-read,bulk-write,bulk-load", "--transports", "socket,bulk-tcp",
+        cmd = [bench, "--modes", "bulk,bulk-read,bulk-write,bulk-load", "--transports", "socket,bulk-tcp,bulk-shm",
                "--bulk-sizes", ",".join(map(str, sizes)), "--bulk-calls", str(calls),
                "--load-size", str(8 << 20), "--load-idle-calls", "20", "--json", out]
         print("smoke_test: " + " ".join(cmd), flush=True)
@@ -131,19 +132,22 @@ def bulk_smoke(bench):
         return got[0]
     for size in sizes:
         for mode in ["bulk", "bulk-read", "bulk-write"]:
-            for system in ["slotrpc-bulk-tcp", "socket"]:
+            for system in ["slotrpc-bulk-tcp", "slotrpc-bulk-shm", "socket"]:
                 row = one(mode, system, size)
                 if row["calls"] != calls or row["p50_us"] <= 0 or row["mb_per_s"] <= 0:
                     fail("implausible figures in %r" % row)
             # bulk: the ping-pong's; bulk-read / bulk-write: a one-way transfer's.
-            if not one(mode, "slotrpc-bulk-tcp", size)["ratio_to_limit"]:
-                fail("no ratio to the socket's %s at %d bytes" % (mode, size))
-    idle = one("bulk-load", "slotrpc-bulk-tcp idle", 8 << 20)
-    during = one("bulk-load", "slotrpc-bulk-tcp during", 8 << 20)
-    # How many small calls fit inside the 8 MiB echo depends on the machine
-    # (possibly none): only that both rows exist and the idle ones all ran.
-    if idle["calls"] != 20 or during["failed"] != 0:
-        fail("implausible bulk-load rows %r %r" % (idle, during))
+            for system in ["slotrpc-bulk-tcp", "slotrpc-bulk-shm"]:
+                if not one(mode, system, size)["ratio_to_limit"]:
+                    fail("no ratio to the socket's %s at %d bytes for %s" % (mode, size, system))
+    for system in ["slotrpc-bulk-tcp", "slotrpc-bulk-shm"]:
+        idle = one("bulk-load", system + " idle", 8 << 20)
+        during = one("bulk-load", system + " during", 8 << 20)
+        # How many small calls fit inside the 8 MiB echo depends on the
+        # machine (possibly none): only that both rows exist and the idle
+        # ones all ran.
+        if idle["calls"] != 20 or during["failed"] != 0:
+            fail("implausible bulk-load rows %r %r" % (idle, during))
     print("smoke_test: bulk modes OK, %d rows" % len(rows))
 
 

@@ -493,3 +493,34 @@ TEST_CASE("shm bulk: a bulk head claiming descriptors that are not there fails t
                   hub.link->down_reason());
   }
 }
+
+TEST_CASE("shm bulk: what a peer staged before it exited is delivered before the link goes down") {
+  End hub;
+  RawPeer raw = connect_raw(hub, kGeo);
+  hub.attach(kGeo);
+  constexpr uint32_t kChunks = 4;  // more than one poll copies
+  std::vector<std::byte> mem(size_t{kChunks} * kBulkChunkBytes, std::byte{0});
+  const RemoteSegment s = expose(hub, reg(hub, mem), 0, mem.size(), BulkAccess::kRemoteWrite);
+  std::byte* staging = raw.own.map.base() + raw.own.layout.staging_offset;
+  for (uint32_t i = 0; i < kChunks; ++i) {
+    std::memset(staging + size_t{i} * kBulkChunkBytes, 0x30 + static_cast<int>(i), kBulkChunkBytes);
+    Descriptor d{};
+    d.lane = static_cast<uint32_t>(DescLane::kBulkWriteData);
+    d.offset = i * kBulkChunkBytes;
+    d.length = kBulkChunkBytes;
+    const uint64_t addr = uint64_t{i} * kBulkChunkBytes;
+    std::memcpy(d.payload, &s.rkey, 4);
+    std::memcpy(d.payload + 8, &addr, 8);
+    raw.put_bulk(d);
+  }
+  raw.sock.reset();  // the peer exits
+  // The hang-up is seen first (a loop looks before it sleeps), then polls.
+  CHECK_FALSE(hub.transport.prepare_sleep());
+  REQUIRE(pump_until({&hub}, [&] { return hub.has_link_down(); }));
+  CHECK_MESSAGE(hub.link->down_reason().find("peer closed") != std::string::npos, hub.link->down_reason());
+  for (uint32_t i = 0; i < kChunks; ++i) {
+    CAPTURE(i);
+    CHECK(mem[size_t{i} * kBulkChunkBytes] == std::byte(0x30 + i));
+    CHECK(mem[size_t{i + 1} * kBulkChunkBytes - 1] == std::byte(0x30 + i));
+  }
+}

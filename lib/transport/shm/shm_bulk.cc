@@ -314,7 +314,7 @@ void ShmLink::pump_bulk() {
           writes_.pop_front();
         }
       }
-      // stage() recorded published_ as this chunk's descriptor index.
+      // stage() recorded bulk_published_ as this chunk's descriptor index.
       put_descriptor(d);  // cannot fail: ring_has_room() said so above
       published = moved = true;
       ++shm_stats_.bulk_chunks_sent;
@@ -524,6 +524,7 @@ size_t ShmLink::receive_bulk(std::span<Completion> out) {
     owner_.bulk_bytes_moved_ += moved;
   }
   if (n != 0) {
+    bulk_took_ = true;
     bulk_consumed_ += n;
     // The chunks are copied out: their staging bytes may be reused.
     store_own(own_ctl()->bulk_tail, bulk_consumed_, std::memory_order_release);

@@ -582,8 +582,9 @@ size_t ShmTransport::poll(std::span<Completion> out) {
     // Slot messages first; then at most about one chunk of bulk data.
     const size_t before = got;
     got += link->receive(out.subspan(got));
+    link->bulk_took_ = false;
     if (got < out.size()) got += link->receive_bulk(out.subspan(got));
-    if (got == before && link->peer_gone_) link->check_peer_gone();
+    if (got == before && !link->bulk_took_ && link->peer_gone_) link->check_peer_gone();
   }
   if (count != 0) next_link_ = (next_link_ + 1) % count;
   if (!ready_.empty()) got += drain(out.subspan(got));

@@ -262,6 +262,7 @@ class ShmLink final : public Link {
   uint64_t bulk_published_ = 0;
   uint64_t peer_bulk_tail_ = 0;
   uint64_t bulk_consumed_ = 0;
+  bool bulk_took_ = false;  // the last receive_bulk consumed a descriptor
   // Writes whose every chunk is staged, completed once the peer has
   // consumed the last one (its bulk_tail passes `desc`): a reply posted
   // after the completion can then never be seen before the data, though it
