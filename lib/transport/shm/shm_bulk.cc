@@ -34,6 +34,7 @@
 #include <string>
 
 #include "core/logging.h"
+#include "transport/host_bulk.h"
 #include "transport/shm/shm_transport.h"
 
 namespace slotrpc::transport::shm {
@@ -65,32 +66,18 @@ StatusCode peer_status(uint32_t status) {
 const void* ShmLink::bulk_domain() const { return &shm_bulk_domain; }
 
 Result<BulkRegistration> ShmLink::register_bulk(const BulkSource& source) {
-  if (source.dmabuf_fd >= 0)
-    return Status(StatusCode::kUnimplemented,
-                  "shm copies bulk data with the CPU and cannot reach dma-buf (device) memory: "
-                  "copy it to host memory first, or use verbs");
-  if (source.address == nullptr || source.length == 0)
-    return Status(StatusCode::kInvalidArgument, "bulk memory is empty");
-  BulkRegistration r;
-  r.base = source.address;
-  r.length = source.length;
-  r.domain = bulk_domain();
-  return r;
+  // Nothing to pin: memcpy reaches any host memory.
+  return register_host_memory(source, bulk_domain(),
+                              "shm copies bulk data with the CPU and cannot reach dma-buf (device) "
+                              "memory: copy it to host memory first, or use verbs");
 }
 
 void ShmLink::deregister_bulk(BulkRegistration& registration) { registration = {}; }
 
 Result<RemoteSegment> ShmLink::expose(const BulkRegistration& registration, size_t offset,
                                       size_t length, BulkAccess access) {
-  if (registration.domain != bulk_domain() || registration.base == nullptr)
-    return Status(StatusCode::kInvalidArgument, "expose: not a shm bulk registration");
-  if (length == 0 || offset > registration.length || length > registration.length - offset)
-    return Status(StatusCode::kInvalidArgument,
-                  "expose: " + std::to_string(length) + " bytes at offset " +
-                      std::to_string(offset) + " are outside a registration of " +
-                      std::to_string(registration.length));
-  if (access != BulkAccess::kRemoteRead && access != BulkAccess::kRemoteWrite)
-    return Status(StatusCode::kInvalidArgument, "expose: unknown access");
+  if (Status st = check_expose(registration, bulk_domain(), "shm", offset, length, access); !st.ok())
+    return st;
   if (down_) return Status(StatusCode::kUnavailable, "expose: link down: " + down_reason_);
   // Keys count up and are never reused, so a key the peer kept after a
   // revoke never names another exposure.
@@ -369,25 +356,10 @@ bool ShmLink::on_bulk_descriptor(const Descriptor& d, Completion& c, bool* done,
   // before a byte moves (verbs: a remote access error).
   auto exposure = [&](uint32_t rkey, BulkAccess want, uint64_t addr, uint64_t length,
                       const char* what) -> Exposure* {
-    auto it = exposures_.find(rkey);
-    if (it == exposures_.end()) {
-      fail(std::string("peer ") + what + " through rkey " + std::to_string(rkey) +
-           (rkey != 0 && rkey <= last_rkey_ ? ", which was revoked" : ", which was never exposed"));
-      return nullptr;
-    }
-    Exposure& e = it->second;
-    if (e.access != want) {
-      fail(std::string("peer ") + what + " through rkey " + std::to_string(rkey) + ", exposed for " +
-           (e.access == BulkAccess::kRemoteRead ? "reading" : "writing") + " only");
-      return nullptr;
-    }
-    if (length == 0 || addr > e.length || length > e.length - addr) {
-      fail(std::string("peer ") + what + " " + std::to_string(length) + " bytes at " +
-           std::to_string(addr) + " of rkey " + std::to_string(rkey) + ", which exposes " +
-           std::to_string(e.length));
-      return nullptr;
-    }
-    return &e;
+    std::string why;
+    Exposure* e = check_peer_access(exposures_, last_rkey_, rkey, want, addr, length, what, &why);
+    if (e == nullptr) fail(std::move(why));
+    return e;
   };
   switch (static_cast<DescLane>(d.lane)) {
     case DescLane::kBulkReadRequest: {

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "slotrpc/config.h"
+#include "transport/host_bulk.h"
 #include "transport/shm/shm_segment.h"
 #include "transport/transport.h"
 
@@ -211,12 +212,8 @@ class ShmLink final : public Link {
 
   // ---- Bulk (shm_bulk.cc) ----
   // Ranges this side exposed, by key.  Keys count up and are never reused.
-  struct Exposure {
-    std::byte* base = nullptr;
-    uint64_t length = 0;
-    BulkAccess access = BulkAccess::kRemoteRead;
-  };
-  std::unordered_map<uint32_t, Exposure> exposures_;
+  using Exposure = HostExposure;
+  HostExposures exposures_;
   uint32_t last_rkey_ = 0;
   // This side's reads: requested (the first reads_requested_) or waiting.
   struct ReadOp {

@@ -47,33 +47,18 @@ const void* TcpLink::bulk_domain() const { return &tcp_bulk_domain; }
 uint64_t TcpTransport::lane_sleeps() const { return lanes_ != nullptr ? lanes_->sleeps() : 0; }
 
 Result<BulkRegistration> TcpLink::register_bulk(const BulkSource& source) {
-  if (source.dmabuf_fd >= 0)
-    return Status(StatusCode::kUnimplemented,
-                  "tcp cannot send from or receive into dma-buf (device) memory: copy it to host "
-                  "memory first, or use verbs");
-  if (source.address == nullptr || source.length == 0)
-    return Status(StatusCode::kInvalidArgument, "bulk memory is empty");
   // Nothing to pin: sendmsg and recv reach any host memory.
-  BulkRegistration r;
-  r.base = source.address;
-  r.length = source.length;
-  r.domain = bulk_domain();
-  return r;
+  return register_host_memory(source, bulk_domain(),
+                              "tcp cannot send from or receive into dma-buf (device) memory: copy it "
+                              "to host memory first, or use verbs");
 }
 
 void TcpLink::deregister_bulk(BulkRegistration& registration) { registration = {}; }
 
 Result<RemoteSegment> TcpLink::expose(const BulkRegistration& registration, size_t offset,
                                       size_t length, BulkAccess access) {
-  if (registration.domain != bulk_domain() || registration.base == nullptr)
-    return Status(StatusCode::kInvalidArgument, "expose: not a tcp bulk registration");
-  if (length == 0 || offset > registration.length || length > registration.length - offset)
-    return Status(StatusCode::kInvalidArgument,
-                  "expose: " + std::to_string(length) + " bytes at offset " +
-                      std::to_string(offset) + " are outside a registration of " +
-                      std::to_string(registration.length));
-  if (access != BulkAccess::kRemoteRead && access != BulkAccess::kRemoteWrite)
-    return Status(StatusCode::kInvalidArgument, "expose: unknown access");
+  if (Status st = check_expose(registration, bulk_domain(), "tcp", offset, length, access); !st.ok())
+    return st;
   if (down_) return Status(StatusCode::kUnavailable, "expose: link down: " + down_reason_);
   // A large range goes on the lane: the peer's link sees the lane bit in
   // the key and moves the bytes there.
@@ -395,25 +380,10 @@ bool TcpLink::on_bulk_header() {
   // Checks the peer's access against an exposure; every failure fails the
   // link before a byte moves (verbs: a remote access error).
   auto check = [&](BulkAccess want, const char* what) -> Exposure* {
-    auto it = exposures_.find(h.rkey);
-    if (it == exposures_.end()) {
-      fail(std::string("peer ") + what + " through rkey " + std::to_string(h.rkey) +
-           (h.rkey != 0 && h.rkey <= last_rkey_ ? ", which was revoked" : ", which was never exposed"));
-      return nullptr;
-    }
-    Exposure& e = it->second;
-    if (e.access != want) {
-      fail(std::string("peer ") + what + " through rkey " + std::to_string(h.rkey) +
-           ", exposed for " + (e.access == BulkAccess::kRemoteRead ? "reading" : "writing") + " only");
-      return nullptr;
-    }
-    if (h.length == 0 || h.addr > e.length || h.length > e.length - h.addr) {
-      fail(std::string("peer ") + what + " " + std::to_string(h.length) + " bytes at " +
-           std::to_string(h.addr) + " of rkey " + std::to_string(h.rkey) + ", which exposes " +
-           std::to_string(e.length));
-      return nullptr;
-    }
-    return &e;
+    std::string why;
+    Exposure* e = check_peer_access(exposures_, last_rkey_, h.rkey, want, h.addr, h.length, what, &why);
+    if (e == nullptr) fail(std::move(why));
+    return e;
   };
   switch (bulk_type_) {
     case TcpTransport::kBulkReadRequest: {

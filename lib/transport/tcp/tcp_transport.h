@@ -81,6 +81,7 @@
 #include <vector>
 
 #include "slotrpc/config.h"
+#include "transport/host_bulk.h"
 #include "transport/tcp/bulk_lanes.h"
 #include "transport/transport.h"
 
@@ -260,11 +261,7 @@ class TcpLink final : public Link {
   static void compact(std::vector<PendingWrite>& q, size_t& head);
 
   // A range exposed to the peer (expose() .. revoke()).
-  struct Exposure {
-    std::byte* base = nullptr;
-    uint64_t length = 0;
-    BulkAccess access = BulkAccess::kRemoteRead;
-  };
+  using Exposure = HostExposure;  // transport/host_bulk.h
   // A read this side asked for: the peer's READ_DATA lands at dest.
   struct ReadOp {
     uint64_t token = 0;
@@ -401,7 +398,7 @@ class TcpLink final : public Link {
   std::array<std::byte, core::kHeaderSize> control_body_{};
 
   // Bulk state (see the file comment for its bounds).
-  std::unordered_map<uint32_t, Exposure> exposures_;
+  HostExposures exposures_;
   uint32_t last_rkey_ = 0;        // rkeys are never reused: a revoked key stays invalid
   std::deque<ReadOp> reads_;      // FIFO; the first `requested` ones are at the peer
   size_t reads_requested_ = 0;

@@ -1,0 +1,57 @@
+#include "transport/host_bulk.h"
+
+namespace slotrpc::transport {
+
+Result<BulkRegistration> register_host_memory(const BulkSource& source, const void* domain,
+                                              std::string_view dmabuf_refusal) {
+  if (source.dmabuf_fd >= 0) return Status(StatusCode::kUnimplemented, std::string(dmabuf_refusal));
+  if (source.address == nullptr || source.length == 0)
+    return Status(StatusCode::kInvalidArgument, "bulk memory is empty");
+  BulkRegistration r;
+  r.base = source.address;
+  r.length = source.length;
+  r.domain = domain;
+  return r;
+}
+
+Status check_expose(const BulkRegistration& registration, const void* domain,
+                    std::string_view transport, size_t offset, size_t length, BulkAccess access) {
+  if (registration.domain != domain || registration.base == nullptr)
+    return Status(StatusCode::kInvalidArgument,
+                  "expose: not a " + std::string(transport) + " bulk registration");
+  if (length == 0 || offset > registration.length || length > registration.length - offset)
+    return Status(StatusCode::kInvalidArgument,
+                  "expose: " + std::to_string(length) + " bytes at offset " +
+                      std::to_string(offset) + " are outside a registration of " +
+                      std::to_string(registration.length));
+  if (access != BulkAccess::kRemoteRead && access != BulkAccess::kRemoteWrite)
+    return Status(StatusCode::kInvalidArgument, "expose: unknown access");
+  return Status::ok_status();
+}
+
+HostExposure* check_peer_access(HostExposures& exposures, uint32_t last_rkey, uint32_t rkey,
+                                BulkAccess want, uint64_t addr, uint64_t length,
+                                std::string_view what, std::string* why) {
+  const std::string peer = "peer " + std::string(what);
+  auto it = exposures.find(rkey);
+  if (it == exposures.end()) {
+    *why = peer + " through rkey " + std::to_string(rkey) +
+           (rkey != 0 && rkey <= last_rkey ? ", which was revoked" : ", which was never exposed");
+    return nullptr;
+  }
+  HostExposure& e = it->second;
+  if (e.access != want) {
+    *why = peer + " through rkey " + std::to_string(rkey) + ", exposed for " +
+           (e.access == BulkAccess::kRemoteRead ? "reading" : "writing") + " only";
+    return nullptr;
+  }
+  // Written so that no sum can wrap: addr and length are the peer's.
+  if (length == 0 || addr > e.length || length > e.length - addr) {
+    *why = peer + " " + std::to_string(length) + " bytes at " + std::to_string(addr) + " of rkey " +
+           std::to_string(rkey) + ", which exposes " + std::to_string(e.length);
+    return nullptr;
+  }
+  return &e;
+}
+
+}  // namespace slotrpc::transport

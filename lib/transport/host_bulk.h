@@ -1,0 +1,53 @@
+// Bulk transfers between host memories moved by software (TCP and shared
+// memory): the parts the two transports share.  Both reach any host memory
+// without registration, both keep a table of the ranges this side exposed,
+// keyed by an rkey that counts up, and both check every access the peer
+// asks for against it before a byte moves (verbs leaves these checks to
+// the NIC).  One copy of the checks, so the two transports refuse the same
+// mistakes with the same words.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "slotrpc/result.h"
+#include "slotrpc/status.h"
+#include "transport/transport.h"
+
+namespace slotrpc::transport {
+
+// A range this side exposed to its peer.
+struct HostExposure {
+  std::byte* base = nullptr;
+  uint64_t length = 0;
+  BulkAccess access = BulkAccess::kRemoteRead;
+};
+using HostExposures = std::unordered_map<uint32_t, HostExposure>;
+
+// Link::register_bulk for a transport that reaches any host memory:
+// nothing to pin, so the registration only records the range and
+// `domain`.  Device memory (a dma-buf) is refused with UNIMPLEMENTED and
+// `dmabuf_refusal` as the message.
+Result<BulkRegistration> register_host_memory(const BulkSource& source, const void* domain,
+                                              std::string_view dmabuf_refusal);
+
+// Link::expose's argument checks: a registration of this `domain`, a
+// non-empty range inside it, a known access.  INVALID_ARGUMENT naming
+// the problem ("expose: not a tcp bulk registration").
+Status check_expose(const BulkRegistration& registration, const void* domain,
+                    std::string_view transport, size_t offset, size_t length, BulkAccess access);
+
+// A peer's access ("read", "wrote", ...) through `rkey` to [addr, addr +
+// length) of our exposures, wanting `want`.  The exposure, or nullptr with
+// *why saying what was wrong: a key never exposed or revoked (keys up to
+// `last_rkey` were handed out), an exposure for the other access, a range
+// outside it.  The caller fails the link with *why (verbs: a remote access
+// error).
+HostExposure* check_peer_access(HostExposures& exposures, uint32_t last_rkey, uint32_t rkey,
+                                BulkAccess want, uint64_t addr, uint64_t length,
+                                std::string_view what, std::string* why);
+
+}  // namespace slotrpc::transport
