@@ -524,3 +524,26 @@ TEST_CASE("shm bulk: what a peer staged before it exited is delivered before the
     CHECK(mem[size_t{i + 1} * kBulkChunkBytes - 1] == std::byte(0x30 + i));
   }
 }
+
+TEST_CASE("shm bulk: after bulk bytes moved a loop keeps polling kBulkSpin before it may sleep") {
+  Pair p;
+  // Idle links may sleep at once.
+  CHECK(p.a.transport.prepare_sleep());
+  CHECK(p.b.transport.prepare_sleep());
+  p.a.transport.poll(std::span<Completion>{});  // withdraws the announcements
+  p.b.transport.poll(std::span<Completion>{});
+  std::vector<std::byte> src(1 << 20), dst(1 << 20);
+  fill(src, 6);
+  const RemoteSegment in = expose(p.a, reg(p.a, src), 0, src.size(), BulkAccess::kRemoteRead);
+  REQUIRE(p.b.link->read(reg(p.b, dst), 0, in, 0, dst.size(), 1).ok());
+  REQUIRE(p.pump([&] { return find_done(p.b, 1) != nullptr; }));
+  // Both moved bulk bytes just now: neither sleeps yet (a chunk of the
+  // next transfer is likely one poll of the peer away) ...
+  const auto t0 = Clock::now();
+  CHECK_FALSE(p.a.transport.prepare_sleep());
+  CHECK_FALSE(p.b.transport.prepare_sleep());
+  // ... and both may once kBulkSpin has passed with nothing more.
+  REQUIRE(test_wait([&] { return p.b.transport.prepare_sleep(); }));
+  CHECK(Clock::now() - t0 >= kBulkSpin);
+  REQUIRE(test_wait([&] { return p.a.transport.prepare_sleep(); }));
+}

@@ -13,8 +13,13 @@
 // moves several GB/s per core, and the two copies of a transfer run at the
 // same time on the two sides' loops, one chunk apart.
 //
-// Descriptors (docs/protocol.md, "Shared memory: bulk"), payload bytes
-// little-endian as the host is (both ends run on one host):
+// Bulk descriptors travel in a ring of their own (the segment's bulk ring,
+// with its own head and consumed count), so a slot message never waits
+// behind staged chunks: a poll takes the slot ring first, then copies at
+// most about one chunk each way.
+//
+// Descriptors (docs/protocol.md, "Shared memory: bulk"), payload bytes in
+// the host's byte order (both ends run on one host):
 //   READ_REQ   payload: u64 tag, u32 rkey, u32 0, u64 addr, u64 length
 //   READ_DATA  payload: u64 tag, u32 status, u32 0, u64 addr (position in
 //              the read); offset/length: the chunk in our staging area
@@ -22,14 +27,18 @@
 //   WRITE_DATA payload: u32 rkey, u32 0, u64 addr (in the exposure);
 //              offset/length: the chunk in our staging area
 // A chunk is at most kBulkChunkBytes and lies wholly inside the staging
-// area; it stays there, untouched, until the peer's consumed count passes
-// its descriptor (the consumer copies it out before it counts it).
+// area; it stays there, untouched, until the peer's bulk consumed count
+// passes its descriptor (the consumer copies it out before it counts it).
+// A write completes only then, too: its reply goes in the slot ring, which
+// the peer reads first.
 //
-// Not on the slot hot path: a link without bulk work never comes here
-// except through a descriptor lane it does not use.
-#include <algorithm>
+// Off the slot hot path: a poll of a link without bulk work costs one load
+// of the bulk ring's next sequence word (receive_bulk).  Per chunk, the
+// work is the copy; the job queues are deques, which allocate a block now
+// and then as they advance.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -311,7 +320,10 @@ void ShmLink::pump_bulk() {
   }
   if (!write_confirms_.empty()) reclaim_staging();
   if (down_) return;
-  if (published) publish_bulk();
+  if (published) {
+    bulk_active_ = true;
+    publish_bulk();
+  }
   // The drain rule of the backlog (check_drain), for bulk data: a peer
   // that consumes no staged chunk for peer_timeout_ms while more waits is
   // failed.  The clock is read only while stalled.
@@ -497,6 +509,7 @@ size_t ShmLink::receive_bulk(std::span<Completion> out) {
   }
   if (n != 0) {
     bulk_took_ = true;
+    bulk_active_ = true;
     bulk_consumed_ += n;
     // The chunks are copied out: their staging bytes may be reused.
     store_own(own_ctl()->bulk_tail, bulk_consumed_, std::memory_order_release);

@@ -87,6 +87,14 @@ inline constexpr uint32_t kOfferVersion = 3;
 // in flight keep both sides copying while the other does.
 inline constexpr uint32_t kBulkChunkBytes = 128 * 1024;
 inline constexpr size_t kStagingBytes = 32 * size_t{kBulkChunkBytes};
+// After bulk bytes moved, a loop keeps polling this long before it may
+// sleep (ShmLink::announce_sleep): the next chunk, or the next step of the
+// call (a read request, the reply), is usually a poll of the peer away,
+// and a loop that slept in between paid an eventfd wake-up for it.  With
+// SLOTRPC_POLL_MODE=blocking, 1 MiB bulk echoes took 164-180 us (p50)
+// without it and 86-90 us with it (docs/benchmarks.md).  TCP's lane
+// threads spin for the same reason (SLOTRPC_TCP_LANE_SPIN_US, also 200 us).
+inline constexpr std::chrono::microseconds kBulkSpin{200};
 // The bulk ring: room for every chunk staging holds, the reads a side may
 // have requested (16) and their failures, with room to spare.
 inline constexpr uint32_t kBulkDescCount = 128;

@@ -392,6 +392,19 @@ bool ShmLink::announce_sleep() {
   // Work for the next poll: a backlog, or bulk data to send (a peer slow
   // to consume it is bounded by the drain rule, pump_bulk()).
   if (peer_gone_ || !backlog_.empty() || has_bulk_work()) return false;
+  // Bulk bytes moved lately: more are likely a poll of the peer away
+  // (kBulkSpin).  The clock is read here, on the way to sleep, never per
+  // message.
+  if (bulk_active_ || bulk_spin_until_ != std::chrono::steady_clock::time_point{}) {
+    const auto now = std::chrono::steady_clock::now();
+    if (bulk_active_) {
+      bulk_active_ = false;
+      bulk_spin_until_ = now + kBulkSpin;
+      return false;
+    }
+    if (now < bulk_spin_until_) return false;
+    bulk_spin_until_ = {};
+  }
   store_own(own_ctl()->sleeping, uint32_t{1}, std::memory_order_seq_cst);
   sleep_announced_ = true;
   return !peer_has_more();

@@ -260,6 +260,10 @@ class ShmLink final : public Link {
   uint64_t peer_bulk_tail_ = 0;
   uint64_t bulk_consumed_ = 0;
   bool bulk_took_ = false;  // the last receive_bulk consumed a descriptor
+  // Bulk bytes moved since the last sleep announcement, and until when the
+  // loop keeps polling for more (kBulkSpin; announce_sleep).
+  bool bulk_active_ = false;
+  std::chrono::steady_clock::time_point bulk_spin_until_{};
   // Writes whose every chunk is staged, completed once the peer has
   // consumed the last one (its bulk_tail passes `desc`): a reply posted
   // after the completion can then never be seen before the data, though it
