@@ -119,7 +119,7 @@ struct TransportMetrics {
   uint64_t packs = 0;           // slot sends that were PACKs (several small messages, one send)
   uint64_t packets = 0;         // verbs: request packets of those sends (ceil(bytes / path MTU) each)
   uint64_t bulk_requests = 0;   // bulk transfers started: verbs READ/WRITE work requests; tcp READ_REQ
-                                // and WRITE_DATA frames
+                                // and WRITE_DATA frames; shm READ_REQ descriptors and WRITE_DATA chunks
   uint64_t bulk_pushes = 0;     // tcp: send_bulk ranges sent right behind their request, unasked
   uint64_t bulk_pushes_dropped = 0;  // tcp: pushes received that no read_bulk claimed in time
                                      // (thrown away; the read asked for the bytes again)

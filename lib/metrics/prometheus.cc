@@ -200,7 +200,7 @@ std::string to_prometheus(const MetricsSnapshot& m) {
        &TransportMetrics::packets},
       {"slotrpc_transport_bulk_requests_total",
        "Bulk transfers started: verbs RDMA READ/WRITE work requests (one per chunk); tcp READ_REQ and "
-       "WRITE_DATA frames.",
+       "WRITE_DATA frames; shm READ_REQ descriptors and WRITE_DATA chunks.",
        &TransportMetrics::bulk_requests},
       {"slotrpc_transport_bulk_pushes_total",
        "Tcp: send_bulk ranges sent right behind their request, unasked (PUSH_DATA).",

@@ -97,7 +97,9 @@ struct Completion {
 // verbs by RDMA READ / RDMA WRITE through a type-2 memory window that
 // exposes exactly one call's range to one session's queue pair; on TCP the
 // same one-sided operations are emulated on the session's socket, the
-// bytes received straight into the destination (no staging copy).
+// bytes received straight into the destination (no staging copy); on shm
+// they pass through the sender's staging area in its own sealed segment
+// (lib/transport/shm/shm_bulk.cc).
 //
 // Roles: the side that owns the data *exposes* a range to its peer for the
 // duration of one call and *revokes* it when the call ends; the peer
@@ -158,7 +160,8 @@ struct LinkStats {
                                 // each; acknowledgements not counted)
   uint64_t bulk_requests = 0;   // bulk transfers this side started, in units of what it posts:
                                 // verbs, RDMA READ / WRITE work requests (one per chunk); tcp,
-                                // READ_REQ frames and WRITE_DATA frames (one per slice)
+                                // READ_REQ frames and WRITE_DATA frames (one per slice); shm,
+                                // READ_REQ descriptors and WRITE_DATA chunks (one per 128 KiB)
   uint64_t bulk_pushes = 0;     // tcp: ranges this side sent unasked behind their request (PUSH_DATA)
   uint64_t bulk_pushes_dropped = 0;  // tcp: pushes received that no read claimed in time (read and
                                      // thrown away; the read then asked with a READ_REQ)
