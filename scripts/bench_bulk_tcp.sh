@@ -38,7 +38,8 @@ BENCH=$BUILD/bench/slotrpc-bench
 OUT=${OUT:-$(mktemp -d /tmp/bench-bulk-tcp.XXXXXX)}
 mkdir -p "$OUT"
 export SLOTRPC_LOG_LEVEL=${SLOTRPC_LOG_LEVEL:-error}
-# TCP on loopback whatever this host has (shm carries no bulk payloads).
+# TCP on loopback whatever this host has (transport=auto would take shm or
+# verbs for some rows; the bulk-tcp rows set tcp themselves).
 export SLOTRPC_TRANSPORT=tcp
 
 run() {  # run NAME ARGS...: one slotrpc-bench run, its JSON kept

@@ -167,8 +167,9 @@ class SLOTRPC_API Channel {
   // Bulk payloads (issue 12, slotrpc/memory.h): a handle on memory the user
   // owns, for bulk attachments of calls.  Checks the range, registers
   // lazily in each transport domain the region is used in.  Any thread.
-  // UNIMPLEMENTED on a shared-memory channel (shm has no bulk path yet).
-  // A dma-buf region is device (GPU) memory; TCP refuses it at use.
+  // A dma-buf region is device (GPU) memory: verbs only.  TCP refuses it at
+  // use, and a shared-memory channel at once (UNIMPLEMENTED), since both
+  // copy with the CPU; host memory works on every transport.
   Result<MemoryRegion> register_memory(std::span<std::byte> memory);
   Result<MemoryRegion> register_memory(const DmaBuf& device_memory);
   const std::string& peer() const;

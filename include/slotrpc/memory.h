@@ -30,8 +30,8 @@
 // ROCm: hsa_amd_portable_export_dmabuf(dptr, size, &fd, &offset) gives the
 // fd and the offset of dptr inside it.  Verbs registers it with
 // ibv_reg_dmabuf_mr (rdma-core 44+), so the NIC reads and writes GPU memory
-// directly; TCP cannot reach device memory and refuses a dma-buf region
-// with UNIMPLEMENTED (copy to host memory first).  The fd must stay open
+// directly; TCP and shared memory cannot reach device memory and refuse a
+// dma-buf region with UNIMPLEMENTED (copy to host memory first).  The fd must stay open
 // until the region is released.
 //
 // Thread safety: a MemoryRegion may be created, copied, used and released
