@@ -1,6 +1,6 @@
 // The shared-memory transport across processes: a peer that scribbles
 // random bytes over its segment while messages flow, and a peer killed with
-// SIGKILL.  The peers are forked children of this test (no exec): after the
+// SIGKILL (while it sends messages, and while it serves a bulk read).  The peers are forked children of this test (no exec): after the
 // fork the child uses only its own objects and leaves with _exit.
 #include <poll.h>
 #include <signal.h>
@@ -261,6 +261,75 @@ TEST_CASE("shm: kill -9 of the peer process reports the link down at once, after
     CHECK(expect >= kFixed);
     if (!with_stream) CHECK(expect == kFixed);
   }
+}
+
+TEST_CASE("shm: kill -9 of a peer serving a bulk read ends the read UNAVAILABLE, then the link") {
+  // The child exposes 64 MiB for reading (key 1, the link's first) and
+  // serves; the hub reads it, and the child is killed mid-transfer.
+  constexpr size_t kBytes = 64u << 20;
+  auto pattern = [](size_t i) { return static_cast<std::byte>((i * 7 + (i >> 16)) & 0xff); };
+  End hub;
+  auto [s0, s1] = unix_pair();
+  auto offered = hub.transport.offer(s0, kGeo);
+  REQUIRE(offered.ok());
+  int ready[2];
+  REQUIRE(::pipe2(ready, O_CLOEXEC) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(ready[0]);
+    ShmTransport t;
+    auto link = t.adopt(s1, kGeo, 5s, "child");
+    if (!link.ok()) ::_exit(2);
+    std::vector<std::byte> ring(size_t{kGeo.slot_count} * kGeo.slot_size);
+    if (!link.value()->attach({ring.data(), ring.size()}, {ring.data(), ring.size()},
+                              kGeo.slot_count, kGeo.slot_size, nullptr).ok())
+      ::_exit(3);
+    std::vector<std::byte> src(kBytes);
+    for (size_t i = 0; i < kBytes; ++i) src[i] = pattern(i);
+    auto r = link.value()->register_bulk(BulkSource{src.data(), src.size()});
+    if (!r.ok()) ::_exit(4);
+    auto seg = link.value()->expose(r.value(), 0, kBytes, BulkAccess::kRemoteRead);
+    if (!seg.ok() || seg.value().rkey != 1) ::_exit(5);
+    const char c = 'r';
+    if (::write(ready[1], &c, 1) != 1) ::_exit(6);
+    std::array<Completion, 16> buf;
+    for (;;) t.poll(buf);
+  }
+  test_process::Child child = test_process::Child::adopt(pid);
+  ::close(ready[1]);
+  ::close(s1);
+  auto l = hub.transport.complete(std::move(offered).value(), 5s, "server");
+  REQUIRE_MESSAGE(l.ok(), l.status().message());
+  hub.link = std::move(l).value();
+  hub.attach(kGeo);
+  REQUIRE(wait_ready(ready[0]));
+  ::close(ready[0]);
+  std::vector<std::byte> dst(kBytes, std::byte{0});
+  auto reg = hub.link->register_bulk(BulkSource{dst.data(), dst.size()});
+  REQUIRE(reg.ok());
+  REQUIRE(hub.link->read(reg.value(), 0, RemoteSegment{0, kBytes, 1}, 0, kBytes, 5).ok());
+  REQUIRE(pump_until({&hub}, [&] { return hub.link->shm_stats().bulk_bytes_received >= (4u << 20); }));
+  REQUIRE(child.signal(SIGKILL));
+  REQUIRE(child.wait(10000ms));
+  REQUIRE(pump_until({&hub}, [&] { return hub.has_link_down(); }));
+  CHECK_MESSAGE(hub.link->down_reason().find("peer closed") != std::string::npos, hub.link->down_reason());
+  // The read ended, failed, before the link-down; what arrived is the
+  // child's bytes in order, and nothing lies beyond it.
+  size_t done_at = SIZE_MAX, down_at = SIZE_MAX;
+  for (size_t i = 0; i < hub.got.size(); ++i) {
+    if (hub.got[i].kind == CKind::kBulkDone && hub.got[i].bulk_token == 5) done_at = i;
+    if (hub.got[i].kind == CKind::kLinkDown) down_at = i;
+  }
+  REQUIRE(done_at != SIZE_MAX);
+  CHECK(done_at < down_at);
+  CHECK(hub.got[done_at].bulk_status == static_cast<uint16_t>(StatusCode::kUnavailable));
+  const size_t got = hub.link->shm_stats().bulk_bytes_received;
+  CHECK(got < kBytes);
+  size_t bad = SIZE_MAX;
+  for (size_t i = 0; i < kBytes && bad == SIZE_MAX; ++i)
+    if (dst[i] != (i < got ? pattern(i) : std::byte{0})) bad = i;
+  CHECK_MESSAGE(bad == SIZE_MAX, "byte " << bad << " of " << got << " received");
 }
 
 TEST_CASE("shm: a peer that stops consuming while we have a backlog is closed after peer_timeout_ms") {
