@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <functional>
 #include <random>
 
 #include "../process_util.h"
@@ -38,6 +39,51 @@ bool wait_ready(int fd, int ms = 10000) {
   if (::poll(&p, 1, ms) != 1) return false;
   char b;
   return ::read(fd, &b, 1) == 1;
+}
+
+// A peer in a forked child: `hub` offers on one end of a socketpair, the
+// child adopts the other, attaches a ring of its own and runs `body` with
+// its transport, its link and the fd on which it writes one byte when it
+// is ready (body never returns; a setup failure exits with 2 or 3).  Back
+// in the parent: the hub's link is completed and attached, and the child
+// has said it is ready.
+test_process::Child fork_peer(End& hub, const char* name,
+                              const std::function<void(ShmTransport&, ShmLink&, int)>& body) {
+  auto [s0, s1] = unix_pair();
+  auto offered = hub.transport.offer(s0, kGeo);
+  REQUIRE(offered.ok());
+  int ready[2];
+  REQUIRE(::pipe2(ready, O_CLOEXEC) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(ready[0]);
+    ShmTransport t;
+    auto link = t.adopt(s1, kGeo, 5s, "child");
+    if (!link.ok()) ::_exit(2);
+    std::vector<std::byte> ring(size_t{kGeo.slot_count} * kGeo.slot_size);
+    if (!link.value()->attach({ring.data(), ring.size()}, {ring.data(), ring.size()},
+                              kGeo.slot_count, kGeo.slot_size, nullptr).ok())
+      ::_exit(3);
+    body(t, *link.value(), ready[1]);
+    ::_exit(0);
+  }
+  test_process::Child child = test_process::Child::adopt(pid);
+  ::close(ready[1]);
+  ::close(s1);
+  auto l = hub.transport.complete(std::move(offered).value(), 5s, name);
+  REQUIRE_MESSAGE(l.ok(), l.status().message());
+  hub.link = std::move(l).value();
+  hub.attach(kGeo);
+  REQUIRE(wait_ready(ready[0]));
+  ::close(ready[0]);
+  return child;
+}
+
+// Tells the parent of a forked peer that it is ready (fork_peer).
+void say_ready(int fd) {
+  const char r = 'r';
+  if (::write(fd, &r, 1) != 1) ::_exit(4);
 }
 
 uint64_t control_seq(const Completion& c) {
@@ -194,51 +240,26 @@ TEST_CASE("shm: kill -9 of the peer process reports the link down at once, after
   for (const bool with_stream : {false, true}) {
     CAPTURE(with_stream);
     End hub;
-    auto [s0, s1] = unix_pair();
-    auto offered = hub.transport.offer(s0, kGeo);
-    REQUIRE(offered.ok());
-    int ready[2];
-    REQUIRE(::pipe2(ready, O_CLOEXEC) == 0);
     constexpr uint64_t kFixed = 100;
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      ::close(ready[0]);
-      ShmTransport t;
-      auto link = t.adopt(s1, kGeo, 5s, "child");
-      if (!link.ok()) ::_exit(2);
-      std::vector<std::byte> ring(size_t{kGeo.slot_count} * kGeo.slot_size);
-      if (!link.value()->attach({ring.data(), ring.size()}, {ring.data(), ring.size()},
-                                kGeo.slot_count, kGeo.slot_size, nullptr).ok())
-        ::_exit(3);
+    test_process::Child child = fork_peer(hub, "victim", [&](ShmTransport& t, ShmLink& link, int ready) {
       std::array<Completion, 16> buf;
       uint64_t i = 0;
       for (; i < kFixed; ++i) {
         const auto h = control_bytes(i);
         const Outgoing o{h.data(), 32, 0, Lane::kControl};
-        link.value()->post({&o, 1});
+        link.post({&o, 1});
         t.poll(buf);
       }
-      const char r = 'r';
-      if (::write(ready[1], &r, 1) != 1) ::_exit(4);
+      say_ready(ready);
       for (;;) {
-        if (with_stream && link.value()->backlog() < 64) {
+        if (with_stream && link.backlog() < 64) {
           const auto h = control_bytes(i++);
           const Outgoing o{h.data(), 32, 0, Lane::kControl};
-          link.value()->post({&o, 1});
+          link.post({&o, 1});
         }
         t.poll(buf);
       }
-    }
-    test_process::Child child = test_process::Child::adopt(pid);
-    ::close(ready[1]);
-    ::close(s1);
-    auto l = hub.transport.complete(std::move(offered).value(), 5s, "victim");
-    REQUIRE_MESSAGE(l.ok(), l.status().message());
-    hub.link = std::move(l).value();
-    hub.attach(kGeo);
-    REQUIRE(wait_ready(ready[0]));
-    ::close(ready[0]);
+    });
     if (with_stream)  // receive while it runs, then kill it mid-stream
       REQUIRE(pump_until({&hub}, [&] { return hub.got.size() > 2 * kFixed; }));
     REQUIRE(child.signal(SIGKILL));
@@ -269,42 +290,17 @@ TEST_CASE("shm: kill -9 of a peer serving a bulk read ends the read UNAVAILABLE,
   constexpr size_t kBytes = 64u << 20;
   auto pattern = [](size_t i) { return static_cast<std::byte>((i * 7 + (i >> 16)) & 0xff); };
   End hub;
-  auto [s0, s1] = unix_pair();
-  auto offered = hub.transport.offer(s0, kGeo);
-  REQUIRE(offered.ok());
-  int ready[2];
-  REQUIRE(::pipe2(ready, O_CLOEXEC) == 0);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::close(ready[0]);
-    ShmTransport t;
-    auto link = t.adopt(s1, kGeo, 5s, "child");
-    if (!link.ok()) ::_exit(2);
-    std::vector<std::byte> ring(size_t{kGeo.slot_count} * kGeo.slot_size);
-    if (!link.value()->attach({ring.data(), ring.size()}, {ring.data(), ring.size()},
-                              kGeo.slot_count, kGeo.slot_size, nullptr).ok())
-      ::_exit(3);
+  test_process::Child child = fork_peer(hub, "server", [&](ShmTransport& t, ShmLink& link, int ready) {
     std::vector<std::byte> src(kBytes);
     for (size_t i = 0; i < kBytes; ++i) src[i] = pattern(i);
-    auto r = link.value()->register_bulk(BulkSource{src.data(), src.size()});
-    if (!r.ok()) ::_exit(4);
-    auto seg = link.value()->expose(r.value(), 0, kBytes, BulkAccess::kRemoteRead);
-    if (!seg.ok() || seg.value().rkey != 1) ::_exit(5);
-    const char c = 'r';
-    if (::write(ready[1], &c, 1) != 1) ::_exit(6);
+    auto r = link.register_bulk(BulkSource{src.data(), src.size()});
+    if (!r.ok()) ::_exit(5);
+    auto seg = link.expose(r.value(), 0, kBytes, BulkAccess::kRemoteRead);
+    if (!seg.ok() || seg.value().rkey != 1) ::_exit(6);
+    say_ready(ready);
     std::array<Completion, 16> buf;
     for (;;) t.poll(buf);
-  }
-  test_process::Child child = test_process::Child::adopt(pid);
-  ::close(ready[1]);
-  ::close(s1);
-  auto l = hub.transport.complete(std::move(offered).value(), 5s, "server");
-  REQUIRE_MESSAGE(l.ok(), l.status().message());
-  hub.link = std::move(l).value();
-  hub.attach(kGeo);
-  REQUIRE(wait_ready(ready[0]));
-  ::close(ready[0]);
+  });
   std::vector<std::byte> dst(kBytes, std::byte{0});
   auto reg = hub.link->register_bulk(BulkSource{dst.data(), dst.size()});
   REQUIRE(reg.ok());
@@ -340,37 +336,12 @@ TEST_CASE("shm: a peer that stops consuming while we have a backlog is closed af
   config.peer_timeout_ms = 1000;
   REQUIRE(config.validate().ok());
   End hub(config), good;
-  auto [s0, s1] = unix_pair();
-  auto offered = hub.transport.offer(s0, kGeo);
-  REQUIRE(offered.ok());
-  int ready[2];
-  REQUIRE(::pipe2(ready, O_CLOEXEC) == 0);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    // A healthy consumer until it is stopped.
-    ::close(ready[0]);
-    ShmTransport t;
-    auto link = t.adopt(s1, kGeo, 5s, "child");
-    if (!link.ok()) ::_exit(2);
-    std::vector<std::byte> ring(size_t{kGeo.slot_count} * kGeo.slot_size);
-    if (!link.value()->attach({ring.data(), ring.size()}, {ring.data(), ring.size()},
-                              kGeo.slot_count, kGeo.slot_size, nullptr).ok())
-      ::_exit(3);
-    const char r = 'r';
-    if (::write(ready[1], &r, 1) != 1) ::_exit(4);
+  // A healthy consumer until it is stopped.
+  test_process::Child child = fork_peer(hub, "stopped", [](ShmTransport& t, ShmLink&, int ready) {
+    say_ready(ready);
     std::array<Completion, 16> buf;
     for (;;) t.poll(buf);
-  }
-  test_process::Child child = test_process::Child::adopt(pid);
-  ::close(ready[1]);
-  ::close(s1);
-  auto l = hub.transport.complete(std::move(offered).value(), 5s, "stopped");
-  REQUIRE_MESSAGE(l.ok(), l.status().message());
-  hub.link = std::move(l).value();
-  hub.attach(kGeo);
-  REQUIRE(wait_ready(ready[0]));
-  ::close(ready[0]);
+  });
 
   // Another link on the same transport, fed from this process throughout.
   GoodLink good_link(hub, good);
@@ -402,7 +373,7 @@ TEST_CASE("shm: a peer that stops consuming while we have a backlog is closed af
   REQUIRE(pump_until({&hub}, [&] { return hub.link->backlog() == 0; }));
   // Stopped (waited for in /proc: state 'T'), it consumes nothing more.
   REQUIRE(child.stop());
-  REQUIRE(test_process::process_state(pid) == 'T');
+  REQUIRE(test_process::process_state(child.pid) == 'T');
   // Fill whatever room the ring has left, then one message waits.
   const auto backlog_from = Clock::now();
   for (uint64_t i = 0; i <= 2 * ring && hub.link->backlog() == 0; ++i) send_hub(1);
