@@ -54,4 +54,27 @@ HostExposure* check_peer_access(HostExposures& exposures, uint32_t last_rkey, ui
   return &e;
 }
 
+Status check_transfer_args(std::string_view what, std::string_view transport,
+                           const BulkRegistration& local, const void* domain, size_t local_offset,
+                           const RemoteSegment& remote, uint64_t remote_offset, size_t length,
+                           bool attached, bool down, const std::string& down_reason) {
+  auto invalid = [what](const std::string& why) {
+    return Status(StatusCode::kInvalidArgument, std::string(what) + ": " + why);
+  };
+  if (local.domain != domain || local.base == nullptr)
+    return invalid("not a " + std::string(transport) + " bulk registration");
+  if (length == 0 || local_offset > local.length || length > local.length - local_offset ||
+      remote_offset > remote.length || length > remote.length - remote_offset)
+    return invalid(std::to_string(length) + " bytes outside the local or remote range");
+  if (!attached) return invalid("link not attached");
+  if (down) return Status(StatusCode::kUnavailable, std::string(what) + ": link down: " + down_reason);
+  return Status::ok_status();
+}
+
+StatusCode peer_failure_status(uint32_t status) {
+  return status != 0 && is_known_status_code(static_cast<uint16_t>(status))
+             ? static_cast<StatusCode>(status)
+             : StatusCode::kUnavailable;
+}
+
 }  // namespace slotrpc::transport

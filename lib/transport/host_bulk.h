@@ -50,4 +50,18 @@ HostExposure* check_peer_access(HostExposures& exposures, uint32_t last_rkey, ui
                                 BulkAccess want, uint64_t addr, uint64_t length,
                                 std::string_view what, std::string* why);
 
+// Link::read / write's argument checks, the link's state included:
+// INVALID_ARGUMENT ("read: ...") for a registration of another domain, a
+// range outside the local registration or the remote segment, a link not
+// attached yet; UNAVAILABLE when the link is down.
+Status check_transfer_args(std::string_view what, std::string_view transport,
+                           const BulkRegistration& local, const void* domain, size_t local_offset,
+                           const RemoteSegment& remote, uint64_t remote_offset, size_t length,
+                           bool attached, bool down, const std::string& down_reason);
+
+// The status a peer put on a failed transfer (a read it ended because the
+// range was revoked): its code, or UNAVAILABLE for 0 or a code we do not
+// know.
+StatusCode peer_failure_status(uint32_t status);
+
 }  // namespace slotrpc::transport

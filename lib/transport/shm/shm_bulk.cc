@@ -64,11 +64,6 @@ T get_field(const std::byte* p) {
   return v;
 }
 
-StatusCode peer_status(uint32_t status) {
-  return is_known_status_code(static_cast<uint16_t>(status)) && status != 0
-             ? static_cast<StatusCode>(status)
-             : StatusCode::kUnavailable;
-}
 
 }  // namespace
 
@@ -122,14 +117,10 @@ bool ShmLink::revoke(const RemoteSegment& segment, uint64_t /*token*/) {
 
 Status ShmLink::read(const BulkRegistration& local, size_t local_offset, const RemoteSegment& remote,
                      uint64_t remote_offset, size_t length, uint64_t token) {
-  if (local.domain != bulk_domain() || local.base == nullptr)
-    return Status(StatusCode::kInvalidArgument, "read: not a shm bulk registration");
-  if (length == 0 || local_offset > local.length || length > local.length - local_offset ||
-      remote_offset > remote.length || length > remote.length - remote_offset)
-    return Status(StatusCode::kInvalidArgument,
-                  "read: " + std::to_string(length) + " bytes outside the local or remote range");
-  if (!attached_) return Status(StatusCode::kInvalidArgument, "read: link not attached");
-  if (down_) return Status(StatusCode::kUnavailable, "read: link down: " + down_reason_);
+  if (Status st = check_transfer_args("read", "shm", local, bulk_domain(), local_offset, remote,
+                                      remote_offset, length, attached_, down_, down_reason_);
+      !st.ok())
+    return st;
   ReadOp op;
   op.token = token;
   op.tag = next_tag_++;
@@ -145,14 +136,10 @@ Status ShmLink::read(const BulkRegistration& local, size_t local_offset, const R
 Status ShmLink::write(const BulkRegistration& local, size_t local_offset,
                       const RemoteSegment& remote, uint64_t remote_offset, size_t length,
                       uint64_t token) {
-  if (local.domain != bulk_domain() || local.base == nullptr)
-    return Status(StatusCode::kInvalidArgument, "write: not a shm bulk registration");
-  if (length == 0 || local_offset > local.length || length > local.length - local_offset ||
-      remote_offset > remote.length || length > remote.length - remote_offset)
-    return Status(StatusCode::kInvalidArgument,
-                  "write: " + std::to_string(length) + " bytes outside the local or remote range");
-  if (!attached_) return Status(StatusCode::kInvalidArgument, "write: link not attached");
-  if (down_) return Status(StatusCode::kUnavailable, "write: link down: " + down_reason_);
+  if (Status st = check_transfer_args("write", "shm", local, bulk_domain(), local_offset, remote,
+                                      remote_offset, length, attached_, down_, down_reason_);
+      !st.ok())
+    return st;
   WriteJob j;
   j.token = token;
   j.rkey = remote.rkey;
@@ -189,16 +176,7 @@ void ShmLink::bulk_done(uint64_t token, StatusCode code) {
 }
 
 void ShmLink::reclaim_staging() {
-  // The peer's word is checked against what we published: it can only
-  // have moved forward, and not past our head.
-  const uint64_t t = load_peer(peer_ctl()->bulk_tail, std::memory_order_acquire);
-  if (t - peer_bulk_tail_ > bulk_published_ - peer_bulk_tail_) {
-    fail("peer's consumed count of the bulk ring " + std::to_string(t) + " is outside " +
-         std::to_string(peer_bulk_tail_) + ".." + std::to_string(bulk_published_) +
-         " (corrupt or hostile peer)");
-    return;
-  }
-  peer_bulk_tail_ = t;
+  if (!refresh_peer_count(peer_ctl()->bulk_tail, &peer_bulk_tail_, bulk_published_, "bulk ")) return;
   while (!stage_uses_.empty() && stage_uses_.front().desc < peer_bulk_tail_) {
     stage_tail_ = stage_uses_.front().end;
     stage_uses_.pop_front();
@@ -234,11 +212,8 @@ bool ShmLink::ring_has_room() {
 bool ShmLink::put_descriptor(const Descriptor& d) {
   if (!ring_has_room()) return false;
   auto* const slot_desc = reinterpret_cast<Descriptor*>(own_.map.base() + own_.layout.bulk_desc_offset) +
-                          bulk_published_ % kBulkDescCount;
-  std::memcpy(reinterpret_cast<std::byte*>(slot_desc) + sizeof d.seq,
-              reinterpret_cast<const std::byte*>(&d) + sizeof d.seq, sizeof d - sizeof d.seq);
-  ++bulk_published_;
-  store_own(slot_desc->seq, bulk_published_, std::memory_order_release);
+                          (bulk_published_ & (kBulkDescCount - 1));
+  store_descriptor(slot_desc, d, ++bulk_published_);
   return true;
 }
 
@@ -246,11 +221,7 @@ void ShmLink::publish_bulk() {
   // As publish() for the slot ring: the Dekker pair with the peer's
   // announce_sleep() is on bulk_head here.
   store_own(own_ctl()->bulk_head, bulk_published_, std::memory_order_seq_cst);
-  if (load_peer(peer_ctl()->sleeping, std::memory_order_seq_cst) != 0) {
-    const uint64_t one = 1;
-    [[maybe_unused]] const ssize_t n = ::write(peer_.wake.get(), &one, sizeof one);
-    ++shm_stats_.wakeups_sent;
-  }
+  wake_peer_if_sleeping();
 }
 
 void ShmLink::pump_bulk() {
@@ -406,7 +377,7 @@ bool ShmLink::on_bulk_descriptor(const Descriptor& d, Completion& c, bool* done,
         }
         c.kind = Completion::Kind::kBulkDone;
         c.bulk_token = it->token;
-        c.bulk_status = static_cast<uint16_t>(peer_status(status));
+        c.bulk_status = static_cast<uint16_t>(peer_failure_status(status));
         reads_.erase(it);
         --reads_requested_;
         *done = true;
@@ -450,22 +421,7 @@ bool ShmLink::on_bulk_descriptor(const Descriptor& d, Completion& c, bool* done,
   }
 }
 
-bool ShmLink::peer_bulk_has_more() {
-  const uint64_t head = load_peer(peer_ctl()->bulk_head, std::memory_order_seq_cst);
-  if (bulk_consumed_ - head <= kBulkDescCount) return false;  // nothing new (see peer_has_more)
-  const auto* const descs = reinterpret_cast<const Descriptor*>(peer_.map.base() +
-                                                                peer_.layout.bulk_desc_offset);
-  const uint64_t seq = load_peer(descs[bulk_consumed_ % kBulkDescCount].seq, std::memory_order_acquire);
-  // A head that claims more than the ring shows would keep us awake for
-  // nothing, forever.
-  if (head - bulk_consumed_ > kBulkDescCount || seq != bulk_consumed_ + 1)
-    fail("peer's bulk head " + std::to_string(head) + " disagrees with its bulk ring at " +
-         std::to_string(bulk_consumed_) + " (claims descriptors that are not there; corrupt or "
-         "hostile peer)");
-  return true;  // a descriptor, or the link-down just queued, for the next poll
-}
-
-size_t ShmLink::receive_bulk(std::span<Completion> out) {
+size_t ShmLink::receive_bulk(std::span<Completion> out, bool* took) {
   if (down_ || !attached_ || out.empty()) return 0;
   const auto* const descs = reinterpret_cast<const Descriptor*>(peer_.map.base() +
                                                                 peer_.layout.bulk_desc_offset);
@@ -475,26 +431,8 @@ size_t ShmLink::receive_bulk(std::span<Completion> out) {
   // At most about one chunk's copy per call: slot messages that arrive
   // meanwhile wait for no more than that.
   while (k < out.size() && !down_ && moved < kBulkChunkBytes) {
-    const uint64_t expect = bulk_consumed_ + n + 1;
-    const Descriptor& shared = descs[(bulk_consumed_ + n) % kBulkDescCount];
-    const uint64_t seq = load_peer(shared.seq, std::memory_order_acquire);
-    if (seq != expect) {
-      const uint64_t stale = expect > kBulkDescCount ? expect - kBulkDescCount : 0;
-      if (seq != stale)
-        fail("bulk descriptor " + std::to_string(expect - 1) + " has sequence word " +
-             std::to_string(seq) + ", expected " + std::to_string(expect) + " or " +
-             std::to_string(stale) + " (corrupt or hostile peer)");
-      break;
-    }
-    // Copy first, then look (the peer may rewrite it at any moment).
     Descriptor d;
-    std::memcpy(&d, &shared, sizeof d);
-    asm volatile("" ::: "memory");
-    if (d.seq != expect) {
-      fail("bulk descriptor " + std::to_string(expect - 1) + " rewritten while read (corrupt or "
-           "hostile peer)");
-      break;
-    }
+    if (take_descriptor(descs, kBulkDescCount, bulk_consumed_ + n, &d, "bulk ") != Take::kGot) break;
     Completion& c = out[k];
     c.context = context_;
     c.link = this;
@@ -508,7 +446,7 @@ size_t ShmLink::receive_bulk(std::span<Completion> out) {
     owner_.bulk_bytes_moved_ += moved;
   }
   if (n != 0) {
-    bulk_took_ = true;
+    *took = true;
     bulk_active_ = true;
     bulk_consumed_ += n;
     // The chunks are copied out: their staging bytes may be reused.
@@ -517,7 +455,7 @@ size_t ShmLink::receive_bulk(std::span<Completion> out) {
   return k;
 }
 
-void ShmLink::fail_bulk(const std::string& /*reason*/) {
+void ShmLink::fail_bulk() {
   // Every bulk operation ends before kLinkDown (transport.h): reads and
   // writes failed (down_reason() says why); nothing reaches an exposure
   // any more.

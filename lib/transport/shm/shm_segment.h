@@ -98,6 +98,7 @@ inline constexpr std::chrono::microseconds kBulkSpin{200};
 // The bulk ring: room for every chunk staging holds, the reads a side may
 // have requested (16) and their failures, with room to spare.
 inline constexpr uint32_t kBulkDescCount = 128;
+static_assert((kBulkDescCount & (kBulkDescCount - 1)) == 0, "indexed with a mask");
 
 struct Geometry {
   uint32_t slot_count = 0;

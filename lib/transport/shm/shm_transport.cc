@@ -151,17 +151,8 @@ void ShmLink::post(std::span<const Outgoing> batch) {
 bool ShmLink::write_descriptor(const Outgoing& o, const std::byte* source) {
   const uint64_t desc_count = desc_mask_ + uint64_t{1};
   if (published_ - peer_tail_ >= desc_count) {
-    // Full as far as we knew: read how far the peer got.  Its word is
-    // checked against what we published: it can only have moved forward,
-    // and not past our head.
-    const uint64_t t = load_peer(peer_ctl()->tail, std::memory_order_acquire);
-    if (t - peer_tail_ > published_ - peer_tail_) {
-      fail("peer's consumed count " + std::to_string(t) + " is outside " +
-           std::to_string(peer_tail_) + ".." + std::to_string(published_) +
-           " (corrupt or hostile peer)");
-      return false;
-    }
-    peer_tail_ = t;
+    // Full as far as we knew: read how far the peer got.
+    if (!refresh_peer_count(peer_ctl()->tail, &peer_tail_, published_, "")) return false;
     if (published_ - peer_tail_ >= desc_count) return false;
   }
   Descriptor d{};
@@ -206,14 +197,32 @@ bool ShmLink::write_descriptor(const Outgoing& o, const std::byte* source) {
       ++shm_stats_.copied_sends;
     }
   }
-  // Everything but `seq` first, then `seq` with release: a receiver that
-  // sees the new sequence sees the whole descriptor.
   auto* const slot_desc = reinterpret_cast<Descriptor*>(own_.map.base() + own_.layout.desc_offset) +
                           (published_ & desc_mask_);
-  std::memcpy(reinterpret_cast<std::byte*>(slot_desc) + sizeof d.seq,
+  store_descriptor(slot_desc, d, ++published_);
+  return true;
+}
+
+void ShmLink::store_descriptor(Descriptor* slot, const Descriptor& d, uint64_t seq) {
+  // Everything but `seq` first, then `seq` with release: a receiver that
+  // sees the new sequence sees the whole descriptor.
+  std::memcpy(reinterpret_cast<std::byte*>(slot) + sizeof d.seq,
               reinterpret_cast<const std::byte*>(&d) + sizeof d.seq, sizeof d - sizeof d.seq);
-  ++published_;
-  store_own(slot_desc->seq, published_, std::memory_order_release);
+  store_own(slot->seq, seq, std::memory_order_release);
+}
+
+bool ShmLink::refresh_peer_count(const uint64_t& word, uint64_t* last, uint64_t published,
+                                 const char* ring) {
+  // The peer's word is checked against what we published: it can only
+  // have moved forward, and not past our head.
+  const uint64_t t = load_peer(word, std::memory_order_acquire);
+  if (t - *last > published - *last) {
+    fail("peer's consumed count " + (*ring != '\0' ? "of our " + std::string(ring) + "ring " : "") +
+         std::to_string(t) + " is outside " + std::to_string(*last) + ".." +
+         std::to_string(published) + " (corrupt or hostile peer)");
+    return false;
+  }
+  *last = t;
   return true;
 }
 
@@ -258,6 +267,10 @@ void ShmLink::publish() {
   // sequentially consistent, at least one sees the other's store, so either
   // it stays awake or we wake it: no lost wake-up.
   store_own(own_ctl()->head, published_, std::memory_order_seq_cst);
+  wake_peer_if_sleeping();
+}
+
+void ShmLink::wake_peer_if_sleeping() {
   if (load_peer(peer_ctl()->sleeping, std::memory_order_seq_cst) != 0) {
     const uint64_t one = 1;
     // EAGAIN means the counter is saturated: it is readable anyway.
@@ -267,26 +280,64 @@ void ShmLink::publish() {
 }
 
 bool ShmLink::peer_has_more() {
-  if (peer_bulk_has_more()) return true;
-  // The Dekker pair is on `head` (seq_cst on both sides); the descriptors'
-  // own words are release/acquire, ordered before the head store.  So an
-  // honest peer whose head we see has its next descriptor visible too.
-  const uint64_t head = load_peer(peer_ctl()->head, std::memory_order_seq_cst);
+  const auto* const base = peer_.map.base();
+  return peer_ring_has_more(peer_ctl()->bulk_head,
+                            reinterpret_cast<const Descriptor*>(base + peer_.layout.bulk_desc_offset),
+                            kBulkDescCount, bulk_consumed_, "bulk ") ||
+         peer_ring_has_more(peer_ctl()->head,
+                            reinterpret_cast<const Descriptor*>(base + peer_.layout.desc_offset),
+                            desc_mask_ + uint64_t{1}, consumed_, "");
+}
+
+bool ShmLink::peer_ring_has_more(const uint64_t& head_word, const Descriptor* descs, uint64_t count,
+                                 uint64_t consumed, const char* ring) {
+  // The Dekker pair is on the head word (seq_cst on both sides); the
+  // descriptors' own words are release/acquire, ordered before the head
+  // store.  So an honest peer whose head we see has its next descriptor
+  // visible too.
+  const uint64_t head = load_peer(head_word, std::memory_order_seq_cst);
   // Behind what we consumed is legitimate: the poller took descriptors by
-  // their own words before the sender stored `head` for that batch (and
+  // their own words before the sender stored the head for that batch (and
   // then the sender sees our `sleeping` and wakes us).  At most a ring
   // behind, though.
-  if (consumed_ - head <= desc_mask_ + uint64_t{1}) return false;
-  const auto* const descs = reinterpret_cast<const Descriptor*>(peer_.map.base() +
-                                                                peer_.layout.desc_offset);
-  const uint64_t seq = load_peer(descs[consumed_ & desc_mask_].seq, std::memory_order_acquire);
+  if (consumed - head <= count) return false;
+  const uint64_t seq = load_peer(descs[consumed & (count - 1)].seq, std::memory_order_acquire);
   // A head that claims more than the ring shows would keep us awake for
   // nothing, forever.
-  if (head - consumed_ > desc_mask_ + uint64_t{1} || seq != consumed_ + 1)
-    fail("peer's sequence word " + std::to_string(head) + " disagrees with its ring at " +
-         std::to_string(consumed_) + " (claims descriptors that are not there; corrupt or "
-         "hostile peer)");
+  if (head - consumed > count || seq != consumed + 1)
+    fail("peer's " + std::string(ring) + "sequence word " + std::to_string(head) +
+         " disagrees with its " + ring + "ring at " + std::to_string(consumed) +
+         " (claims descriptors that are not there; corrupt or hostile peer)");
   return true;  // a message, or the link-down just queued, for the next poll
+}
+
+ShmLink::Take ShmLink::take_descriptor(const Descriptor* descs, uint64_t count, uint64_t index,
+                                       Descriptor* d, const char* ring) {
+  // The descriptor's own sequence word says whether it is there: one cache
+  // line per message (the head word is only read before sleeping).
+  const uint64_t expect = index + 1;
+  const Descriptor& shared = descs[index & (count - 1)];
+  const uint64_t seq = load_peer(shared.seq, std::memory_order_acquire);
+  if (seq != expect) {
+    // Not written yet: it still holds its previous lap (0 on the first).
+    const uint64_t stale = expect > count ? expect - count : 0;
+    if (seq == stale) return Take::kEmpty;
+    fail(std::string(ring) + "descriptor " + std::to_string(index) + " has sequence word " +
+         std::to_string(seq) + ", expected " + std::to_string(expect) + " or " +
+         std::to_string(stale) + " (corrupt or hostile peer)");
+    return Take::kFailed;
+  }
+  // Copy first, then look: the peer may rewrite the descriptor at any
+  // moment, so every check and every use is on this private copy.
+  std::memcpy(d, &shared, sizeof *d);
+  copied_out();
+  if (d->seq != expect) {
+    fail(std::string(ring) + "descriptor " + std::to_string(index) +
+         " rewritten while read (sequence word " + std::to_string(d->seq) + ", expected " +
+         std::to_string(expect) + "; corrupt or hostile peer)");
+    return Take::kFailed;
+  }
+  return Take::kGot;
 }
 
 size_t ShmLink::receive(std::span<Completion> out) {
@@ -297,31 +348,8 @@ size_t ShmLink::receive(std::span<Completion> out) {
   const uint64_t desc_count = desc_mask_ + uint64_t{1};
   size_t k = 0;
   for (; k < out.size() && !down_; ++k) {
-    // The next descriptor's own sequence word says whether it is there: one
-    // cache line per message (the head word is only read before sleeping).
-    const uint64_t expect = consumed_ + k + 1;
-    const Descriptor& shared = descs[(consumed_ + k) & desc_mask_];
-    const uint64_t seq = load_peer(shared.seq, std::memory_order_acquire);
-    if (seq != expect) {
-      // Not written yet: it still holds its previous lap (0 on the first).
-      const uint64_t stale = expect > desc_count ? expect - desc_count : 0;
-      if (seq != stale)
-        fail("descriptor " + std::to_string(expect - 1) + " has sequence word " +
-             std::to_string(seq) + ", expected " + std::to_string(expect) + " or " +
-             std::to_string(stale) + " (corrupt or hostile peer)");
-      break;
-    }
-    // Copy first, then look: the peer may rewrite the descriptor at any
-    // moment, so every check and every use is on this private copy.
     Descriptor d;
-    std::memcpy(&d, &shared, sizeof d);
-    copied_out();
-    if (d.seq != expect) {
-      fail("descriptor " + std::to_string(expect - 1) + " rewritten while read (sequence word " +
-           std::to_string(d.seq) + ", expected " + std::to_string(expect) +
-           "; corrupt or hostile peer)");
-      break;
-    }
+    if (take_descriptor(descs, desc_count, consumed_ + k, &d, "") != Take::kGot) break;
     Completion& c = out[k];
     c.context = context_;
     c.link = this;
@@ -451,7 +479,7 @@ void ShmLink::fail(std::string reason) {
   // Closing our end is how the peer learns at once that this link is gone.
   sock_.reset();
   backlog_.clear();
-  fail_bulk(down_reason_);
+  fail_bulk();
   // The segments stay mapped until destruction: a session may still hold
   // pointers into send_slots().
   Completion c;
@@ -595,9 +623,9 @@ size_t ShmTransport::poll(std::span<Completion> out) {
     // Slot messages first; then at most about one chunk of bulk data.
     const size_t before = got;
     got += link->receive(out.subspan(got));
-    link->bulk_took_ = false;
-    if (got < out.size()) got += link->receive_bulk(out.subspan(got));
-    if (got == before && !link->bulk_took_ && link->peer_gone_) link->check_peer_gone();
+    bool took_bulk = false;
+    if (got < out.size()) got += link->receive_bulk(out.subspan(got), &took_bulk);
+    if (got == before && !took_bulk && link->peer_gone_) link->check_peer_gone();
   }
   if (count != 0) next_link_ = (next_link_ + 1) % count;
   if (!ready_.empty()) got += drain(out.subspan(got));

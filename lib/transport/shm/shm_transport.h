@@ -130,6 +130,29 @@ class ShmLink final : public Link {
   size_t receive(std::span<Completion> out);
   bool peer_has_more();
   bool write_descriptor(const Outgoing& o, const std::byte* control_copy);
+  // What both descriptor rings (slot and bulk) share.  `ring` is "" for
+  // the slot ring and "bulk " for the bulk ring: it prefixes the failure
+  // reasons.  `count` is the ring's length, a power of two.
+  enum class Take : uint8_t { kGot, kEmpty, kFailed };
+  // Copies the peer's descriptor number `index` into *d after checking its
+  // sequence word: kEmpty when it is not written yet, kFailed when the
+  // words make no sense (the link failed).
+  Take take_descriptor(const Descriptor* descs, uint64_t count, uint64_t index, Descriptor* d,
+                       const char* ring);
+  // Before sleeping: whether the peer published past `consumed` (its
+  // `head_word`, seq_cst), failing the link if it claims more than the ring
+  // shows.  True also when the link just failed (a kLinkDown to deliver).
+  bool peer_ring_has_more(const uint64_t& head_word, const Descriptor* descs, uint64_t count,
+                          uint64_t consumed, const char* ring);
+  // Reads the peer's consumed count of one of our rings into *last, checked
+  // against what we published (forward only, not past our head); false
+  // when it is nonsense (the link failed).
+  bool refresh_peer_count(const uint64_t& word, uint64_t* last, uint64_t published, const char* ring);
+  // Writes `d` at `slot`, its sequence word `seq` last (release).
+  static void store_descriptor(Descriptor* slot, const Descriptor& d, uint64_t seq);
+  // After a seq_cst store of one of our heads: the Dekker pair with the
+  // peer's announce_sleep(), and its eventfd if it sleeps.
+  void wake_peer_if_sleeping();
   // Publishes a descriptor built by the bulk code; false when the ring is
   // full (or the peer's consumed count is nonsense: then the link failed).
   bool put_descriptor(const Descriptor& d);
@@ -145,8 +168,8 @@ class ShmLink final : public Link {
   }
   // Takes bulk descriptors from the peer's bulk ring, copying at most about
   // one chunk; returns the completions (reads done) it made.
-  size_t receive_bulk(std::span<Completion> out);
-  bool peer_bulk_has_more();
+  // *took: whether it consumed any descriptor (a chunk makes no completion).
+  size_t receive_bulk(std::span<Completion> out, bool* took);
   void check_peer_gone();
   void publish_bulk();
   bool on_bulk_descriptor(const Descriptor& d, Completion& c, bool* done, uint64_t* moved);
@@ -154,7 +177,7 @@ class ShmLink final : public Link {
   void reclaim_staging();
   std::byte* stage(uint32_t length);
   void bulk_done(uint64_t token, StatusCode code);
-  void fail_bulk(const std::string& reason);
+  void fail_bulk();
   void flush_backlog();
   // The drain rule: fails the link when the peer consumed nothing for the
   // peer timeout while the backlog waits.  Only runs with a backlog.
@@ -259,7 +282,6 @@ class ShmLink final : public Link {
   uint64_t bulk_published_ = 0;
   uint64_t peer_bulk_tail_ = 0;
   uint64_t bulk_consumed_ = 0;
-  bool bulk_took_ = false;  // the last receive_bulk consumed a descriptor
   // Bulk bytes moved since the last sleep announcement, and until when the
   // loop keeps polling for more (kBulkSpin; announce_sleep).
   bool bulk_active_ = false;

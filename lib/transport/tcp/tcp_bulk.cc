@@ -124,18 +124,14 @@ bool TcpLink::revoke(const RemoteSegment& segment, uint64_t token) {
 Status TcpLink::check_transfer(const char* what, const BulkRegistration& local,
                                size_t local_offset, const RemoteSegment& remote,
                                uint64_t remote_offset, size_t length, bool* on_lane) const {
-  auto invalid = [what](const std::string& why) {
-    return Status(StatusCode::kInvalidArgument, std::string(what) + ": " + why);
-  };
-  if (local.domain != bulk_domain() || local.base == nullptr) return invalid("not a tcp bulk registration");
-  if (length == 0 || local_offset > local.length || length > local.length - local_offset ||
-      remote_offset > remote.length || length > remote.length - remote_offset)
-    return invalid(std::to_string(length) + " bytes outside the local or remote range");
-  if (!attached_) return invalid("link not attached");
-  if (down_) return Status(StatusCode::kUnavailable, std::string(what) + ": link down: " + down_reason_);
+  if (Status st = check_transfer_args(what, "tcp", local, bulk_domain(), local_offset, remote,
+                                      remote_offset, length, attached_, down_, down_reason_);
+      !st.ok())
+    return st;
   *on_lane = !lane_mode_ && (remote.rkey & TcpTransport::kLaneKeyBit) != 0;
   if (*on_lane && lane_ == nullptr)
-    return invalid("the peer exposed the range on a bulk lane, and this session has none");
+    return Status(StatusCode::kInvalidArgument,
+                  std::string(what) + ": the peer exposed the range on a bulk lane, and this session has none");
   return Status::ok_status();
 }
 
@@ -273,10 +269,6 @@ void TcpLink::end_read(std::deque<ReadOp>::iterator it, StatusCode code) {
   request_reads();
 }
 
-StatusCode TcpLink::peer_status(uint32_t status) {
-  return is_known_status_code(static_cast<uint16_t>(status)) ? static_cast<StatusCode>(status)
-                                                             : StatusCode::kUnavailable;
-}
 
 void TcpLink::transfer_started() {
   shared_before_ = shared_now_;
@@ -415,7 +407,7 @@ bool TcpLink::on_bulk_header() {
           fail("peer sent a failed read with data");
           return false;
         }
-        end_read(it, peer_status(h.status));
+        end_read(it, peer_failure_status(h.status));
         flush_pending();
         return !down_;
       }
@@ -548,7 +540,7 @@ bool TcpLink::on_push_header(uint32_t rkey, uint32_t status, uint64_t total, uin
     if (it == pushes_in_.end()) return refuse("that ends a push never started");
     if (it->state == PushIn::State::kClaimed) {
       auto r = find_read(it->read_tag);
-      if (r != reads_.end()) end_read(r, peer_status(status));
+      if (r != reads_.end()) end_read(r, peer_failure_status(status));
     }
     pushes_in_.erase(it);
     flush_pending();

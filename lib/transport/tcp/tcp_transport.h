@@ -316,7 +316,6 @@ class TcpLink final : public Link {
   // The requested read `tag` (reads_.end() if none), and its end.
   std::deque<ReadOp>::iterator find_read(uint64_t tag);
   void end_read(std::deque<ReadOp>::iterator it, StatusCode code);
-  static StatusCode peer_status(uint32_t status);  // a peer's status code, or UNAVAILABLE
   bool on_push_header(uint32_t rkey, uint32_t status, uint64_t total, uint64_t addr,
                       uint64_t length);
   // The next bytes of push `p`'s current frame (push_frame_left_ of
