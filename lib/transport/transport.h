@@ -161,7 +161,7 @@ struct LinkStats {
   uint64_t bulk_requests = 0;   // bulk transfers this side started, in units of what it posts:
                                 // verbs, RDMA READ / WRITE work requests (one per chunk); tcp,
                                 // READ_REQ frames and WRITE_DATA frames (one per slice); shm,
-                                // READ_REQ descriptors and WRITE_DATA chunks (one per 128 KiB)
+                                // READ_REQ descriptors and WRITE_DATA chunks (one per 16 KiB)
   uint64_t bulk_pushes = 0;     // tcp: ranges this side sent unasked behind their request (PUSH_DATA)
   uint64_t bulk_pushes_dropped = 0;  // tcp: pushes received that no read claimed in time (read and
                                      // thrown away; the read then asked with a READ_REQ)

@@ -15,8 +15,8 @@
 //
 // Bulk descriptors travel in a ring of their own (the segment's bulk ring,
 // with its own head and consumed count), so a slot message never waits
-// behind staged chunks: a poll takes the slot ring first, then copies at
-// most about one chunk each way.
+// behind staged chunks: a poll takes the slot ring first, then stages at
+// most kBulkPumpBytes and copies at most one chunk out.
 //
 // Descriptors (docs/protocol.md, "Shared memory: bulk"), payload bytes in
 // the host's byte order (both ends run on one host):
@@ -233,61 +233,61 @@ void ShmLink::pump_bulk() {
     published = true;
   }
   if (down_) return;
-  // One chunk per poll: the longest a slot message waits behind bulk data
-  // is one chunk's copy.  Serving the peer's reads and our own writes take
-  // turns.
+  // Up to kBulkPumpBytes per poll (shm_segment.h says why that much), in
+  // chunks: serving the peer's reads and our own writes take turns.
   bool moved = false;
-  if (bulk_small_.empty() && (!serves_.empty() || !writes_.empty())) {
+  for (uint64_t budget = kBulkPumpBytes; budget != 0 && bulk_small_.empty() &&
+                                         (!serves_.empty() || !writes_.empty());) {
     const bool serve = !serves_.empty() && (serve_turn_ || writes_.empty());
-    serve_turn_ = !serve;
     const uint64_t left = serve ? serves_.front().length - serves_.front().sent
                                 : writes_.front().length - writes_.front().sent;
     const auto n = static_cast<uint32_t>(std::min<uint64_t>(left, kBulkChunkBytes));
     std::byte* dst = ring_has_room() ? stage(n) : nullptr;
-    if (dst != nullptr) {
-      Descriptor d{};
-      d.length = n;
-      d.offset = static_cast<uint32_t>(dst - (own_.map.base() + own_.layout.staging_offset));
-      if (serve) {
-        ServeJob& j = serves_.front();
-        std::memcpy(dst, j.src + j.sent, n);
-        d.lane = static_cast<uint32_t>(DescLane::kBulkReadData);
-        put_field<uint64_t>(d.payload, j.tag);
-        put_field<uint64_t>(d.payload + 16, j.sent);
-        j.sent += n;
-        if (j.sent == j.length) {
-          serves_.pop_front();
-        } else if (serves_.size() > 1) {
-          serves_.push_back(j);  // round robin between the peer's reads
-          serves_.pop_front();
-        }
-      } else {
-        WriteJob& j = writes_.front();
-        std::memcpy(dst, j.src + j.sent, n);
-        d.lane = static_cast<uint32_t>(DescLane::kBulkWriteData);
-        put_field<uint32_t>(d.payload, j.rkey);
-        put_field<uint64_t>(d.payload + 8, j.addr + j.sent);
-        j.sent += n;
-        ++stats_.bulk_requests;
-        if (j.sent == j.length) {
-          // Every byte is in staging and the source may be reused; the
-          // write completes once the peer has copied its last chunk out
-          // (reclaim_staging), so a reply posted after the completion,
-          // though in the slot ring, never arrives before the data.
-          write_confirms_.push_back(WriteConfirm{bulk_published_, j.token});
-          writes_.pop_front();
-        } else if (writes_.size() > 1) {
-          writes_.push_back(j);  // round robin between this side's writes
-          writes_.pop_front();
-        }
+    if (dst == nullptr) break;
+    serve_turn_ = !serve;
+    budget -= std::min<uint64_t>(budget, n);
+    Descriptor d{};
+    d.length = n;
+    d.offset = static_cast<uint32_t>(dst - (own_.map.base() + own_.layout.staging_offset));
+    if (serve) {
+      ServeJob& j = serves_.front();
+      std::memcpy(dst, j.src + j.sent, n);
+      d.lane = static_cast<uint32_t>(DescLane::kBulkReadData);
+      put_field<uint64_t>(d.payload, j.tag);
+      put_field<uint64_t>(d.payload + 16, j.sent);
+      j.sent += n;
+      if (j.sent == j.length) {
+        serves_.pop_front();
+      } else if (serves_.size() > 1) {
+        serves_.push_back(j);  // round robin between the peer's reads
+        serves_.pop_front();
       }
-      // stage() recorded bulk_published_ as this chunk's descriptor index.
-      put_descriptor(d);  // cannot fail: ring_has_room() said so above
-      published = moved = true;
-      ++shm_stats_.bulk_chunks_sent;
-      shm_stats_.bulk_bytes_sent += n;
-      owner_.bulk_bytes_moved_ += n;
+    } else {
+      WriteJob& j = writes_.front();
+      std::memcpy(dst, j.src + j.sent, n);
+      d.lane = static_cast<uint32_t>(DescLane::kBulkWriteData);
+      put_field<uint32_t>(d.payload, j.rkey);
+      put_field<uint64_t>(d.payload + 8, j.addr + j.sent);
+      j.sent += n;
+      ++stats_.bulk_requests;
+      if (j.sent == j.length) {
+        // Every byte is in staging and the source may be reused; the
+        // write completes once the peer has copied its last chunk out
+        // (reclaim_staging), so a reply posted after the completion,
+        // though in the slot ring, never arrives before the data.
+        write_confirms_.push_back(WriteConfirm{bulk_published_, j.token});
+        writes_.pop_front();
+      } else if (writes_.size() > 1) {
+        writes_.push_back(j);  // round robin between this side's writes
+        writes_.pop_front();
+      }
     }
+    // stage() recorded bulk_published_ as this chunk's descriptor index.
+    put_descriptor(d);  // cannot fail: ring_has_room() said so above
+    published = moved = true;
+    ++shm_stats_.bulk_chunks_sent;
+    shm_stats_.bulk_bytes_sent += n;
+    owner_.bulk_bytes_moved_ += n;
   }
   if (!write_confirms_.empty()) reclaim_staging();
   if (down_) return;
@@ -428,8 +428,8 @@ size_t ShmLink::receive_bulk(std::span<Completion> out, bool* took) {
   size_t n = 0;  // descriptors consumed
   size_t k = 0;  // completions made (reads done)
   uint64_t moved = 0;
-  // At most about one chunk's copy per call: slot messages that arrive
-  // meanwhile wait for no more than that.
+  // At most one chunk's copy per call: slot messages that arrive meanwhile
+  // wait for no more than that (shm_segment.h: why one chunk).
   while (k < out.size() && !down_ && moved < kBulkChunkBytes) {
     Descriptor d;
     if (take_descriptor(descs, kBulkDescCount, bulk_consumed_ + n, &d, "bulk ") != Take::kGot) break;

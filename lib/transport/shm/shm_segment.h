@@ -74,19 +74,31 @@ void store_own(T& word, T value, std::memory_order order) {
 inline constexpr size_t kCacheLine = 64;
 inline constexpr size_t kPage = 4096;
 inline constexpr uint32_t kOfferMagic = 0x314d4853;  // "SHM1"
-// 2: seq and inline payload in the descriptor; 3: the bulk staging area
-inline constexpr uint32_t kOfferVersion = 3;
+// 2: seq and inline payload in the descriptor; 3: the bulk staging area;
+// 4: 16 KiB bulk chunks and a bulk ring of 512 (was 128 KiB and 128)
+inline constexpr uint32_t kOfferVersion = 4;
 
 // Bulk transfers (shm_bulk.cc): bytes move through the sender's staging
 // area in chunks of at most kBulkChunkBytes, at most kStagingBytes of them
-// unconsumed at a time.  A loop copies one chunk per poll each way, so a
-// chunk's copy is the longest a slot message waits for bulk data on either
-// loop: ~6 us into memory already touched, ~50 us into fresh pages (32
-// first-touch faults of ~1.5 us on the development VM, a standalone memcpy
-// loop); 256 KiB chunks moved no faster (docs/benchmarks.md).  32 chunks
-// in flight keep both sides copying while the other does.
-inline constexpr uint32_t kBulkChunkBytes = 128 * 1024;
-inline constexpr size_t kStagingBytes = 32 * size_t{kBulkChunkBytes};
+// unconsumed at a time (256 chunks, enough to keep both sides copying while
+// the other does).
+//
+// The event loops do the copying, so what a loop copies in one poll is how
+// long a small call on the same loop waits behind a transfer.  The
+// receiving loop copies one chunk per poll: it usually writes memory never
+// touched before (a fresh destination), at ~1.6 us a first-touch fault on
+// the development VM, so a 16 KiB chunk costs it ~7 us where the old
+// 128 KiB chunk cost ~50 us.  The sending loop copies from the caller's
+// memory, which it has usually just written, into staging it has used
+// before, and stages up to kBulkPumpBytes per poll (~4 us): one chunk per
+// poll cost large echoes 10 to 15 % of their throughput, 64 KiB neither
+// latency nor throughput within the noise, and a receiver allowed 64 KiB a
+// poll put 64 B calls beside a 1 GiB echo back at 2 to 4 x their idle p99
+// (docs/benchmarks.md, eighteenth session).
+inline constexpr uint32_t kBulkChunkBytes = 16 * 1024;
+inline constexpr size_t kStagingBytes = size_t{4} << 20;
+inline constexpr uint64_t kBulkPumpBytes = 4 * uint64_t{kBulkChunkBytes};
+static_assert(kStagingBytes % kBulkChunkBytes == 0 && kBulkPumpBytes <= kStagingBytes);
 // After bulk bytes moved, a loop keeps polling this long before it may
 // sleep (ShmLink::announce_sleep): the next chunk, or the next step of the
 // call (a read request, the reply), is usually a poll of the peer away,
@@ -95,9 +107,10 @@ inline constexpr size_t kStagingBytes = 32 * size_t{kBulkChunkBytes};
 // without it and 86-90 us with it (docs/benchmarks.md).  TCP's lane
 // threads spin for the same reason (SLOTRPC_TCP_LANE_SPIN_US, also 200 us).
 inline constexpr std::chrono::microseconds kBulkSpin{200};
-// The bulk ring: room for every chunk staging holds, the reads a side may
-// have requested (16) and their failures, with room to spare.
-inline constexpr uint32_t kBulkDescCount = 128;
+// The bulk ring: room for every chunk staging holds (256), the reads a side
+// may have requested (16) and their failures, with room to spare.
+inline constexpr uint32_t kBulkDescCount = 512;
+static_assert(kBulkDescCount >= kStagingBytes / kBulkChunkBytes + 2 * 16);
 static_assert((kBulkDescCount & (kBulkDescCount - 1)) == 0, "indexed with a mask");
 
 struct Geometry {
