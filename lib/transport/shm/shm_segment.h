@@ -92,12 +92,12 @@ inline constexpr uint32_t kOfferVersion = 4;
 // memory, which it has usually just written, into staging it has used
 // before, and stages up to kBulkPumpBytes per poll (~4 us).  Measured
 // beside a 1 GiB echo: 64 B calls went from 3.4-7.7 x their idle p99 to
-// 0.6-3.0 x (within 2 x in 8 of 11 rounds); a receiver allowed 32 or
+// 0.6-3.0 x (within 2 x in 15 of 19 rounds); a receiver allowed 32 or
 // 64 KiB a poll went back to 2-4 x, even when it stopped between chunks
-// for a waiting message.  The price: large echoes move 13 % (256 MiB) to
-// 30 % (1 GiB) less, a turn per 16 KiB on the receiving loop (a sender
-// limited to one chunk a poll cost another ~10 %).  docs/design.md,
-// "Chunk size and pacing"; docs/benchmarks.md, eighteenth session.
+// for a waiting message.  The price: large echoes move ~7-13 % less, a
+// turn per 16 KiB on the receiving loop (a sender limited to one chunk a
+// poll cost another ~10 %).  docs/design.md, "Chunk size and pacing";
+// docs/benchmarks.md, eighteenth session.
 inline constexpr uint32_t kBulkChunkBytes = 16 * 1024;
 inline constexpr size_t kStagingBytes = size_t{4} << 20;
 inline constexpr uint64_t kBulkPumpBytes = 4 * uint64_t{kBulkChunkBytes};
