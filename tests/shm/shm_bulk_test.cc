@@ -63,6 +63,18 @@ struct Pair {
   }
 };
 
+// b writes `bytes` of fill(seed) into `dst`, a range a exposes for
+// writing, with token `token` (a server's write_bulk into its client's
+// receive_bulk); both buffers live as long as this.
+struct WriteFromB {
+  std::vector<std::byte> dst, server;
+  WriteFromB(Pair& p, size_t bytes, uint32_t seed, uint64_t token) : dst(bytes, std::byte{0}), server(bytes) {
+    fill(server, seed);
+    const RemoteSegment out = expose(p.a, reg(p.a, dst), 0, bytes, BulkAccess::kRemoteWrite);
+    REQUIRE(p.b.link->write(reg(p.b, server), 0, out, 0, bytes, token).ok());
+  }
+};
+
 bool has_control(const End& e, uint64_t seq) {
   for (const auto& c : e.got) {
     if (c.kind != CKind::kControl) continue;
@@ -154,10 +166,7 @@ TEST_CASE("shm bulk: 40 reads at once (more than kMaxBulkReads) each complete wi
 TEST_CASE("shm bulk: a message posted while a large transfer runs is not held behind it") {
   Pair p;
   constexpr size_t kBytes = 32 << 20;
-  std::vector<std::byte> dst(kBytes, std::byte{0}), server(kBytes);
-  fill(server, 5);
-  const RemoteSegment out = expose(p.a, reg(p.a, dst), 0, kBytes, BulkAccess::kRemoteWrite);
-  REQUIRE(p.b.link->write(reg(p.b, server), 0, out, 0, kBytes, 77).ok());
+  const WriteFromB w(p, kBytes, 5, 77);
   // The writer fills its staging area (256 chunks) while the receiver
   // waits; then one poll of the receiver copies one chunk, not all: a
   // message behind them waits for one chunk's copy per poll, at most.
@@ -176,7 +185,7 @@ TEST_CASE("shm bulk: a message posted while a large transfer runs is not held be
   REQUIRE(p.pump([&] { return has_control(p.a, 4242); }));
   // It arrived while most of the 32 MiB were still to come.
   CHECK(p.a.link->shm_stats().bulk_bytes_received < kBytes / 2);
-  REQUIRE(p.pump([&] { return find_done(p.b, 77) != nullptr && mismatch(dst, 5) == -1; }));
+  REQUIRE(p.pump([&] { return find_done(p.b, 77) != nullptr && mismatch(w.dst, 5) == -1; }));
 }
 
 TEST_CASE("shm bulk: a poll stages at most kBulkPumpBytes and copies out at most one chunk") {
@@ -186,10 +195,7 @@ TEST_CASE("shm bulk: a poll stages at most kBulkPumpBytes and copies out at most
   static_assert(kBulkPumpBytes > kBulkChunkBytes);
   Pair p;
   constexpr size_t kBytes = 1 << 20;
-  std::vector<std::byte> dst(kBytes, std::byte{0}), server(kBytes);
-  fill(server, 9);
-  const RemoteSegment out = expose(p.a, reg(p.a, dst), 0, kBytes, BulkAccess::kRemoteWrite);
-  REQUIRE(p.b.link->write(reg(p.b, server), 0, out, 0, kBytes, 4).ok());
+  const WriteFromB w(p, kBytes, 9, 4);
   p.b.poll_once();
   CHECK(p.b.link->shm_stats().bulk_bytes_sent == kBulkPumpBytes);
   CHECK(p.b.link->shm_stats().bulk_chunks_sent == kBulkPumpBytes / kBulkChunkBytes);
@@ -199,16 +205,13 @@ TEST_CASE("shm bulk: a poll stages at most kBulkPumpBytes and copies out at most
   CHECK(p.b.link->shm_stats().bulk_bytes_sent == 2 * kBulkPumpBytes);
   REQUIRE(p.pump([&] { return find_done(p.b, 4) != nullptr; }));
   CHECK(find_done(p.b, 4)->bulk_status == 0);
-  CHECK(mismatch(dst, 9) == -1);
+  CHECK(mismatch(w.dst, 9) == -1);
 }
 
 TEST_CASE("shm bulk: a write completes only once the peer has copied its last chunk out") {
   Pair p;
   constexpr size_t kBytes = (1 << 20) + 5;
-  std::vector<std::byte> dst(kBytes, std::byte{0}), server(kBytes);
-  fill(server, 8);
-  const RemoteSegment out = expose(p.a, reg(p.a, dst), 0, kBytes, BulkAccess::kRemoteWrite);
-  REQUIRE(p.b.link->write(reg(p.b, server), 0, out, 0, kBytes, 3).ok());
+  const WriteFromB w(p, kBytes, 8, 3);
   // Everything fits in staging: the writer stages it all, yet it does not
   // complete while the peer has not consumed it.
   for (int i = 0; i < 200; ++i) p.b.poll_once();
@@ -216,7 +219,7 @@ TEST_CASE("shm bulk: a write completes only once the peer has copied its last ch
   CHECK(find_done(p.b, 3) == nullptr);
   REQUIRE(p.pump([&] { return find_done(p.b, 3) != nullptr; }));
   CHECK(find_done(p.b, 3)->bulk_status == 0);
-  CHECK(mismatch(dst, 8) == -1);
+  CHECK(mismatch(w.dst, 8) == -1);
 }
 
 TEST_CASE("shm bulk: a message posted after a write's completion arrives after every written byte") {
@@ -224,16 +227,13 @@ TEST_CASE("shm bulk: a message posted after a write's completion arrives after e
   // overtake its data.
   Pair p;
   constexpr size_t kBytes = (2 << 20) + 999;
-  std::vector<std::byte> dst(kBytes, std::byte{0}), server(kBytes);
-  fill(server, 9);
-  const RemoteSegment out = expose(p.a, reg(p.a, dst), 0, kBytes, BulkAccess::kRemoteWrite);
-  REQUIRE(p.b.link->write(reg(p.b, server), 0, out, 0, kBytes, 5).ok());
+  const WriteFromB w(p, kBytes, 9, 5);
   // Only b runs until its write completes (a consumes meanwhile only as
   // the pump below lets it), then the "reply".
   REQUIRE(p.pump([&] { return find_done(p.b, 5) != nullptr; }));
   Pair::control(p.b, 1);
   REQUIRE(pump_until({&p.a}, [&] { return has_control(p.a, 1); }));
-  CHECK(mismatch(dst, 9) == -1);
+  CHECK(mismatch(w.dst, 9) == -1);
 }
 
 TEST_CASE("shm bulk: an access outside what the peer exposed fails the exposing link and touches nothing") {
