@@ -111,9 +111,9 @@ static_assert(kStagingBytes % kBulkChunkBytes == 0 && kBulkPumpBytes <= kStaging
 // threads spin for the same reason (SLOTRPC_TCP_LANE_SPIN_US, also 200 us).
 inline constexpr std::chrono::microseconds kBulkSpin{200};
 // The bulk ring: room for every chunk staging holds (256), the reads a side
-// may have requested (16) and their failures, with room to spare.
+// may have requested (16, ShmLink::kMaxBulkReads, which checks this) and
+// their failures, with room to spare.
 inline constexpr uint32_t kBulkDescCount = 512;
-static_assert(kBulkDescCount >= kStagingBytes / kBulkChunkBytes + 2 * 16);
 static_assert((kBulkDescCount & (kBulkDescCount - 1)) == 0, "indexed with a mask");
 
 struct Geometry {

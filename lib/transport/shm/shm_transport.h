@@ -113,6 +113,8 @@ class ShmLink final : public Link {
   // read requests outstanding (more wait here), and a peer with more than
   // that outstanding against us is failed.
   static constexpr size_t kMaxBulkReads = 16;
+  static_assert(kBulkDescCount >= kStagingBytes / kBulkChunkBytes + 2 * kMaxBulkReads,
+                "the bulk ring holds every staged chunk, our read requests and their failures");
 
   // For a link made by ShmTransport::accept(): sends our offer, after the
   // HelloReply (the server's order, see accept()).
