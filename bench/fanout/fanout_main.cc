@@ -148,6 +148,7 @@ int main(int argc, char** argv) {
   std::vector<double> rates = {1000, 2000, 5000, 10000, 20000, 40000, 80000};
   double seconds = 2, warmup = 0.5;
   uint64_t deadline_ms = 1000;
+  bool all_rates = false;
   std::string json, serve, system, port_file;
   std::vector<std::string> backends;
   CLI::App app("slotrpc-fanout: a frontend fanning out to three backend services, slotrpc beside gRPC, open loop",
@@ -161,6 +162,8 @@ int main(int argc, char** argv) {
   app.add_option("--seconds", seconds, "seconds per rate")->check(CLI::Range(0.01, 3600.0));
   app.add_option("--warmup", warmup, "seconds at the first rate before counting (0: none)")->check(CLI::Range(0.0, 600.0));
   app.add_option("--deadline-ms", deadline_ms, "each request's deadline")->check(CLI::Range(1, 600000));
+  app.add_flag("--all-rates", all_rates,
+               "run every rate even after a saturated step (for checks of the output, not of speed)");
   app.add_option("--json", json, "write the results here");
   app.add_option("--serve", serve, "(internal) serve this role: timeline, posts, media, frontend")->group("");
   app.add_option("--system", system, "(internal) the serving system")->group("");
@@ -213,7 +216,7 @@ int main(int argc, char** argv) {
     for (double rate : rates) {
       rows.push_back(run_step(*target, name, rate, seconds, deadline));
       print_row(rows.back());
-      if (rows.back().saturated) break;
+      if (rows.back().saturated && !all_rates) break;
     }
     target.reset();  // before the servers go: its calls are all over by now
   }

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """CI smoke run of slotrpc-fanout (issue 14): every system of this build at
 two low rates, --json; checks that the JSON parses, that every system has
-its rows with every field, and that every request of a step that is not
-saturated came back right (the frontend checks each home page's content).
-Never a speed.
+its rows with every field, and that every request came back right (the
+frontend checks each home page's content). Never a speed: --all-rates
+runs both steps whether or not a busy machine saturates the first.
 
 usage: smoke_test.py SLOTRPC_FANOUT [--grpc]
 """
@@ -28,10 +28,14 @@ def main():
     systems = ["tcp", "shm"] + (["grpc"] if "--grpc" in sys.argv[2:] else [])
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "fanout.json")
-        # Low rates and a long deadline: a sanitized build on two busy cores
-        # must not saturate (a saturated step stops the run early).
+        # Low rates and a long deadline, and --all-rates: whether a step
+        # counts as saturated is a speed verdict (achieved rate within 90 %
+        # of the offered one over 0.4 s), which a busy CI machine can miss
+        # (gRPC's first step once stalled 120 ms beside a compile and
+        # achieved 40/s of 50); this checks the output and that every
+        # request came back right, not speed.
         cmd = [exe, "--systems", ",".join(systems), "--rates", "50,100", "--seconds", "0.4", "--warmup", "0.1",
-               "--deadline-ms", "10000", "--json", out]
+               "--deadline-ms", "10000", "--all-rates", "--json", out]
         print("smoke_test: " + " ".join(cmd), flush=True)
         env = dict(os.environ)
         env.pop("SLOTRPC_TRANSPORT", None)
@@ -55,7 +59,7 @@ def main():
             for k in FIELDS:
                 if k not in row:
                     fail("%s: field %s missing in %r" % (name, k, row))
-            if row["saturated"] or row["failed"] or row["unanswered"] or row["ok"] != row["sent"]:
+            if row["sent"] == 0 or row["failed"] or row["unanswered"] or row["ok"] != row["sent"]:
                 fail("%s: not every request came back right at %g/s: %r" % (name, row["offered_per_s"], row))
             for k in ["p50_us", "p99_us", "max_us", "achieved_per_s"]:
                 if not (isinstance(row[k], (int, float)) and math.isfinite(row[k]) and row[k] > 0):
