@@ -18,7 +18,9 @@
 #      built with README's subproject recipe (scripts/subproject_check.sh);
 #      both run in the background while step 2's tests run, and are
 #      reported after 2b
-#   3. build-asan/ debug + ASan/UBSan -> meson setup, compile, test
+#   3. build-asan/ debug + ASan/UBSan -> meson setup, compile, test; its
+#      setup and compile start right after step 2's compile, at nice 19,
+#      and run beside steps 2, 2b and 2c (see "3 (early)" below)
 #   4. build-fuzz/ clang + ASan/UBSan + libFuzzer -> compile only the fuzz
 #      targets (tests/fuzz) and run them, all at once, for FUZZ_SECONDS from
 #      their seed corpora and regressions; a crash fails the run
@@ -231,11 +233,37 @@ setsid bash -c '
 ' bash "$ROOT" "$BG_DIR" &
 BG_PID=$!
 FUZZ_BG_PID=""  # phase 4's build, when it runs beside the ASan tests (phase 3)
+ASAN_BG_PID=""  # phase 3's build, when it runs beside build-test's tests
 trap 'kill -TERM -- "-$BG_PID" 2>/dev/null || true
+      [[ -n "$ASAN_BG_PID" ]] && kill -TERM -- "-$ASAN_BG_PID" 2>/dev/null
       [[ -n "$FUZZ_BG_PID" ]] && kill -TERM -- "-$FUZZ_BG_PID" 2>/dev/null
       rm -rf -- "$BG_DIR"' EXIT
 
-banner "[build-test] meson test (2c runs beside it)"
+# --- 3 (early): the sanitizer build, in the background ------------------------
+# build-test's tests (integration tests run one at a time) and the install
+# check leave a core idle much of the time; the ASan build (configure +
+# compile, 390 to 460 s of a fresh-clone CI run on its own, the suite's
+# longest step) starts here at nice 19, so it takes what they leave and
+# slows them little.  Phase 3 waits for it.
+# -Dbench=false: the benchmarks are never run by the suite, and compiling
+# them under the sanitizers only costs time.
+ASAN_BUILD_ARGS=(--buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false
+                 -Dunity_library=true)
+start_asan_build() {
+  local reconfigure=()
+  [[ -f build-asan/meson-private/coredata.dat ]] && reconfigure=(--reconfigure)
+  # setsid: a process group of its own (the EXIT trap stops it on failure).
+  setsid nice -n 19 env "${SUITE_LD[@]}" bash -c '
+    dir=$1; shift
+    rc=0
+    { meson setup build-asan "$@" && meson compile -C build-asan; } > "$dir/asan_build.log" 2>&1 || rc=$?
+    echo "$rc" > "$dir/asan_build.rc"
+  ' bash "$BG_DIR" "${reconfigure[@]}" "${ASAN_BUILD_ARGS[@]}" &
+  ASAN_BG_PID=$!
+}
+[[ "${SLOTRPC_TEST_SKIP_ASAN:-0}" == 1 ]] || start_asan_build
+
+banner "[build-test] meson test (2c and the ASan build run beside it)"
 run_meson_tests build-test
 
 # --- 2b. install check ----------------------------------------------------------
@@ -303,10 +331,18 @@ if [[ "${SLOTRPC_TEST_SKIP_ASAN:-0}" == 1 ]]; then
 else
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-  # -Dbench=false: the benchmarks are never run by the suite, and compiling
-  # them under the sanitizers only costs time.
-  setup_and_compile build-asan --buildtype=debug \
-    -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false -Dunity_library=true
+  banner "[build-asan] waiting for its build (${ASAN_BUILD_ARGS[*]}; begun beside build-test's tests)"
+  wait "$ASAN_BG_PID" || true
+  ASAN_BG_PID=""
+  rc=$(cat "$BG_DIR/asan_build.rc" 2>/dev/null || echo 1)
+  if ((rc != 0)); then
+    cat "$BG_DIR/asan_build.log" >&2
+    printf 'test.sh: the ASan build failed (exit %s)\n' "$rc" >&2
+    TOTAL_FAILED=$((TOTAL_FAILED + 1))
+    print_summary
+    exit 1
+  fi
+  tail -n 5 "$BG_DIR/asan_build.log"
   if [[ "${SLOTRPC_TEST_SKIP_FUZZ:-0}" != 1 ]]; then
     start_fuzz_build
     banner "[build-asan] meson test (the fuzz build runs beside it at nice 19)"
