@@ -239,6 +239,48 @@ trap 'kill -TERM -- "-$BG_PID" 2>/dev/null || true
       [[ -n "$FUZZ_BG_PID" ]] && kill -TERM -- "-$FUZZ_BG_PID" 2>/dev/null
       rm -rf -- "$BG_DIR"' EXIT
 
+# start_bg_build DIR TARGETS [VAR=VALUE ...] -- SETUP_ARGS...: configures
+# DIR (or reconfigures it) and compiles TARGETS (space-separated; empty:
+# everything) in the background, with the VAR=VALUE settings, at nice 19
+# so that it takes only the CPU the tests beside it leave, and in a process
+# group of its own (setsid: the EXIT trap stops it on failure).  Its output
+# goes to $BG_DIR/DIR.log and its exit status to $BG_DIR/DIR.rc; the
+# group's id to BG_BUILD_PID.
+start_bg_build() {
+  local dir=$1 targets=$2
+  shift 2
+  local vars=()
+  while [[ $1 != -- ]]; do vars+=("$1"); shift; done
+  shift
+  local reconfigure=()
+  [[ -f $dir/meson-private/coredata.dat ]] && reconfigure=(--reconfigure)
+  setsid nice -n 19 env "${SUITE_LD[@]}" "${vars[@]}" bash -c '
+    out=$1 dir=$2 targets=$3
+    shift 3
+    rc=0
+    { meson setup "$dir" "$@" && meson compile -C "$dir" $targets; } > "$out/$dir.log" 2>&1 || rc=$?
+    echo "$rc" > "$out/$dir.rc"
+  ' bash "$BG_DIR" "$dir" "$targets" "${reconfigure[@]}" "$@" &
+  BG_BUILD_PID=$!
+}
+
+# finish_bg_build PID DIR: waits for start_bg_build's build of DIR, then
+# prints the end of its log; or, if it failed, all of it, and stops the
+# suite.
+finish_bg_build() {
+  local pid=$1 dir=$2 rc
+  wait "$pid" || true
+  rc=$(cat "$BG_DIR/$dir.rc" 2>/dev/null || echo 1)
+  if ((rc != 0)); then
+    cat "$BG_DIR/$dir.log" >&2
+    printf 'test.sh: the %s build failed (exit %s)\n' "$dir" "$rc" >&2
+    TOTAL_FAILED=$((TOTAL_FAILED + 1))
+    print_summary
+    exit 1
+  fi
+  tail -n 5 "$BG_DIR/$dir.log"
+}
+
 # --- 3 (early): the sanitizer build, in the background ------------------------
 # build-test's tests (integration tests run one at a time) and the install
 # check leave a core idle much of the time; the ASan build (configure +
@@ -249,19 +291,10 @@ trap 'kill -TERM -- "-$BG_PID" 2>/dev/null || true
 # them under the sanitizers only costs time.
 ASAN_BUILD_ARGS=(--buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false
                  -Dunity_library=true)
-start_asan_build() {
-  local reconfigure=()
-  [[ -f build-asan/meson-private/coredata.dat ]] && reconfigure=(--reconfigure)
-  # setsid: a process group of its own (the EXIT trap stops it on failure).
-  setsid nice -n 19 env "${SUITE_LD[@]}" bash -c '
-    dir=$1; shift
-    rc=0
-    { meson setup build-asan "$@" && meson compile -C build-asan; } > "$dir/asan_build.log" 2>&1 || rc=$?
-    echo "$rc" > "$dir/asan_build.rc"
-  ' bash "$BG_DIR" "${reconfigure[@]}" "${ASAN_BUILD_ARGS[@]}" &
-  ASAN_BG_PID=$!
-}
-[[ "${SLOTRPC_TEST_SKIP_ASAN:-0}" == 1 ]] || start_asan_build
+if [[ "${SLOTRPC_TEST_SKIP_ASAN:-0}" != 1 ]]; then
+  start_bg_build build-asan "" -- "${ASAN_BUILD_ARGS[@]}"
+  ASAN_BG_PID=$BG_BUILD_PID
+fi
 
 banner "[build-test] meson test (2c and the ASan build run beside it)"
 run_meson_tests build-test
@@ -311,17 +344,8 @@ finish_check subproject_check
 FUZZ_TARGETS=(header handshake tcp_session method_verify pack)
 FUZZ_BUILD_ARGS=(-Doptimization=2 -Ddebug=false -Dfuzzing=true -Db_sanitize=address,undefined -Db_lundef=false)
 start_fuzz_build() {
-  local reconfigure=()
-  [[ -f build-fuzz/meson-private/coredata.dat ]] && reconfigure=(--reconfigure)
-  # setsid: a process group of its own (the EXIT trap stops it on failure).
-  setsid nice -n 19 env "${SUITE_LD[@]}" CXX=clang++ bash -c '
-    dir=$1; shift
-    rc=0
-    { meson setup build-fuzz "$@" && meson compile -C build-fuzz '"${FUZZ_TARGETS[*]/#/tests/fuzz/fuzz_}"'; } \
-      > "$dir/fuzz_build.log" 2>&1 || rc=$?
-    echo "$rc" > "$dir/fuzz_build.rc"
-  ' bash "$BG_DIR" "${reconfigure[@]}" "${FUZZ_BUILD_ARGS[@]}" &
-  FUZZ_BG_PID=$!
+  start_bg_build build-fuzz "${FUZZ_TARGETS[*]/#/tests/fuzz/fuzz_}" CXX=clang++ -- "${FUZZ_BUILD_ARGS[@]}"
+  FUZZ_BG_PID=$BG_BUILD_PID
 }
 
 # --- 3. sanitizer build ------------------------------------------------------
@@ -332,17 +356,8 @@ else
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   banner "[build-asan] waiting for its build (${ASAN_BUILD_ARGS[*]}; begun beside build-test's tests)"
-  wait "$ASAN_BG_PID" || true
+  finish_bg_build "$ASAN_BG_PID" build-asan
   ASAN_BG_PID=""
-  rc=$(cat "$BG_DIR/asan_build.rc" 2>/dev/null || echo 1)
-  if ((rc != 0)); then
-    cat "$BG_DIR/asan_build.log" >&2
-    printf 'test.sh: the ASan build failed (exit %s)\n' "$rc" >&2
-    TOTAL_FAILED=$((TOTAL_FAILED + 1))
-    print_summary
-    exit 1
-  fi
-  tail -n 5 "$BG_DIR/asan_build.log"
   if [[ "${SLOTRPC_TEST_SKIP_FUZZ:-0}" != 1 ]]; then
     start_fuzz_build
     banner "[build-asan] meson test (the fuzz build runs beside it at nice 19)"
@@ -409,17 +424,8 @@ else
   # a debug build (docs/fuzzing.md); the compile took 80 s instead of 88 s.
   if [[ -n "$FUZZ_BG_PID" ]]; then
     banner "[build-fuzz] waiting for its build (clang, ASan/UBSan, libFuzzer; begun beside the ASan tests)"
-    wait "$FUZZ_BG_PID" || true
+    finish_bg_build "$FUZZ_BG_PID" build-fuzz
     FUZZ_BG_PID=""
-    rc=$(cat "$BG_DIR/fuzz_build.rc" 2>/dev/null || echo 1)
-    tail -n 5 "$BG_DIR/fuzz_build.log"
-    if ((rc != 0)); then
-      cat "$BG_DIR/fuzz_build.log" >&2
-      printf 'test.sh: the fuzz build failed (exit %s)\n' "$rc" >&2
-      TOTAL_FAILED=$((TOTAL_FAILED + 1))
-      print_summary
-      exit 1
-    fi
   else
     banner "[build-fuzz] meson setup (clang, ASan/UBSan, libFuzzer)"
     CXX=clang++ meson_setup build-fuzz "${FUZZ_BUILD_ARGS[@]}"
