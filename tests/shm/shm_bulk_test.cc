@@ -168,8 +168,10 @@ TEST_CASE("shm bulk: a message posted while a large transfer runs is not held be
   constexpr size_t kBytes = 32 << 20;
   const WriteFromB w(p, kBytes, 5, 77);
   // The writer fills its staging area (256 chunks) while the receiver
-  // waits; then one poll of the receiver copies one chunk, not all: a
-  // message behind them waits for one chunk's copy per poll, at most.
+  // waits; then one poll of the receiver copies one chunk (with no time
+  // budget beyond it), not all: a message behind them waits for one
+  // chunk's copy per poll, at most.
+  p.a.link->set_receive_budget(std::chrono::nanoseconds{0});
   REQUIRE(pump_until({&p.b}, [&] { return p.b.link->shm_stats().bulk_stalls > 0; }));
   CHECK(p.b.link->shm_stats().bulk_bytes_sent == kStagingBytes);
   // A message posted now, behind 4 MiB of staged chunks, is delivered by
@@ -188,21 +190,36 @@ TEST_CASE("shm bulk: a message posted while a large transfer runs is not held be
   REQUIRE(p.pump([&] { return find_done(p.b, 77) != nullptr && mismatch(w.dst, 5) == -1; }));
 }
 
-TEST_CASE("shm bulk: a poll stages at most kBulkPumpBytes and copies out at most one chunk") {
+TEST_CASE("shm bulk: a poll stages at most kBulkPumpBytes and copies out one chunk, more within its time budget") {
   // What bounds a small call's wait behind a transfer on each loop
-  // (shm_segment.h): the sender stages several chunks a poll, the
-  // receiver, which usually writes fresh pages, copies one.
-  static_assert(kBulkPumpBytes > kBulkChunkBytes);
+  // (shm_segment.h): the sender stages several chunks a poll; the
+  // receiver copies one, and more only while they fit its time budget,
+  // never more than kBulkReceiveMaxBytes.
+  static_assert(kBulkPumpBytes > kBulkChunkBytes && kBulkReceiveMaxBytes > kBulkChunkBytes);
   Pair p;
   constexpr size_t kBytes = 1 << 20;
   const WriteFromB w(p, kBytes, 9, 4);
   p.b.poll_once();
   CHECK(p.b.link->shm_stats().bulk_bytes_sent == kBulkPumpBytes);
   CHECK(p.b.link->shm_stats().bulk_chunks_sent == kBulkPumpBytes / kBulkChunkBytes);
+  // No budget: exactly one chunk, whatever is staged.
+  p.a.link->set_receive_budget(std::chrono::nanoseconds{0});
   p.a.poll_once();
   CHECK(p.a.link->shm_stats().bulk_bytes_received == kBulkChunkBytes);
   p.b.poll_once();
   CHECK(p.b.link->shm_stats().bulk_bytes_sent == 2 * kBulkPumpBytes);
+  // A budget no copy reaches: kBulkReceiveMaxBytes, though more is staged.
+  static_assert(2 * kBulkPumpBytes - kBulkChunkBytes > kBulkReceiveMaxBytes);
+  p.a.link->set_receive_budget(std::chrono::seconds{10});
+  p.a.poll_once();
+  CHECK(p.a.link->shm_stats().bulk_bytes_received == kBulkChunkBytes + kBulkReceiveMaxBytes);
+  // The default budget: one chunk at least, kBulkReceiveMaxBytes at most.
+  p.a.link->set_receive_budget(kBulkReceiveBudget);
+  p.b.poll_once();
+  const uint64_t got = p.a.link->shm_stats().bulk_bytes_received;
+  p.a.poll_once();
+  CHECK(p.a.link->shm_stats().bulk_bytes_received - got >= kBulkChunkBytes);
+  CHECK(p.a.link->shm_stats().bulk_bytes_received - got <= kBulkReceiveMaxBytes);
   REQUIRE(p.pump([&] { return find_done(p.b, 4) != nullptr; }));
   CHECK(find_done(p.b, 4)->bulk_status == 0);
   CHECK(mismatch(w.dst, 9) == -1);

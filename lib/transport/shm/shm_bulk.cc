@@ -16,7 +16,8 @@
 // Bulk descriptors travel in a ring of their own (the segment's bulk ring,
 // with its own head and consumed count), so a slot message never waits
 // behind staged chunks: a poll takes the slot ring first, then stages at
-// most kBulkPumpBytes and copies at most one chunk out.
+// most kBulkPumpBytes and copies out one chunk, or up to
+// kBulkReceiveMaxBytes while they fit kBulkReceiveBudget.
 //
 // Descriptors (docs/protocol.md, "Shared memory: bulk"), payload bytes in
 // the host's byte order (both ends run on one host):
@@ -428,17 +429,29 @@ size_t ShmLink::receive_bulk(std::span<Completion> out, bool* took) {
   size_t n = 0;  // descriptors consumed
   size_t k = 0;  // completions made (reads done)
   uint64_t moved = 0;
-  // At most one chunk's copy per call: slot messages that arrive meanwhile
-  // wait for no more than that (shm_segment.h: why one chunk).
-  while (k < out.size() && !down_ && moved < kBulkChunkBytes) {
+  uint64_t chunks = 0;
+  // One chunk per call, and more only while they fit receive_budget_ at the
+  // pace of those before (shm_segment.h, kBulkReceiveBudget): what slot
+  // messages that arrive meanwhile wait for is bounded in time, whether the
+  // destination's pages are fresh (~7 us a chunk) or touched (~1 us).  The
+  // clock is read only on a call that has bulk descriptors to take.
+  std::chrono::steady_clock::time_point start{};
+  while (k < out.size() && !down_ && moved < kBulkReceiveMaxBytes) {
+    if (chunks != 0) {
+      const auto spent = std::chrono::steady_clock::now() - start;
+      if (spent + spent / chunks > receive_budget_) break;
+    }
     Descriptor d;
     if (take_descriptor(descs, kBulkDescCount, bulk_consumed_ + n, &d, "bulk ") != Take::kGot) break;
+    if (n == 0) start = std::chrono::steady_clock::now();
     Completion& c = out[k];
     c.context = context_;
     c.link = this;
     bool done = false;
+    const uint64_t before = moved;
     if (!on_bulk_descriptor(d, c, &done, &moved)) break;
     ++n;
+    if (moved != before) ++chunks;
     if (done) ++k;
   }
   if (moved != 0) {

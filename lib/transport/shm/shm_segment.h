@@ -18,7 +18,7 @@
 //   bulk     kBulkDescCount x Descriptor: the bulk ring (shm_bulk.cc).  Bulk
 //            descriptors have a ring of their own so that a slot message
 //            never waits behind staged chunks: the receiver takes slot
-//            messages first, then at most one chunk per poll.
+//            messages first, then about one chunk's copy time per poll.
 //   data     slot_count x slot_size: this side's outgoing slots.  The
 //            sender builds a message here and the receiver reads it here:
 //            no copy on the sending side.
@@ -85,7 +85,8 @@ inline constexpr uint32_t kOfferVersion = 4;
 //
 // The event loops do the copying, so what a loop copies in one poll is how
 // long a small call on the same loop waits behind a transfer.  The
-// receiving loop copies one chunk per poll: it usually writes memory never
+// receiving loop copies one chunk per poll (more below, in the same time,
+// into touched pages: kBulkReceiveBudget): it often writes memory never
 // touched before (a fresh destination), at ~1.6 us a first-touch fault on
 // the development VM, so a 16 KiB chunk costs it ~7 us where the old
 // 128 KiB chunk cost ~50 us.  The sending loop copies from the caller's
@@ -102,6 +103,15 @@ inline constexpr uint32_t kBulkChunkBytes = 16 * 1024;
 inline constexpr size_t kStagingBytes = size_t{4} << 20;
 inline constexpr uint64_t kBulkPumpBytes = 4 * uint64_t{kBulkChunkBytes};
 static_assert(kStagingBytes % kBulkChunkBytes == 0 && kBulkPumpBytes <= kStagingBytes);
+// The receiver's bound is time, not bytes: a poll copies one chunk, then
+// goes on while the next is likely to end within kBulkReceiveBudget of the
+// first's start (at the pace of those before it), up to
+// kBulkReceiveMaxBytes.  Into fresh pages that is one chunk, as before;
+// into a destination touched before (a buffer reused call after call),
+// where a chunk takes ~1 us, up to four, so the turn per 16 KiB that cost
+// large echoes 7-13 % is paid per 64 KiB there.
+inline constexpr std::chrono::nanoseconds kBulkReceiveBudget{8000};
+inline constexpr uint64_t kBulkReceiveMaxBytes = 4 * uint64_t{kBulkChunkBytes};
 // After bulk bytes moved, a loop keeps polling this long before it may
 // sleep (ShmLink::announce_sleep): the next chunk, or the next step of the
 // call (a read request, the reply), is usually a poll of the peer away,

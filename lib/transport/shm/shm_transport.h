@@ -113,6 +113,10 @@ class ShmLink final : public Link {
   // read requests outstanding (more wait here), and a peer with more than
   // that outstanding against us is failed.
   static constexpr size_t kMaxBulkReads = 16;
+  // For tests: how long one receive_bulk() may go on copying after its
+  // first chunk (kBulkReceiveBudget): zero copies exactly one chunk a
+  // poll, a large value up to kBulkReceiveMaxBytes.
+  void set_receive_budget(std::chrono::nanoseconds budget) { receive_budget_ = budget; }
   static_assert(kBulkDescCount >= kStagingBytes / kBulkChunkBytes + 2 * kMaxBulkReads,
                 "the bulk ring holds every staged chunk, our read requests and their failures");
 
@@ -161,7 +165,7 @@ class ShmLink final : public Link {
   bool ring_has_room();
   // Bulk, shm_bulk.cc.  pump_bulk(): called by every poll while this side
   // has bulk work; publishes what waits (read requests, failed reads) and
-  // copies at most one chunk into staging.  on_bulk_descriptor(): one
+  // stages at most kBulkPumpBytes.  on_bulk_descriptor(): one
   // received bulk descriptor; returns false when the link failed, and sets
   // *done when it completed a read (a kBulkDone in *c).
   void pump_bulk();
@@ -286,6 +290,7 @@ class ShmLink final : public Link {
   uint64_t bulk_consumed_ = 0;
   // Bulk bytes moved since the last sleep announcement, and until when the
   // loop keeps polling for more (kBulkSpin; announce_sleep).
+  std::chrono::nanoseconds receive_budget_ = kBulkReceiveBudget;
   bool bulk_active_ = false;
   std::chrono::steady_clock::time_point bulk_spin_until_{};
   // Writes whose every chunk is staged, completed once the peer has
