@@ -288,9 +288,11 @@ class ShmLink final : public Link {
   uint64_t bulk_published_ = 0;
   uint64_t peer_bulk_tail_ = 0;
   uint64_t bulk_consumed_ = 0;
+  // How long one receive_bulk() goes on copying after its first chunk
+  // (kBulkReceiveBudget; set_receive_budget for tests).
+  std::chrono::nanoseconds receive_budget_ = kBulkReceiveBudget;
   // Bulk bytes moved since the last sleep announcement, and until when the
   // loop keeps polling for more (kBulkSpin; announce_sleep).
-  std::chrono::nanoseconds receive_budget_ = kBulkReceiveBudget;
   bool bulk_active_ = false;
   std::chrono::steady_clock::time_point bulk_spin_until_{};
   // Writes whose every chunk is staged, completed once the peer has
