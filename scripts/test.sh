@@ -219,7 +219,10 @@ setup_and_compile build-test -Doptimization=2 -Ddebug=false --prefix="$ROOT/buil
 # do, whose integration tests run one at a time and leave a core idle much
 # of the time (fresh-clone CI: the two checks took 102 s after the tests;
 # beside them they cost the test phase less than that).  Their output is
-# printed, and their result counted, once both are done (after 2b).
+# printed, and their result counted, once both are done (after 2b).  Not
+# beside phase 3's tests, though those leave CPU idle too: tried there at
+# nice 19, they slowed the rxe VM enough (verbs_rpc_test 100 s against 62)
+# that verbs_failure_test's connect, under its 1 s peer timeout, timed out.
 BG_DIR=$(mktemp -d "${TMPDIR:-/tmp}/slotrpc-test-bg.XXXXXX")
 # setsid: a process group of their own, so that a failure below (which
 # exits the script) stops them and everything they started.
