@@ -940,18 +940,9 @@ void ClientSession::on_keepalive(void* self_ptr, uint64_t) {
   auto* self = static_cast<ClientSession*>(self_ptr);
   self->keepalive_timer_ = 0;
   if (self->closed_) return;
-  const Config& cfg = self->loop_.config();
-  const Clock::time_point now = Clock::now();
-  switch (self->liveness_.check(now, cfg)) {
-    case Liveness::Verdict::kDead:
-      return self->shutdown(
-          Status(StatusCode::kUnavailable, self->liveness_.dead_reason(now, cfg, self->peer_)));
-    case Liveness::Verdict::kPing:
-      self->send_control(Kind::kPing, 0, 0, 0);
-      break;
-    case Liveness::Verdict::kQuiet:
-      break;
-  }
+  std::string dead = self->liveness_.on_timer(Clock::now(), self->loop_.config(), self->peer_,
+                                              [self] { self->send_control(Kind::kPing, 0, 0, 0); });
+  if (!dead.empty()) return self->shutdown(Status(StatusCode::kUnavailable, std::move(dead)));
   self->arm_keepalive();
 }
 

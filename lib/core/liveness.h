@@ -58,6 +58,24 @@ class Liveness {
     return std::max(now, std::min(ping, death));
   }
 
+  // What a session's liveness timer does when it fires, the same on both
+  // ends: `ping()` when a PING is due; the reason when the peer is dead
+  // (the session then closes with it and does not re-arm); otherwise
+  // nothing.  Empty: the session re-arms (next_check).
+  template <typename Ping>
+  std::string on_timer(Clock::time_point now, const Config& cfg, const std::string& peer, Ping&& ping) const {
+    switch (check(now, cfg)) {
+      case Verdict::kDead:
+        return dead_reason(now, cfg, peer);
+      case Verdict::kPing:
+        ping();
+        break;
+      case Verdict::kQuiet:
+        break;
+    }
+    return {};
+  }
+
   std::string dead_reason(Clock::time_point now, const Config& cfg, const std::string& peer) const {
     return fmt::format("peer {} silent for {} ms (peer_timeout_ms = {})", peer,
                        std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_).count(),

@@ -486,17 +486,9 @@ void ServerSession::on_keepalive(void* self_ptr, uint64_t) {
   auto* self = static_cast<ServerSession*>(self_ptr);
   self->keepalive_timer_ = 0;
   if (self->closed_) return;
-  const Config& cfg = self->loop_.config();
-  const Clock::time_point now = Clock::now();
-  switch (self->liveness_.check(now, cfg)) {
-    case Liveness::Verdict::kDead:
-      return self->close(self->liveness_.dead_reason(now, cfg, self->peer_));
-    case Liveness::Verdict::kPing:
-      self->send_control(Kind::kPing, 0, 0, 0);
-      break;
-    case Liveness::Verdict::kQuiet:
-      break;
-  }
+  std::string dead = self->liveness_.on_timer(Clock::now(), self->loop_.config(), self->peer_,
+                                              [self] { self->send_control(Kind::kPing, 0, 0, 0); });
+  if (!dead.empty()) return self->close(std::move(dead));
   self->arm_keepalive();
 }
 

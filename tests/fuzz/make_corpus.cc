@@ -421,7 +421,7 @@ void pack_corpus() {
       std::byte* msg = ring.data() + size_t{slot} * kSlotSize + kSlotSize - kHeaderSize - len;
       encode_header(h, msg);
       for (uint32_t k = 0; k < len; ++k) msg[kHeaderSize + k] = static_cast<std::byte>(k);
-      pieces.push_back(PackPiece{msg, kHeaderSize + len});
+      pieces.push_back(PackPiece{msg, static_cast<uint32_t>(kHeaderSize + len)});
     }
     const PackOut out = write_pack(ring.data(), kSlotSize, msgs[0].first, pieces);
     Bytes b{static_cast<uint8_t>(server ? 1 : 0)};
