@@ -507,6 +507,20 @@ TEST_CASE("config: valid environment overrides apply") {
     REQUIRE(r.ok());
     CHECK(r->slot_count == 16);
   }
+  SUBCASE("SLOTRPC_LOOP_CPUS and SLOTRPC_TCP_LANE_CPUS") {
+    {
+      EnvVar loops("SLOTRPC_LOOP_CPUS", "0");
+      EnvVar lanes("SLOTRPC_TCP_LANE_CPUS", "1,0");
+      auto r = base.with_environment();
+      REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+      CHECK(r->loop_cpus == "0");
+      CHECK(r->tcp_lane_cpus == "1,0");
+    }
+    EnvVar lanes("SLOTRPC_TCP_LANE_CPUS", "1-x");
+    auto r = base.with_environment();
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().message().find("SLOTRPC_TCP_LANE_CPUS='1-x'") != std::string::npos);
+  }
   SUBCASE("SLOTRPC_TCP_LANE_SCHED") {
     for (auto [name_, mode] : {std::pair{"normal", LaneScheduling::kNormal},
                               std::pair{"batch", LaneScheduling::kBatch}}) {

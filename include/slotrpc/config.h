@@ -73,6 +73,11 @@ struct SLOTRPC_API Config {
   uint32_t busy_yield_us = 5;        // SLOTRPC_BUSY_YIELD_US
   uint32_t busy_sleep_us = 10'000;   // SLOTRPC_BUSY_SLEEP_US
   uint32_t poll_batch = 32;          // SLOTRPC_POLL_BATCH: completions per poll
+  // SLOTRPC_LOOP_CPUS: the CPUs event-loop threads run on, as `taskset -c`
+  // writes them ("0-3,8"); empty = wherever the kernel puts them
+  // (docs/tuning.md, "Thread placement").  At least one must be a CPU this
+  // process may use.
+  std::string loop_cpus;
 
   uint32_t connect_timeout_ms = 5000;  // SLOTRPC_CONNECT_TIMEOUT_MS
   uint32_t keepalive_ms = 1000;        // SLOTRPC_KEEPALIVE_MS: ping an idle peer this often
@@ -137,6 +142,11 @@ struct SLOTRPC_API Config {
   // in pieces, and a thread that slept between them paid a wake-up for
   // each (docs/tuning.md, "TCP bulk lanes").  0: sleep at once.
   uint32_t tcp_lane_spin_us = 200;
+  // SLOTRPC_TCP_LANE_CPUS: the CPUs bulk lane threads run on ("0-3,8").
+  // Empty: with loop_cpus set, the process's other CPUs (if it has any),
+  // so that bulk copies never share a core with an event loop; else
+  // wherever the kernel puts them.
+  std::string tcp_lane_cpus;
   // SLOTRPC_PACK_SMALL: requests and replies of at most this many bytes
   // (32-byte header + payload) that are ready in the same event-loop turn
   // travel together in one slot message, one work request or frame

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "core/cpu_list.h"
 #include "core/settings.h"
 #include "slotrpc/config.h"
 
@@ -94,6 +95,7 @@ std::span<const std::string_view> named_settings() {
       "SLOTRPC_DEVICE",    "SLOTRPC_GID_INDEX", "SLOTRPC_RELAXED_ORDERING",
       "SLOTRPC_SRQ",       "SLOTRPC_MAX_RING_MEMORY", "SLOTRPC_METRICS_ADDRESS",
       "SLOTRPC_UNIX_PATH", "SLOTRPC_MAX_BULK_BYTES", "SLOTRPC_TCP_LANE_SCHED",
+      "SLOTRPC_LOOP_CPUS", "SLOTRPC_TCP_LANE_CPUS",
   };
   return kNames;
 }
@@ -318,6 +320,9 @@ Status Config::validate() const {
     return st;
   }
   if (Status st = check_unix_path("Config.unix_path (SLOTRPC_UNIX_PATH)", unix_path); !st.ok()) return st;
+  if (Status st = check_cpu_list("Config.loop_cpus (SLOTRPC_LOOP_CPUS)", loop_cpus); !st.ok()) return st;
+  if (Status st = check_cpu_list("Config.tcp_lane_cpus (SLOTRPC_TCP_LANE_CPUS)", tcp_lane_cpus); !st.ok())
+    return st;
   if (max_ring_memory != 0 &&
       (max_ring_memory < kMinRingMemory || max_ring_memory > kMaxRingMemory)) {
     return out_of_range("Config.max_ring_memory (SLOTRPC_MAX_RING_MEMORY)",
@@ -398,6 +403,13 @@ Result<Config> Config::with_environment() const {
   if (const char* text = std::getenv("SLOTRPC_UNIX_PATH")) {
     if (Status st = check_unix_path("SLOTRPC_UNIX_PATH", text); !st.ok()) return st;
     out.unix_path = text;
+  }
+  for (auto [env, field] : {std::pair{"SLOTRPC_LOOP_CPUS", &Config::loop_cpus},
+                            std::pair{"SLOTRPC_TCP_LANE_CPUS", &Config::tcp_lane_cpus}}) {
+    if (const char* text = std::getenv(env)) {
+      if (Status st = check_cpu_list(env, text); !st.ok()) return st;
+      out.*field = text;
+    }
   }
   Status st = out.validate();
   if (!st.ok()) return st;

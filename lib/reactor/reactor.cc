@@ -10,6 +10,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "core/cpu_list.h"
 #include "core/logging.h"
 #include "monitor/monitor.h"
 #include "transport/verbs/verbs_transport.h"
@@ -135,6 +136,22 @@ void Reactor::add_monitor_hook(const std::shared_ptr<monitor::SampleHook>& hook)
 
 Reactor* Reactor::current() { return tls_reactor; }
 
+// Config::loop_cpus (core/cpu_list.h says why).  Validated when the
+// config was (a list of CPUs this process may use); if the kernel refuses
+// anyway (the process's CPUs changed since), the loop runs where it is and
+// says so once.
+void Reactor::place_thread() {
+  if (config_.loop_cpus.empty()) return;
+  auto set = core::parse_cpu_list("SLOTRPC_LOOP_CPUS", config_.loop_cpus);
+  if (!set.ok()) {
+    core::log().warn("slotrpc: {}: {}", name_, set.status().message());
+    return;
+  }
+  if (!core::pin_this_thread(set.value()))
+    core::log().warn("slotrpc: {}: cannot run on CPUs {} (SLOTRPC_LOOP_CPUS): {}", name_, config_.loop_cpus,
+                     std::strerror(errno));
+}
+
 void Reactor::start() {
   thread_ = std::thread([this] { loop(); });
 }
@@ -214,6 +231,7 @@ void Reactor::loop() {
   thread_id_.store(std::this_thread::get_id());
   tls_reactor = this;
   pthread_setname_np(pthread_self(), name_.substr(0, 15).c_str());
+  place_thread();
   // The idle clock uses each turn's own clock read (turn_now_): one read a
   // turn, busy or idle, which matters where a read is a system call (an
   // emulated HPET, docs/benchmarks.md).  Idleness starts at the first idle

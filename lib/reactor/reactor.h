@@ -164,6 +164,8 @@ class Reactor {
 
  private:
   void loop();
+  // The loop thread, as it starts: runs it on Config::loop_cpus.
+  void place_thread();
   bool run_turn();  // true if it did any work
   void sleep_until_work();
   void wake();

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <utility>
 
+#include "core/cpu_list.h"
 #include "core/logging.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -43,6 +44,8 @@ Result<std::unique_ptr<BulkLanes>> BulkLanes::start(const Config& loop_config, i
   l->loop_epoll_fd_ = loop_epoll_fd;
   l->batch_ = loop_config.tcp_lane_sched == LaneScheduling::kBatch;
   l->spin_ = std::chrono::microseconds(loop_config.tcp_lane_spin_us);
+  l->lane_cpus_ = loop_config.tcp_lane_cpus;
+  l->loop_cpus_ = loop_config.loop_cpus;
   try {
     l->thread_ = std::thread([p = l.get()] { p->run(); });
   } catch (const std::system_error& e) {
@@ -66,6 +69,8 @@ BulkLanes::~BulkLanes() {
 
 void BulkLanes::run() {
   pthread_setname_np(pthread_self(), "slotrpc-lanes");
+  tid_.store(::gettid(), std::memory_order_release);
+  place_thread();
   // SCHED_BATCH (Config::tcp_lane_sched = batch): the kernel treats this
   // thread as the background work it is and lets it preempt no one when it
   // wakes, so an event loop that wakes for a small call runs first.  On 2
@@ -134,6 +139,43 @@ void BulkLanes::run() {
     for (int i = 0; i < k; ++i)
       if (evs[i].data.fd == stop_fd_) return;
   }
+}
+
+std::optional<cpu_set_t> BulkLanes::placement(std::string_view lane_cpus, std::string_view loop_cpus,
+                                              const cpu_set_t& process, std::string* error) {
+  if (!lane_cpus.empty()) {
+    auto set = core::parse_cpu_list("SLOTRPC_TCP_LANE_CPUS", lane_cpus);
+    if (!set.ok()) {
+      *error = set.status().message();
+      return std::nullopt;
+    }
+    return set.value();
+  }
+  if (loop_cpus.empty()) return std::nullopt;
+  auto loops = core::parse_cpu_list("SLOTRPC_LOOP_CPUS", loop_cpus);
+  if (!loops.ok()) {
+    *error = loops.status().message();
+    return std::nullopt;
+  }
+  // The process's CPUs without the loops': bulk copies off their cores.
+  cpu_set_t rest = process;
+  for (unsigned c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &loops.value())) CPU_CLR(c, &rest);
+  if (CPU_COUNT(&rest) == 0) return std::nullopt;
+  return rest;
+}
+
+// Config::tcp_lane_cpus, or off Config::loop_cpus (placement()).  The
+// thread is started by a loop thread and so begins on the loop's CPUs;
+// without a placement it stays there.  A refusal (the process's CPUs
+// changed since the config was checked) is logged; the lanes work anyway.
+void BulkLanes::place_thread() {
+  std::string error;
+  const std::optional<cpu_set_t> set = placement(lane_cpus_, loop_cpus_, core::process_cpus(), &error);
+  if (!error.empty()) core::log().warn("slotrpc: bulk lanes: {}", error);
+  if (set && !core::pin_this_thread(*set))
+    core::log().warn("slotrpc: bulk lanes: cannot run on CPUs {}: {}", core::format_cpu_list(*set),
+                     std::strerror(errno));
 }
 
 BulkLanes::Event BulkLanes::to_event(const Completion& c) {

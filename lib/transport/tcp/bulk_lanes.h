@@ -39,7 +39,10 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <sched.h>
+#include <sys/types.h>
 #include <thread>
 #include <vector>
 
@@ -96,10 +99,22 @@ class BulkLanes {
   // Times the lane thread went to sleep in epoll_wait (any thread; for
   // tests of Config::tcp_lane_spin_us).
   uint64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }
+  // The lane thread's kernel thread id once it runs, else 0 (for tests of
+  // its placement: sched_getaffinity on it).
+  pid_t thread_id() const { return tid_.load(std::memory_order_acquire); }
+
+  // Where the lane thread runs (Config::tcp_lane_cpus, Config::loop_cpus):
+  // the lane list if set; else, with loop_cpus set, the CPUs of `process`
+  // outside it (none left: nullopt, the thread stays where it was
+  // started); else nullopt (wherever the kernel puts it).  `error`: why a
+  // list did not parse.
+  static std::optional<cpu_set_t> placement(std::string_view lane_cpus, std::string_view loop_cpus,
+                                            const cpu_set_t& process, std::string* error);
 
  private:
   BulkLanes() = default;
   void run();
+  void place_thread();
   void forward(Event e);
   // Turns one lane transport completion into an event (under mu()).
   static Event to_event(const Completion& c);
@@ -112,6 +127,8 @@ class BulkLanes {
   int wait_fd_ = -1;   // epoll of the lane thread: transport_'s epoll fd and stop_fd_
   bool batch_ = false;  // the thread runs SCHED_BATCH (Config::tcp_lane_sched)
   std::chrono::microseconds spin_{0};  // Config::tcp_lane_spin_us
+  std::string lane_cpus_, loop_cpus_;  // Config::tcp_lane_cpus, Config::loop_cpus
+  std::atomic<pid_t> tid_{0};
   std::atomic<uint64_t> sleeps_{0};
   std::thread thread_;
 
