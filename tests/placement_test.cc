@@ -91,6 +91,10 @@ TEST_CASE("cpu lists: ranges and single CPUs, in any order, print back canonical
     CHECK(m.find("Config.loop_cpus (SLOTRPC_LOOP_CPUS)='" + std::string(bad) + "'") != std::string::npos);
     CHECK(m.find("0-3,8") != std::string::npos);  // the syntax, by example
   }
+  CHECK(parse_cpu_list("S", "0-1024").status().message() ==
+        "invalid setting S='0-1024': CPU 1024 is too large; allowed CPU numbers and ranges such as 0-3,8 "
+        "(comma-separated, no spaces, each below 1024)");
+  CHECK(parse_cpu_list("S", "2,x").status().message().find("expected a CPU number") != std::string::npos);
 }
 
 TEST_CASE("cpu lists: a list with no online CPU is refused, naming the online ones") {

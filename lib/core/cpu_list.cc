@@ -22,15 +22,16 @@ Status bad_list(std::string_view setting, std::string_view text, std::string_vie
                             fmt::format(fmt::runtime(kSyntax), CPU_SETSIZE)));
 }
 
-// One CPU number at the front of `s`, consumed; false if there is none or
-// it is out of range.
-bool take_cpu(std::string_view& s, unsigned& out) {
+// One CPU number at the front of `s`, consumed.  Empty: fine; else why not.
+std::string take_cpu(std::string_view& s, unsigned& out) {
   const char* first = s.data();
   const char* last = s.data() + s.size();
   auto [end, ec] = std::from_chars(first, last, out);
-  if (ec != std::errc() || end == first || out >= CPU_SETSIZE) return false;
+  if (end == first) return "expected a CPU number";
+  if (ec != std::errc() || out >= CPU_SETSIZE)
+    return fmt::format("CPU {} is too large", std::string_view(first, static_cast<size_t>(end - first)));
   s.remove_prefix(static_cast<size_t>(end - first));
-  return true;
+  return {};
 }
 
 }  // namespace
@@ -42,11 +43,11 @@ Result<cpu_set_t> parse_cpu_list(std::string_view setting, std::string_view text
   std::string_view rest = text;
   for (;;) {
     unsigned lo = 0, hi = 0;
-    if (!take_cpu(rest, lo)) return bad_list(setting, text, "expected a CPU number");
+    if (std::string why = take_cpu(rest, lo); !why.empty()) return bad_list(setting, text, why);
     hi = lo;
     if (!rest.empty() && rest.front() == '-') {
       rest.remove_prefix(1);
-      if (!take_cpu(rest, hi)) return bad_list(setting, text, "expected a CPU number after '-'");
+      if (std::string why = take_cpu(rest, hi); !why.empty()) return bad_list(setting, text, why);
       if (hi < lo) return bad_list(setting, text, fmt::format("the range {}-{} runs backwards", lo, hi));
     }
     for (unsigned c = lo; c <= hi; ++c) CPU_SET(c, &set);
