@@ -75,8 +75,7 @@ struct SLOTRPC_API Config {
   uint32_t poll_batch = 32;          // SLOTRPC_POLL_BATCH: completions per poll
   // SLOTRPC_LOOP_CPUS: the CPUs event-loop threads run on, as `taskset -c`
   // writes them ("0-3,8"); empty = wherever the kernel puts them
-  // (docs/tuning.md, "Thread placement").  At least one must be a CPU this
-  // process may use.
+  // (docs/tuning.md, "Thread placement").  At least one must be online.
   std::string loop_cpus;
 
   uint32_t connect_timeout_ms = 5000;  // SLOTRPC_CONNECT_TIMEOUT_MS

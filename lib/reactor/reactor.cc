@@ -136,10 +136,10 @@ void Reactor::add_monitor_hook(const std::shared_ptr<monitor::SampleHook>& hook)
 
 Reactor* Reactor::current() { return tls_reactor; }
 
-// Config::loop_cpus (core/cpu_list.h says why).  Validated when the
-// config was (a list of CPUs this process may use); if the kernel refuses
-// anyway (the process's CPUs changed since), the loop runs where it is and
-// says so once.
+// Config::loop_cpus (core/cpu_list.h says why).  Validated with the
+// config (the syntax, and at least one CPU online); if the kernel refuses
+// anyway (a cpuset keeps the process off those CPUs), the loop runs where
+// it is and says so once.
 void Reactor::place_thread() {
   if (config_.loop_cpus.empty()) return;
   auto set = core::parse_cpu_list("SLOTRPC_LOOP_CPUS", config_.loop_cpus);

@@ -167,8 +167,8 @@ std::optional<cpu_set_t> BulkLanes::placement(std::string_view lane_cpus, std::s
 
 // Config::tcp_lane_cpus, or off Config::loop_cpus (placement()).  The
 // thread is started by a loop thread and so begins on the loop's CPUs;
-// without a placement it stays there.  A refusal (the process's CPUs
-// changed since the config was checked) is logged; the lanes work anyway.
+// without a placement it stays there.  A refusal (a cpuset keeps the
+// process off those CPUs) is logged; the lanes work anyway.
 void BulkLanes::place_thread() {
   std::string error;
   const std::optional<cpu_set_t> set = placement(lane_cpus_, loop_cpus_, core::process_cpus(), &error);

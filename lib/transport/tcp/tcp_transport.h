@@ -519,9 +519,6 @@ class TcpTransport final : public Transport {
   // Times this loop's lane thread went to sleep (0 before its first lane;
   // for tests of Config::tcp_lane_spin_us).
   uint64_t lane_sleeps() const;
-  // The lane thread's kernel thread id (0 before the first lane has started
-  // it; for tests of Config::tcp_lane_cpus).
-  pid_t lane_thread_id() const;
   // Bytes the links of this transport have received or sent: a sign of
   // work for the lane thread (BulkLanes::run) and the event loop
   // (Reactor::run_turn), since a transfer's data moves without a
