@@ -61,8 +61,8 @@ std::string lane_thread_cpus(const Config& config) {
   {
     auto lanes = BulkLanes::start(config, epoll_fd);
     REQUIRE_MESSAGE(lanes.ok(), lanes.status().to_string());
-    // The thread publishes its id after placing itself... wait for both:
-    // its id, then a sleep of its (it is past place_thread() by then).
+    // The thread publishes its id, then places itself, then polls and
+    // sleeps: its first sleep means the placement is done.
     const auto until = std::chrono::steady_clock::now() + 10s;
     while ((lanes.value()->thread_id() == 0 || lanes.value()->sleeps() == 0) &&
            std::chrono::steady_clock::now() < until)
