@@ -10,6 +10,7 @@
 #      their idle p99.
 #
 #   scripts/bench_bulk_tcp.sh [--rounds N] [--build DIR] [--out DIR]
+#                             [--variant NAME='VAR=VALUE ...']...
 #
 # Each round runs every figure once, so a machine whose speed drifts over
 # minutes (a shared VM) weighs on all of them alike; the summary counts the
@@ -18,17 +19,24 @@
 # DIR/round-K-{echo1,echo,oneway,load}.json (slotrpc-bench's format) and
 # DIR/summary.txt.  Needs nothing but the release build's slotrpc-bench
 # and python3.
+#
+# --variant (repeatable) compares settings under the same drift: each
+# round runs every variant in turn, with its variables set (e.g.
+# --variant default='' --variant pinned='SLOTRPC_LOOP_CPUS=0'), into
+# DIR/NAME/, and the summary has a block per variant.
 set -euo pipefail
 ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
 ROUNDS=5
 BUILD=$ROOT/build
 OUT=""
+VARIANTS=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --rounds) ROUNDS=$2; shift 2 ;;
     --build) BUILD=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --variant) VARIANTS+=("$2"); shift 2 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "bench_bulk_tcp.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -37,29 +45,54 @@ BENCH=$BUILD/bench/slotrpc-bench
 [[ -x $BENCH ]] || { echo "bench_bulk_tcp.sh: no $BENCH (build with meson first; --build DIR)" >&2; exit 2; }
 OUT=${OUT:-$(mktemp -d /tmp/bench-bulk-tcp.XXXXXX)}
 mkdir -p "$OUT"
+# Each variant: a name (its folder under OUT) and the assignments it runs
+# with.  None given: one unnamed variant, straight into OUT.
+NAMES=()
+ENVS=()
+for v in "${VARIANTS[@]}"; do
+  name=${v%%=*}
+  [[ $v == *=* && $name =~ ^[A-Za-z0-9_.-]+$ ]] ||
+    { echo "bench_bulk_tcp.sh: --variant $v: want NAME='VAR=VALUE ...' (a NAME of letters, digits, _ . -)" >&2; exit 2; }
+  for a in ${v#*=}; do
+    [[ $a =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] ||
+      { echo "bench_bulk_tcp.sh: --variant $name: '$a' is not VAR=VALUE" >&2; exit 2; }
+  done
+  NAMES+=("$name")
+  ENVS+=("${v#*=}")
+done
+if [[ ${#NAMES[@]} -eq 0 ]]; then NAMES=(""); ENVS=(""); fi
+for name in "${NAMES[@]}"; do mkdir -p "$OUT${name:+/$name}"; done
 export SLOTRPC_LOG_LEVEL=${SLOTRPC_LOG_LEVEL:-error}
 # TCP on loopback whatever this host has (transport=auto would take shm or
 # verbs for some rows; the bulk-tcp rows set tcp themselves).
 export SLOTRPC_TRANSPORT=tcp
 
+DIR=$OUT    # the variant's folder
+ASSIGN=()   # the variant's assignments
 run() {  # run NAME ARGS...: one slotrpc-bench run, its JSON kept
   local name=$1
   shift
-  "$BENCH" "$@" --json "$OUT/$name.json" > "$OUT/$name.txt" 2>&1 ||
-    { echo "bench_bulk_tcp.sh: slotrpc-bench $* failed:"; cat "$OUT/$name.txt"; exit 1; } >&2
+  env "${ASSIGN[@]}" "$BENCH" "$@" --json "$DIR/$name.json" > "$DIR/$name.txt" 2>&1 ||
+    { echo "bench_bulk_tcp.sh: ${ASSIGN[*]} slotrpc-bench $* failed:"; cat "$DIR/$name.txt"; exit 1; } >&2
 }
 
 for ((k = 1; k <= ROUNDS; k++)); do
-  echo "bench_bulk_tcp.sh: round $k of $ROUNDS" >&2
-  run "round-$k-echo1" --modes bulk --transports socket,bulk-tcp --bulk-sizes 1048576 --bulk-calls 1000
-  run "round-$k-echo" --modes bulk --transports socket,bulk-tcp \
-    --bulk-sizes 67108864,268435456,1073741824 --bulk-calls 5
-  run "round-$k-oneway" --modes bulk-read,bulk-write --transports socket,bulk-tcp \
-    --bulk-sizes 67108864,268435456 --bulk-calls 10
-  run "round-$k-load" --modes bulk-load --transports bulk-tcp --load-size 1073741824 --load-idle-calls 2000
+  for i in "${!NAMES[@]}"; do
+    DIR=$OUT${NAMES[i]:+/${NAMES[i]}}
+    read -r -a ASSIGN <<< "${ENVS[i]}"
+    echo "bench_bulk_tcp.sh: round $k of $ROUNDS${NAMES[i]:+, ${NAMES[i]}}" >&2
+    run "round-$k-echo1" --modes bulk --transports socket,bulk-tcp --bulk-sizes 1048576 --bulk-calls 1000
+    run "round-$k-echo" --modes bulk --transports socket,bulk-tcp \
+      --bulk-sizes 67108864,268435456,1073741824 --bulk-calls 5
+    run "round-$k-oneway" --modes bulk-read,bulk-write --transports socket,bulk-tcp \
+      --bulk-sizes 67108864,268435456 --bulk-calls 10
+    run "round-$k-load" --modes bulk-load --transports bulk-tcp --load-size 1073741824 --load-idle-calls 2000
+  done
 done
 
-python3 - "$OUT" "$ROUNDS" <<'EOF' | tee "$OUT/summary.txt"
+for i in "${!NAMES[@]}"; do
+  [[ -z ${NAMES[i]} ]] || echo "== ${NAMES[i]}: ${ENVS[i]:-(no variables)}"
+  python3 - "$OUT${NAMES[i]:+/${NAMES[i]}}" "$ROUNDS" <<'EOF'
 import json, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 def rows(k, name):
@@ -98,3 +131,4 @@ line("64 B p99 during a 1 GiB echo / idle p99",
      lambda r: r <= 2, "<= 2")
 print(f"JSON: {out}")
 EOF
+done | tee "$OUT/summary.txt"

@@ -29,29 +29,48 @@ Status check_expose(const BulkRegistration& registration, const void* domain,
   return Status::ok_status();
 }
 
-HostExposure* check_peer_access(HostExposures& exposures, uint32_t last_rkey, uint32_t rkey,
-                                BulkAccess want, uint64_t addr, uint64_t length,
-                                std::string_view what, std::string* why) {
+void HostExposureTable::set_keys(uint32_t first, uint32_t last) {
+  first_ = first;
+  last_used_ = first;
+  last_ = last;
+}
+
+Result<uint32_t> HostExposureTable::add(std::byte* base, uint64_t length, BulkAccess access) {
+  if (last_used_ == last_)
+    return Status(StatusCode::kResourceExhausted, "expose: the link has used every rkey");
+  const uint32_t rkey = ++last_used_;
+  by_key_.emplace(rkey, HostExposure{base, length, access});
+  return rkey;
+}
+
+const HostExposure* HostExposureTable::find(uint32_t rkey) const {
+  auto it = by_key_.find(rkey);
+  return it == by_key_.end() ? nullptr : &it->second;
+}
+
+const HostExposure* HostExposureTable::check_peer_access(uint32_t rkey, BulkAccess want,
+                                                         uint64_t addr, uint64_t length,
+                                                         std::string_view what,
+                                                         std::string* why) const {
   const std::string peer = "peer " + std::string(what);
-  auto it = exposures.find(rkey);
-  if (it == exposures.end()) {
+  const HostExposure* e = find(rkey);
+  if (e == nullptr) {
     *why = peer + " through rkey " + std::to_string(rkey) +
-           (rkey != 0 && rkey <= last_rkey ? ", which was revoked" : ", which was never exposed");
+           (rkey > first_ && rkey <= last_used_ ? ", which was revoked" : ", which was never exposed");
     return nullptr;
   }
-  HostExposure& e = it->second;
-  if (e.access != want) {
+  if (e->access != want) {
     *why = peer + " through rkey " + std::to_string(rkey) + ", exposed for " +
-           (e.access == BulkAccess::kRemoteRead ? "reading" : "writing") + " only";
+           (e->access == BulkAccess::kRemoteRead ? "reading" : "writing") + " only";
     return nullptr;
   }
   // Written so that no sum can wrap: addr and length are the peer's.
-  if (length == 0 || addr > e.length || length > e.length - addr) {
+  if (length == 0 || addr > e->length || length > e->length - addr) {
     *why = peer + " " + std::to_string(length) + " bytes at " + std::to_string(addr) + " of rkey " +
-           std::to_string(rkey) + ", which exposes " + std::to_string(e.length);
+           std::to_string(rkey) + ", which exposes " + std::to_string(e->length);
     return nullptr;
   }
-  return &e;
+  return e;
 }
 
 Status check_transfer_args(std::string_view what, std::string_view transport,

@@ -25,7 +25,50 @@ struct HostExposure {
   uint64_t length = 0;
   BulkAccess access = BulkAccess::kRemoteRead;
 };
-using HostExposures = std::unordered_map<uint32_t, HostExposure>;
+
+// The ranges a link exposed to its peer, by rkey.  Keys count up through
+// a range (first, last] and are never reused: a key the peer kept after a
+// revoke can never name another exposure, and the table can tell the peer
+// whether a key it does not know was revoked or never handed out.  The
+// range lets two tables of one connection split the key space (a TCP
+// session's link and its bulk lane, which the peer tells apart by a bit).
+// Not thread-safe: each table belongs to one link.
+class HostExposureTable {
+ public:
+  // Keys from first + 1 to last; (0, UINT32_MAX] unless said otherwise.
+  // Before the first add only.
+  void set_keys(uint32_t first, uint32_t last);
+
+  // The key of a new exposure, or RESOURCE_EXHAUSTED once every key of
+  // the range was handed out (2^31 or 2^32 exposures: a link that old
+  // ends its bulk use rather than wrap).
+  Result<uint32_t> add(std::byte* base, uint64_t length, BulkAccess access);
+  // Revokes `rkey`: false if it was not exposed (revoked already, or
+  // never handed out).
+  bool erase(uint32_t rkey) { return by_key_.erase(rkey) != 0; }
+  // The exposure, or nullptr.
+  const HostExposure* find(uint32_t rkey) const;
+
+  // A peer's access ("read", "wrote", ...) through `rkey` to [addr, addr +
+  // length), wanting `want`.  The exposure, or nullptr with *why saying
+  // what was wrong: a key revoked or never exposed, an exposure for the
+  // other access, a range outside it.  The caller fails the link with
+  // *why (verbs: a remote access error).
+  const HostExposure* check_peer_access(uint32_t rkey, BulkAccess want, uint64_t addr,
+                                        uint64_t length, std::string_view what,
+                                        std::string* why) const;
+
+  size_t size() const { return by_key_.size(); }
+  bool empty() const { return by_key_.empty(); }
+  // The link went down: nothing is exposed any more (keys stay used).
+  void clear() { by_key_.clear(); }
+
+ private:
+  std::unordered_map<uint32_t, HostExposure> by_key_;
+  uint32_t first_ = 0;      // keys handed out: first_ + 1 .. last_used_
+  uint32_t last_used_ = 0;
+  uint32_t last_ = UINT32_MAX;
+};
 
 // Link::register_bulk for a transport that reaches any host memory:
 // nothing to pin, so the registration only records the range and
@@ -39,16 +82,6 @@ Result<BulkRegistration> register_host_memory(const BulkSource& source, const vo
 // the problem ("expose: not a tcp bulk registration").
 Status check_expose(const BulkRegistration& registration, const void* domain,
                     std::string_view transport, size_t offset, size_t length, BulkAccess access);
-
-// A peer's access ("read", "wrote", ...) through `rkey` to [addr, addr +
-// length) of our exposures, wanting `want`.  The exposure, or nullptr with
-// *why saying what was wrong: a key never exposed or revoked (keys up to
-// `last_rkey` were handed out), an exposure for the other access, a range
-// outside it.  The caller fails the link with *why (verbs: a remote access
-// error).
-HostExposure* check_peer_access(HostExposures& exposures, uint32_t last_rkey, uint32_t rkey,
-                                BulkAccess want, uint64_t addr, uint64_t length,
-                                std::string_view what, std::string* why);
 
 // Link::read / write's argument checks, the link's state included:
 // INVALID_ARGUMENT ("read: ...") for a registration of another domain, a

@@ -84,18 +84,14 @@ Result<RemoteSegment> ShmLink::expose(const BulkRegistration& registration, size
   if (Status st = check_expose(registration, bulk_domain(), "shm", offset, length, access); !st.ok())
     return st;
   if (down_) return Status(StatusCode::kUnavailable, "expose: link down: " + down_reason_);
-  // Keys count up and are never reused, so a key the peer kept after a
-  // revoke never names another exposure.
-  if (last_rkey_ == UINT32_MAX)
-    return Status(StatusCode::kResourceExhausted, "expose: the link has used every rkey");
-  const uint32_t rkey = ++last_rkey_;
-  exposures_.emplace(rkey, Exposure{registration.base + offset, length, access});
+  auto rkey = exposures_.add(registration.base + offset, length, access);
+  if (!rkey.ok()) return rkey.status();
   // addr is opaque: the peer addresses the range from 0.
-  return RemoteSegment{0, length, rkey};
+  return RemoteSegment{0, length, rkey.value()};
 }
 
 bool ShmLink::revoke(const RemoteSegment& segment, uint64_t /*token*/) {
-  if (exposures_.erase(segment.rkey) == 0 || down_) return true;
+  if (!exposures_.erase(segment.rkey) || down_) return true;
   // Reads served from the range end now with a failed READ_DATA.  Nothing
   // of the range is in flight: a chunk is copied into staging within one
   // poll, so once the exposure is gone no later access reaches the memory,
@@ -339,9 +335,9 @@ bool ShmLink::on_bulk_descriptor(const Descriptor& d, Completion& c, bool* done,
   // The peer's access against our exposure; every failure fails the link
   // before a byte moves (verbs: a remote access error).
   auto exposure = [&](uint32_t rkey, BulkAccess want, uint64_t addr, uint64_t length,
-                      const char* what) -> Exposure* {
+                      const char* what) -> const Exposure* {
     std::string why;
-    Exposure* e = check_peer_access(exposures_, last_rkey_, rkey, want, addr, length, what, &why);
+    const Exposure* e = exposures_.check_peer_access(rkey, want, addr, length, what, &why);
     if (e == nullptr) fail(std::move(why));
     return e;
   };
@@ -351,7 +347,7 @@ bool ShmLink::on_bulk_descriptor(const Descriptor& d, Completion& c, bool* done,
       const uint32_t rkey = get_field<uint32_t>(d.payload + 8);
       const uint64_t addr = get_field<uint64_t>(d.payload + 16);
       const uint64_t length = get_field<uint64_t>(d.payload + 24);
-      Exposure* e = exposure(rkey, BulkAccess::kRemoteRead, addr, length, "read");
+      const Exposure* e = exposure(rkey, BulkAccess::kRemoteRead, addr, length, "read");
       if (e == nullptr) return false;
       if (serves_.size() >= kMaxBulkReads) {
         fail("peer has more than " + std::to_string(kMaxBulkReads) + " bulk reads outstanding");
@@ -410,7 +406,7 @@ bool ShmLink::on_bulk_descriptor(const Descriptor& d, Completion& c, bool* done,
       const uint32_t rkey = get_field<uint32_t>(d.payload);
       const uint64_t addr = get_field<uint64_t>(d.payload + 8);
       if (!chunk_ok("write data")) return false;
-      Exposure* e = exposure(rkey, BulkAccess::kRemoteWrite, addr, d.length, "wrote");
+      const Exposure* e = exposure(rkey, BulkAccess::kRemoteWrite, addr, d.length, "wrote");
       if (e == nullptr) return false;
       std::memcpy(e->base + addr, staging + d.offset, d.length);
       *moved += d.length;

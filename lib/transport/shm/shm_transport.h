@@ -240,10 +240,9 @@ class ShmLink final : public Link {
   std::chrono::steady_clock::time_point last_drain_{};
 
   // ---- Bulk (shm_bulk.cc) ----
-  // Ranges this side exposed, by key.  Keys count up and are never reused.
+  // Ranges this side exposed, by key (keys are never reused).
   using Exposure = HostExposure;
-  HostExposures exposures_;
-  uint32_t last_rkey_ = 0;
+  HostExposureTable exposures_;
   // This side's reads: requested (the first reads_requested_) or waiting.
   struct ReadOp {
     uint64_t token = 0;

@@ -66,17 +66,13 @@ Result<RemoteSegment> TcpLink::expose(const BulkRegistration& registration, size
     std::lock_guard<std::mutex> lock(owner_.lanes_->mu());
     return lane_->expose(registration, offset, length, access);
   }
-  // Keys count up and are never reused, so a key the peer kept after a
-  // revoke can never name another exposure.  2^31 exposures on one link
-  // (one per bulk segment of a call) end its bulk use rather than wrap
-  // (a lane's keys, kLaneKeyBit and up, get the other half).
-  if (last_rkey_ == (lane_mode_ ? UINT32_MAX : TcpTransport::kLaneKeyBit - 1))
-    return Status(StatusCode::kResourceExhausted, "expose: the link has used every rkey");
-  const uint32_t rkey = ++last_rkey_;
-  exposures_.emplace(rkey, Exposure{registration.base + offset, length, access});
-  if (access == BulkAccess::kRemoteRead && length <= push_limit_) push_ready_.push_back(rkey);
+  // The session's link hands out keys below kLaneKeyBit, its lane the
+  // rest (TcpLink's constructor and attach_lane).
+  auto rkey = exposures_.add(registration.base + offset, length, access);
+  if (!rkey.ok()) return rkey.status();
+  if (access == BulkAccess::kRemoteRead && length <= push_limit_) push_ready_.push_back(rkey.value());
   // addr is opaque on TCP: the peer addresses the range from 0.
-  return RemoteSegment{0, length, rkey};
+  return RemoteSegment{0, length, rkey.value()};
 }
 
 bool TcpLink::revoke(const RemoteSegment& segment, uint64_t token) {
@@ -87,7 +83,7 @@ bool TcpLink::revoke(const RemoteSegment& segment, uint64_t token) {
     std::lock_guard<std::mutex> lock(owner_.lanes_->mu());
     return lane_->revoke(segment, token);
   }
-  if (exposures_.erase(segment.rkey) == 0) return true;
+  if (!exposures_.erase(segment.rkey)) return true;
   if (down_) return true;
   if (!push_ready_.empty()) std::erase(push_ready_, segment.rkey);
   // Write data being received into the range right now: the rest of the
@@ -371,15 +367,15 @@ bool TcpLink::on_bulk_header() {
   h.length = load_u64_le(p + 24);
   // Checks the peer's access against an exposure; every failure fails the
   // link before a byte moves (verbs: a remote access error).
-  auto check = [&](BulkAccess want, const char* what) -> Exposure* {
+  auto check = [&](BulkAccess want, const char* what) -> const Exposure* {
     std::string why;
-    Exposure* e = check_peer_access(exposures_, last_rkey_, h.rkey, want, h.addr, h.length, what, &why);
+    const Exposure* e = exposures_.check_peer_access(h.rkey, want, h.addr, h.length, what, &why);
     if (e == nullptr) fail(std::move(why));
     return e;
   };
   switch (bulk_type_) {
     case TcpTransport::kBulkReadRequest: {
-      Exposure* e = check(BulkAccess::kRemoteRead, "read");
+      const Exposure* e = check(BulkAccess::kRemoteRead, "read");
       if (e == nullptr) return false;
       // Pushes are this side's own sends, not the peer's reads.
       const auto asked = std::count_if(serves_.begin(), serves_.end(),
@@ -430,7 +426,7 @@ bool TcpLink::on_bulk_header() {
         fail("peer sent a write chunk of " + std::to_string(h.length) + " bytes");
         return false;
       }
-      Exposure* e = check(BulkAccess::kRemoteWrite, "wrote");
+      const Exposure* e = check(BulkAccess::kRemoteWrite, "wrote");
       if (e == nullptr) return false;
       rx_ = Rx::kBulkData;
       slot_frames_at_data_ = owner_.slot_frames();
@@ -492,16 +488,16 @@ void TcpLink::start_pushes() {
   size_t pushing = static_cast<size_t>(
       std::count_if(serves_.begin(), serves_.end(), [](const ServeJob& s) { return s.push; }));
   for (const uint32_t rkey : push_ready_) {
-    auto it = exposures_.find(rkey);
-    if (it == exposures_.end()) continue;  // revoked before its request left
+    const Exposure* e = exposures_.find(rkey);
+    if (e == nullptr) continue;  // revoked before its request left
     if (pushing >= TcpTransport::kMaxBulkReads) break;
     ++pushing;
     if (serves_.empty() && writes_.empty()) transfer_started();
     ServeJob j;
-    j.tag = it->second.length;  // a push's frames carry its total
+    j.tag = e->length;  // a push's frames carry its total
     j.rkey = rkey;
-    j.src = it->second.base;
-    j.length = it->second.length;
+    j.src = e->base;
+    j.length = e->length;
     j.push = true;
     serves_.push_back(j);
     ++stats_.bulk_pushes;
@@ -782,7 +778,7 @@ Status TcpLink::attach_lane(int fd) {
   lane->lane_mode_ = true;
   lane->attached_ = true;  // bulk frames only: begin_frame refuses the rest
   lane->context_ = this;
-  lane->last_rkey_ = TcpTransport::kLaneKeyBit;
+  lane->exposures_.set_keys(TcpTransport::kLaneKeyBit, UINT32_MAX);
   lane_ = std::move(lane);
   core::log().debug("tcp link {}: bulk lane attached", description_);
   return Status::ok_status();

@@ -65,6 +65,9 @@ TcpLink::TcpLink(TcpTransport& owner, tcp::socket socket, std::string descriptio
       budget_bytes_(TcpTransport::output_budget(0, 0)) {
   pending_.reserve(kPendingReserve);
   staging_ = std::make_unique_for_overwrite<std::byte[]>(TcpTransport::kStagingBytes);
+  // A session's link exposes with keys below kLaneKeyBit; a lane gets the
+  // rest (attach_lane).
+  exposures_.set_keys(0, TcpTransport::kLaneKeyBit - 1);
   ++owner_.live_links_;
 }
 

@@ -397,8 +397,7 @@ class TcpLink final : public Link {
   std::array<std::byte, core::kHeaderSize> control_body_{};
 
   // Bulk state (see the file comment for its bounds).
-  HostExposures exposures_;
-  uint32_t last_rkey_ = 0;        // rkeys are never reused: a revoked key stays invalid
+  HostExposureTable exposures_;   // a lane's keys are the upper half (kLaneKeyBit and up)
   std::deque<ReadOp> reads_;      // FIFO; the first `requested` ones are at the peer
   size_t reads_requested_ = 0;
   uint64_t next_read_tag_ = 1;
