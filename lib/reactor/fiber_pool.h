@@ -35,6 +35,10 @@ struct Fiber {
   size_t stack_size = 0;
   const void* reactor_stack_bottom = nullptr;
   size_t reactor_stack_size = 0;
+  // ThreadSanitizer's contexts (null in other builds): this fiber's, and
+  // the reactor thread's it was last resumed from.
+  void* tsan_self = nullptr;
+  void* tsan_reactor = nullptr;
 };
 
 class FiberPool {
