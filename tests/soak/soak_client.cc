@@ -119,8 +119,9 @@ struct Soak {
   std::array<std::atomic<uint64_t>, kCodes> by_code{};
   std::atomic<uint64_t> twice{0};
   std::atomic<uint64_t> bad_reply{0};
-  uint64_t sessions = 0;
-  uint64_t connect_failures = 0;
+  // Counted by the calling thread, read by the watchdog's save().
+  std::atomic<uint64_t> sessions{0};
+  std::atomic<uint64_t> connect_failures{0};
 
   // The current session's calls; guarded by mu for the drain wait.
   EchoClient* client = nullptr;
@@ -135,8 +136,8 @@ struct Soak {
     for (int i = 0; i < kCodes; ++i) c.by_code[i] += by_code[i].load();
     c.twice += twice.load();
     c.bad_reply += bad_reply.load();
-    c.sessions += sessions;
-    c.connect_failures += connect_failures;
+    c.sessions += sessions.load();
+    c.connect_failures += connect_failures.load();
     return c;
   }
   void save() {
