@@ -12,7 +12,9 @@
 
 #include <array>
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
@@ -71,7 +73,16 @@ struct Server::Impl {
   std::shared_ptr<admin::AdminServiceImpl> admin;     // slotrpc.Admin, on every server
   std::thread accept_thread;
   std::atomic<bool> stopping{false};
+  // Written by start() and stop() under state_mu; read under it by
+  // metrics(), which any thread may call at any time.  metrics() counts
+  // itself in readers while it reads the loops and session tables, and
+  // stop() waits for readers to reach 0 before it takes those apart (a
+  // handler's or another thread's snapshot in progress would read freed
+  // tables).  Never held across a wait for a loop.
+  mutable std::mutex state_mu;
+  mutable std::condition_variable readers_done;
   bool started = false;
+  mutable size_t readers = 0;
   rpc::RateLimitedLog refuse_log;  // refusals a client can provoke at will
 
   // Accept thread: a complete Hello.  Refuses it, or reserves its place and
@@ -332,7 +343,10 @@ Status Server::start_listening(int tcp_fd, int unix_fd, const std::string& unix_
     impl_->counters.push_back(std::move(counters));
     loop->add_monitor_hook(impl_->monitor_hook);
   }
-  impl_->started = true;
+  {
+    std::lock_guard<std::mutex> lock(impl_->state_mu);
+    impl_->started = true;
+  }
   if (!impl_->config.metrics_address.empty()) {
     // Once the loops exist (a scrape reads them), before the first session:
     // a port that cannot be bound fails start() and undoes it.
@@ -657,7 +671,14 @@ void Server::stop() {
   Impl& d = *impl_;
   if (!d.started) return;
   d.metrics_port.reset();  // a scrape in progress finishes first
-  d.started = false;
+  {
+    // Snapshots in progress (an Admin handler's, another thread's) finish
+    // first; later ones find the server stopped.  They wait only for
+    // loops, which run on.
+    std::unique_lock<std::mutex> lock(d.state_mu);
+    d.started = false;
+    d.readers_done.wait(lock, [&d] { return d.readers == 0; });
+  }
   d.stopping.store(true);
   d.acceptor->stop();
   if (d.accept_thread.joinable()) d.accept_thread.join();
@@ -715,7 +736,21 @@ MetricsSnapshot Server::metrics() const {
     }
     return metrics::known_method_name(id);
   };
-  if (!d.started) return collector.finish(namer);
+  bool serving;
+  {
+    std::lock_guard<std::mutex> lock(d.state_mu);
+    serving = d.started;
+    if (serving) ++d.readers;
+  }
+  if (!serving) return collector.finish(namer);
+  // Counted out however this returns (stop() may be waiting for it).
+  struct Reading {
+    Impl& d;
+    ~Reading() {
+      std::lock_guard<std::mutex> lock(d.state_mu);
+      if (--d.readers == 0) d.readers_done.notify_all();
+    }
+  } reading{d};
   // Each loop is read on its own thread; the one we may be running on (an
   // Admin handler) directly.  The wait suspends a handler's fiber only.
   std::vector<std::shared_ptr<detail::SharedState<metrics::LoopReading>>> pending;
