@@ -69,11 +69,34 @@ TEST_CASE("on_timer: pings once when a PING is due, names the silence and the se
   Liveness l(last_heard, t0);
   int pings = 0;
   auto ping = [&pings] { ++pings; };
-  CHECK(l.on_timer(t0 + 100ms, cfg, "10.0.0.7:5000", ping).empty());
+  CHECK(l.on_timer(t0 + 100ms, cfg, "10.0.0.7:5000", true, ping).empty());
   CHECK(pings == 0);
-  CHECK(l.on_timer(t0 + 250ms, cfg, "10.0.0.7:5000", ping).empty());
+  CHECK(l.on_timer(t0 + 250ms, cfg, "10.0.0.7:5000", true, ping).empty());
   CHECK(pings == 1);
-  const std::string dead = l.on_timer(t0 + 1234ms, cfg, "10.0.0.7:5000", ping);
+  const std::string dead = l.on_timer(t0 + 1234ms, cfg, "10.0.0.7:5000", true, ping);
   CHECK(pings == 1);  // no PING to a peer declared dead
   CHECK(dead == "peer 10.0.0.7:5000 silent for 1234 ms (peer_timeout_ms = 1000)");
+}
+
+TEST_CASE("on_timer: while this side does not read the peer, its silence is not the peer's") {
+  // A TCP link over its output budget stops reading a peer that reads
+  // nothing of ours; the link's drain clock closes that peer.  The timer
+  // must not call it silent meanwhile (it may be flooding us), nor queue a
+  // PING behind the backed-up output.
+  const Config cfg = timing(200, 1000);
+  const Clock::time_point t0 = Clock::now();
+  Clock::time_point last_heard;
+  Liveness l(last_heard, t0);
+  int pings = 0;
+  auto ping = [&pings] { ++pings; };
+  CHECK(l.on_timer(t0 + 900ms, cfg, "p", false, ping).empty());
+  CHECK(l.on_timer(t0 + 5000ms, cfg, "p", false, ping).empty());  // 5 x peer_timeout_ms
+  CHECK(pings == 0);
+  CHECK(l.last_heard() == t0 + 5000ms);
+  // Reading again: the peer has its full timeout from the last paused check.
+  CHECK(l.on_timer(t0 + 5100ms, cfg, "p", true, ping).empty());
+  CHECK(pings == 0);
+  CHECK(l.on_timer(t0 + 5250ms, cfg, "p", true, ping).empty());
+  CHECK(pings == 1);
+  CHECK(l.on_timer(t0 + 6000ms, cfg, "p", true, ping) == "peer p silent for 1000 ms (peer_timeout_ms = 1000)");
 }

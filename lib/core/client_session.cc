@@ -940,7 +940,8 @@ void ClientSession::on_keepalive(void* self_ptr, uint64_t) {
   auto* self = static_cast<ClientSession*>(self_ptr);
   self->keepalive_timer_ = 0;
   if (self->closed_) return;
-  std::string dead = self->liveness_.on_timer(Clock::now(), self->loop_.config(), self->peer_,
+  const bool listening = self->link_ == nullptr || self->link_->listening();
+  std::string dead = self->liveness_.on_timer(Clock::now(), self->loop_.config(), self->peer_, listening,
                                               [self] { self->send_control(Kind::kPing, 0, 0, 0); });
   if (!dead.empty()) return self->shutdown(Status(StatusCode::kUnavailable, std::move(dead)));
   self->arm_keepalive();

@@ -62,8 +62,20 @@ class Liveness {
   // ends: `ping()` when a PING is due; the reason when the peer is dead
   // (the session then closes with it and does not re-arm); otherwise
   // nothing.  Empty: the session re-arms (next_check).
+  //
+  // `listening` is the link's Link::listening(): false while this side
+  // has paused reading from the peer (its output for the peer is backed
+  // up).  The peer may be talking all along, so that silence counts as
+  // heard, and no PING joins the backed-up output; the link's own clock
+  // closes a peer that reads nothing (a flooding peer was otherwise
+  // called "silent" whenever that clock came second).
   template <typename Ping>
-  std::string on_timer(Clock::time_point now, const Config& cfg, const std::string& peer, Ping&& ping) const {
+  std::string on_timer(Clock::time_point now, const Config& cfg, const std::string& peer, bool listening,
+                       Ping&& ping) {
+    if (!listening) {
+      heard(now);
+      return {};
+    }
     switch (check(now, cfg)) {
       case Verdict::kDead:
         return dead_reason(now, cfg, peer);

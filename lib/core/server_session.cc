@@ -487,6 +487,7 @@ void ServerSession::on_keepalive(void* self_ptr, uint64_t) {
   self->keepalive_timer_ = 0;
   if (self->closed_) return;
   std::string dead = self->liveness_.on_timer(Clock::now(), self->loop_.config(), self->peer_,
+                                              self->link_->listening(),
                                               [self] { self->send_control(Kind::kPing, 0, 0, 0); });
   if (!dead.empty()) return self->close(std::move(dead));
   self->arm_keepalive();

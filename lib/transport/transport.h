@@ -236,6 +236,14 @@ class Link {
   // default: the NIC or the socket reads any registered memory.
   virtual std::span<std::byte> send_slots() { return {}; }
 
+  // False while this side has stopped reading from the peer on purpose: a
+  // TCP link whose output for a peer that reads none of it is over its
+  // budget (tcp_transport.h).  The session's liveness timer asks (not the
+  // hot path): silence it caused itself is not the peer's, and a link that
+  // pauses reading must run a clock of its own that closes a peer which
+  // stays that way (TCP: the drain clock, peer_timeout_ms).
+  virtual bool listening() const { return true; }
+
   // ---- Bulk transfers (see "Bulk transfers" above).  Not hot path. ----
   //
   // Defaults: a transport without bulk support refuses every call with

@@ -111,6 +111,8 @@ class TcpLink final : public Link {
   uint64_t queued_bytes() const { return queued_bytes_; }
   uint64_t output_budget() const { return budget_bytes_; }
   bool reading() const { return reading_; }
+  // Paused reading always has output queued, so the drain clock runs.
+  bool listening() const override { return reading_; }
 
   // ---- Bulk transfers (not hot path; see the file comment) ----
   bool supports_bulk() const override { return true; }
