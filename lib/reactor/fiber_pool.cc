@@ -22,10 +22,9 @@
 #include <sanitizer/common_interface_defs.h>
 #endif
 // The same for ThreadSanitizer (GCC: __SANITIZE_THREAD__).  Without them it
-// takes a fiber's stack switch for one thread's stack shrinking and
-// growing, loses the happens-before order of the code on each side, and a
-// -fsanitize=thread build reports false races or crashes in every test
-// that runs a handler (scripts/tsan.sh).
+// takes a fiber's stack switch for one thread's call stack jumping, and a
+// -fsanitize=thread build dies of SIGSEGV inside TSan in every test that
+// runs a handler (rpc_basic, stream, rpc_faults, ...; scripts/tsan.sh).
 #if defined(__SANITIZE_THREAD__)
 #define SLOTRPC_TSAN_FIBERS 1
 #elif defined(__has_feature)
