@@ -76,9 +76,9 @@ struct Server::Impl {
   // Written by start() and stop() under state_mu; read under it by
   // metrics(), which any thread may call at any time.  metrics() counts
   // itself in readers while it reads the loops and session tables, and
-  // stop() waits for readers to reach 0 before it takes those apart (a
-  // handler's or another thread's snapshot in progress would read freed
-  // tables).  Never held across a wait for a loop.
+  // stop() waits for readers to reach 0 (2 s at most) before it takes
+  // those apart (a handler's or another thread's snapshot in progress
+  // would read freed tables).  Never held across a wait for a loop.
   mutable std::mutex state_mu;
   mutable std::condition_variable readers_done;
   bool started = false;
@@ -674,10 +674,13 @@ void Server::stop() {
   {
     // Snapshots in progress (an Admin handler's, another thread's) finish
     // first; later ones find the server stopped.  They wait only for
-    // loops, which run on.
+    // loops, which run on, so this takes a loop turn or two.  Bounded all
+    // the same, like the handlers below: stop() called on a loop thread
+    // blocks that loop, and a handler's snapshot on it cannot finish.
     std::unique_lock<std::mutex> lock(d.state_mu);
     d.started = false;
-    d.readers_done.wait(lock, [&d] { return d.readers == 0; });
+    if (!d.readers_done.wait_for(lock, std::chrono::seconds(2), [&d] { return d.readers == 0; }))
+      core::log().warn("slotrpc: server stopping with {} metrics() call(s) still under way", d.readers);
   }
   d.stopping.store(true);
   d.acceptor->stop();
@@ -736,13 +739,17 @@ MetricsSnapshot Server::metrics() const {
     }
     return metrics::known_method_name(id);
   };
-  bool serving;
+  // The loops and their counters, copied while the server is known to be
+  // serving: stop() may clear its own lists once it stops waiting for us.
+  std::vector<std::shared_ptr<reactor::Reactor>> loops;
+  std::vector<std::shared_ptr<metrics::LoopCounters>> counters;
   {
     std::lock_guard<std::mutex> lock(d.state_mu);
-    serving = d.started;
-    if (serving) ++d.readers;
+    if (!d.started) return collector.finish(namer);
+    ++d.readers;
+    loops = d.loops;
+    counters = d.counters;
   }
-  if (!serving) return collector.finish(namer);
   // Counted out however this returns (stop() may be waiting for it).
   struct Reading {
     Impl& d;
@@ -754,21 +761,23 @@ MetricsSnapshot Server::metrics() const {
   // Each loop is read on its own thread; the one we may be running on (an
   // Admin handler) directly.  The wait suspends a handler's fiber only.
   std::vector<std::shared_ptr<detail::SharedState<metrics::LoopReading>>> pending;
-  for (size_t i = 0; i < d.loops.size(); ++i) {
-    auto read = [&d, i] {
+  for (size_t i = 0; i < loops.size(); ++i) {
+    reactor::Reactor* loop = loops[i].get();
+    metrics::LoopCounters* loop_counters = counters[i].get();
+    auto read = [&d, i, loop, loop_counters] {
       std::vector<const transport::Link*> links;
       links.reserve(d.sessions[i].size());
       for (const auto& [raw, owned] : d.sessions[i]) {
         if (!raw->closed()) links.push_back(&raw->link());
       }
-      return metrics::read_loop(*d.loops[i], *d.counters[i], links, 0);
+      return metrics::read_loop(*loop, *loop_counters, links, 0);
     };
-    if (d.loops[i]->on_this_thread()) {
+    if (loop->on_this_thread()) {
       collector.add(read());
       continue;
     }
     auto state = std::make_shared<detail::SharedState<metrics::LoopReading>>();
-    d.loops[i]->post([state, read] { state->set(read()); });
+    loop->post([state, read] { state->set(read()); });
     pending.push_back(std::move(state));
   }
   for (auto& state : pending) {
