@@ -705,21 +705,21 @@ size_t overfill(Side& s) {
 TEST_CASE("tcp: past its output budget a link stops reading, and resumes once the peer drains") {
   Pair p(4, 256, 4096);
   REQUIRE(p.a.link->output_budget() == TcpTransport::output_budget(4, 256));
-  REQUIRE(p.a.link->reading());
+  REQUIRE(p.a.link->listening());
   const size_t posted = overfill(p.a);
-  CHECK_FALSE(p.a.link->reading());
+  CHECK_FALSE(p.a.link->listening());
 
   // b's frames reach a's socket, but a must not read them while its own
   // output is over budget: a peer that never reads cannot make it read on.
   post_pings(p.b, 1, 3);
   pump_for({&p.a}, 200ms);
   CHECK(p.a.got.empty());
-  CHECK_FALSE(p.a.link->reading());
+  CHECK_FALSE(p.a.link->listening());
 
   // b reads: a's queue drains, a reads again, and nothing was lost on
   // either side, in order.
   REQUIRE(pump({&p.a, &p.b}, [&] { return p.a.got.size() >= 3 && p.b.got.size() >= posted; }));
-  CHECK(p.a.link->reading());
+  CHECK(p.a.link->listening());
   CHECK(p.a.link->queued_bytes() == 0);
   CHECK(control_ids(p.a.got) == std::vector<uint64_t>{1, 2, 3});
   std::vector<uint64_t> want(posted);

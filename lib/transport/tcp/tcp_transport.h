@@ -106,12 +106,12 @@ class TcpLink final : public Link {
   LinkStats stats() const override;  // takes the lanes' lock when there is a lane
 
   // For tests and monitoring: bytes queued for the peer and not yet
-  // written to the socket, the budget they may reach, and whether the link
-  // reads from its peer (false while the budget is exceeded).
+  // written to the socket, and the budget they may reach.
   uint64_t queued_bytes() const { return queued_bytes_; }
   uint64_t output_budget() const { return budget_bytes_; }
-  bool reading() const { return reading_; }
-  // Paused reading always has output queued, so the drain clock runs.
+  // Whether the link reads from its peer: false while the budget is
+  // exceeded.  Paused reading always has output queued, so the drain
+  // clock runs.
   bool listening() const override { return reading_; }
 
   // ---- Bulk transfers (not hot path; see the file comment) ----
