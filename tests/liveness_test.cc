@@ -24,6 +24,19 @@ Config timing(uint32_t keepalive_ms, uint32_t peer_timeout_ms) {
   return c;
 }
 
+// A session's liveness timer as the on_timer cases drive it: keepalive
+// 200 ms, peer timeout 1000 ms, last heard at t0, PINGs counted.
+struct Timer {
+  const Config cfg = timing(200, 1000);
+  const Clock::time_point t0 = Clock::now();
+  Clock::time_point last_heard;
+  Liveness l{last_heard, t0};
+  int pings = 0;
+  std::string fire(std::chrono::milliseconds at, const std::string& peer, bool listening) {
+    return l.on_timer(t0 + at, cfg, peer, listening, [this] { ++pings; });
+  }
+};
+
 }  // namespace
 
 TEST_CASE("check: quiet within keepalive_ms of the last word, PING from keepalive_ms, dead from peer_timeout_ms") {
@@ -63,18 +76,13 @@ TEST_CASE("next_check: the next PING while the peer was heard lately, then every
 }
 
 TEST_CASE("on_timer: pings once when a PING is due, names the silence and the setting when the peer is dead, else does nothing") {
-  const Config cfg = timing(200, 1000);
-  const Clock::time_point t0 = Clock::now();
-  Clock::time_point last_heard;
-  Liveness l(last_heard, t0);
-  int pings = 0;
-  auto ping = [&pings] { ++pings; };
-  CHECK(l.on_timer(t0 + 100ms, cfg, "10.0.0.7:5000", true, ping).empty());
-  CHECK(pings == 0);
-  CHECK(l.on_timer(t0 + 250ms, cfg, "10.0.0.7:5000", true, ping).empty());
-  CHECK(pings == 1);
-  const std::string dead = l.on_timer(t0 + 1234ms, cfg, "10.0.0.7:5000", true, ping);
-  CHECK(pings == 1);  // no PING to a peer declared dead
+  Timer t;
+  CHECK(t.fire(100ms, "10.0.0.7:5000", true).empty());
+  CHECK(t.pings == 0);
+  CHECK(t.fire(250ms, "10.0.0.7:5000", true).empty());
+  CHECK(t.pings == 1);
+  const std::string dead = t.fire(1234ms, "10.0.0.7:5000", true);
+  CHECK(t.pings == 1);  // no PING to a peer declared dead
   CHECK(dead == "peer 10.0.0.7:5000 silent for 1234 ms (peer_timeout_ms = 1000)");
 }
 
@@ -83,20 +91,15 @@ TEST_CASE("on_timer: while this side does not read the peer, its silence is not 
   // nothing of ours; the link's drain clock closes that peer.  The timer
   // must not call it silent meanwhile (it may be flooding us), nor queue a
   // PING behind the backed-up output.
-  const Config cfg = timing(200, 1000);
-  const Clock::time_point t0 = Clock::now();
-  Clock::time_point last_heard;
-  Liveness l(last_heard, t0);
-  int pings = 0;
-  auto ping = [&pings] { ++pings; };
-  CHECK(l.on_timer(t0 + 900ms, cfg, "p", false, ping).empty());
-  CHECK(l.on_timer(t0 + 5000ms, cfg, "p", false, ping).empty());  // 5 x peer_timeout_ms
-  CHECK(pings == 0);
-  CHECK(l.last_heard() == t0 + 5000ms);
+  Timer t;
+  CHECK(t.fire(900ms, "p", false).empty());
+  CHECK(t.fire(5000ms, "p", false).empty());  // 5 x peer_timeout_ms
+  CHECK(t.pings == 0);
+  CHECK(t.l.last_heard() == t.t0 + 5000ms);
   // Reading again: the peer has its full timeout from the last paused check.
-  CHECK(l.on_timer(t0 + 5100ms, cfg, "p", true, ping).empty());
-  CHECK(pings == 0);
-  CHECK(l.on_timer(t0 + 5250ms, cfg, "p", true, ping).empty());
-  CHECK(pings == 1);
-  CHECK(l.on_timer(t0 + 6000ms, cfg, "p", true, ping) == "peer p silent for 1000 ms (peer_timeout_ms = 1000)");
+  CHECK(t.fire(5100ms, "p", true).empty());
+  CHECK(t.pings == 0);
+  CHECK(t.fire(5250ms, "p", true).empty());
+  CHECK(t.pings == 1);
+  CHECK(t.fire(6000ms, "p", true) == "peer p silent for 1000 ms (peer_timeout_ms = 1000)");
 }
