@@ -127,6 +127,7 @@ TEST_CASE("config: the settings table covers every whole-number field") {
       {"tcp_bulk_lane", "SLOTRPC_TCP_BULK_LANE", &Config::tcp_bulk_lane, 0, 1u << 31},
       {"tcp_bulk_push", "SLOTRPC_TCP_BULK_PUSH", &Config::tcp_bulk_push, 0, 16u << 20},
       {"tcp_lane_spin_us", "SLOTRPC_TCP_LANE_SPIN_US", &Config::tcp_lane_spin_us, 0, 10'000'000},
+      {"tcp_lane_spare_rate", "SLOTRPC_TCP_LANE_SPARE_RATE", &Config::tcp_lane_spare_rate, 0, 10'000'000},
       {"tcp_flush_every", "SLOTRPC_TCP_FLUSH_EVERY", &Config::tcp_flush_every, 0, 65536},
       {"pack_small", "SLOTRPC_PACK_SMALL", &Config::pack_small, 0, 16384},
       {"max_sessions", "SLOTRPC_MAX_SESSIONS", &Config::max_sessions, 1, 1'000'000},

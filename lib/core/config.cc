@@ -53,6 +53,8 @@ std::span<const UintSetting> uint_settings() {
        "tcp: send_bulk segments up to this many bytes follow their request unasked (0: never)"},
       {"SLOTRPC_TCP_LANE_SPIN_US", "tcp_lane_spin_us", &Config::tcp_lane_spin_us, 0, 10'000'000,
        "tcp: microseconds a bulk lane thread polls on, yielding, after its last work before it sleeps (0: at once)"},
+      {"SLOTRPC_TCP_LANE_SPARE_RATE", "tcp_lane_spare_rate", &Config::tcp_lane_spare_rate, 0, 10'000'000,
+       "tcp: slot frames a second beside a transfer at which a bulk lane thread keeps off the first CPU (0: never)"},
       {"SLOTRPC_TCP_FLUSH_EVERY", "tcp_flush_every", &Config::tcp_flush_every, 0, 65536,
        "tcp: a session sends once this many messages wait, not only at the end of the loop turn (0: end of turn only)"},
       {"SLOTRPC_PACK_SMALL", "pack_small", &Config::pack_small, 0, 16384,

@@ -14,6 +14,7 @@
 
 #include "core/cpu_list.h"
 #include "core/logging.h"
+#include "transport/tcp/lane_placement.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace slotrpc::transport {
@@ -46,6 +47,7 @@ Result<std::unique_ptr<BulkLanes>> BulkLanes::start(const Config& loop_config, i
   l->spin_ = std::chrono::microseconds(loop_config.tcp_lane_spin_us);
   l->lane_cpus_ = loop_config.tcp_lane_cpus;
   l->loop_cpus_ = loop_config.loop_cpus;
+  l->spare_rate_ = loop_config.tcp_lane_spare_rate;
   try {
     l->thread_ = std::thread([p = l.get()] { p->run(); });
   } catch (const std::system_error& e) {
@@ -70,7 +72,10 @@ BulkLanes::~BulkLanes() {
 void BulkLanes::run() {
   pthread_setname_np(pthread_self(), "slotrpc-lanes");
   tid_.store(::gettid(), std::memory_order_release);
-  place_thread();
+  // No fixed placement: the spare rule moves the thread off the process's
+  // first CPU while small calls go by (lane_placement.h says why).
+  const bool placed = place_thread();
+  LaneSpare spare(core::process_cpus(), placed ? 0 : spare_rate_, LaneSpare::Clock::now());
   // SCHED_BATCH (Config::tcp_lane_sched = batch): the kernel treats this
   // thread as the background work it is and lets it preempt no one when it
   // wakes, so an event loop that wakes for a small call runs first.  On 2
@@ -85,6 +90,20 @@ void BulkLanes::run() {
     if (int err = pthread_setschedparam(pthread_self(), SCHED_BATCH, &param); err != 0)
       core::log().debug("bulk lanes: SCHED_BATCH refused: {}", std::strerror(err));
   }
+  // A refused mask (a cpuset changed under the process) turns the rule
+  // off: the thread stays as it is rather than retry every window.
+  auto apply = [&spare](LaneSpare::Change change) {
+    if (change == LaneSpare::Change::kNone) return;
+    const cpu_set_t& mask = change == LaneSpare::Change::kSpare ? spare.spare_mask() : spare.full_mask();
+    core::log().debug("slotrpc: bulk lanes: {}: on CPUs {}",
+                      change == LaneSpare::Change::kSpare ? "small calls go by" : "small calls stopped",
+                      core::format_cpu_list(mask));
+    if (!core::pin_this_thread(mask)) {
+      core::log().warn("slotrpc: bulk lanes: cannot run on CPUs {} (SLOTRPC_TCP_LANE_SPARE_RATE): {}",
+                       core::format_cpu_list(mask), std::strerror(errno));
+      spare = LaneSpare(mask, 0, LaneSpare::Clock::now());
+    }
+  };
   std::array<Completion, 64> buf;
   std::array<epoll_event, 2> evs;
   // Spinning (Config::tcp_lane_spin_us): after the last sign of work the
@@ -105,6 +124,8 @@ void BulkLanes::run() {
   // sixteenth session, "data that arrives is work").
   auto last_work = std::chrono::steady_clock::now();
   for (;;) {
+    if (spare.enabled())
+      apply(spare.observe(LaneSpare::Clock::now(), slot_frames_.load(std::memory_order_relaxed)));
     size_t n;
     bool moved;
     {
@@ -141,39 +162,18 @@ void BulkLanes::run() {
   }
 }
 
-std::optional<cpu_set_t> BulkLanes::placement(std::string_view lane_cpus, std::string_view loop_cpus,
-                                              const cpu_set_t& process, std::string* error) {
-  auto parse = [error](std::string_view setting, std::string_view text) -> std::optional<cpu_set_t> {
-    auto set = core::parse_cpu_list(setting, text);
-    if (!set.ok()) {
-      *error = set.status().message();
-      return std::nullopt;
-    }
-    return set.value();
-  };
-  if (!lane_cpus.empty()) return parse("SLOTRPC_TCP_LANE_CPUS", lane_cpus);
-  if (loop_cpus.empty()) return std::nullopt;
-  const std::optional<cpu_set_t> loops = parse("SLOTRPC_LOOP_CPUS", loop_cpus);
-  if (!loops) return std::nullopt;
-  // The process's CPUs without the loops': bulk copies off their cores.
-  cpu_set_t rest = process;
-  for (unsigned c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &*loops)) CPU_CLR(c, &rest);
-  if (CPU_COUNT(&rest) == 0) return std::nullopt;
-  return rest;
-}
-
-// Config::tcp_lane_cpus, or off Config::loop_cpus (placement()).  The
-// thread is started by a loop thread and so begins on the loop's CPUs;
-// without a placement it stays there.  A refusal (a cpuset keeps the
+// Config::tcp_lane_cpus, or off Config::loop_cpus (lane_placement()).
+// The thread is started by a loop thread and so begins on the loop's
+// CPUs; without a placement it stays there.  A refusal (a cpuset keeps the
 // process off those CPUs) is logged; the lanes work anyway.
-void BulkLanes::place_thread() {
+bool BulkLanes::place_thread() {
   std::string error;
-  const std::optional<cpu_set_t> set = placement(lane_cpus_, loop_cpus_, core::process_cpus(), &error);
+  const std::optional<cpu_set_t> set = lane_placement(lane_cpus_, loop_cpus_, core::process_cpus(), &error);
   if (!error.empty()) core::log().warn("slotrpc: bulk lanes: {}", error);
   if (set && !core::pin_this_thread(*set))
     core::log().warn("slotrpc: bulk lanes: cannot run on CPUs {}: {}", core::format_cpu_list(*set),
                      std::strerror(errno));
+  return set.has_value() || !error.empty();
 }
 
 BulkLanes::Event BulkLanes::to_event(const Completion& c) {

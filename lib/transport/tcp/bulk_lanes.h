@@ -86,6 +86,11 @@ class BulkLanes {
 
   // Loop thread.  pending(): cheap check (an atomic) for poll and sleep.
   bool pending() const { return pending_.load(std::memory_order_acquire); }
+  // Loop thread: its running count of slot frames (TcpTransport::
+  // slot_frames()), which the lane thread's spare rule reads
+  // (lane_placement.h).  A relaxed store: one writer, and a reader that
+  // only wants a recent value.
+  void note_slot_frames(uint64_t frames) { slot_frames_.store(frames, std::memory_order_relaxed); }
   // Appends every queued event to `out`, in order, and clears the wake.
   void take(std::vector<Event>& out);
   // Removes the queued events of `link` (it is being destroyed); with
@@ -103,18 +108,12 @@ class BulkLanes {
   // its placement: sched_getaffinity on it).
   pid_t thread_id() const { return tid_.load(std::memory_order_acquire); }
 
-  // Where the lane thread runs (Config::tcp_lane_cpus, Config::loop_cpus):
-  // the lane list if set; else, with loop_cpus set, the CPUs of `process`
-  // outside it (none left: nullopt, the thread stays where it was
-  // started); else nullopt (wherever the kernel puts it).  `error`: why a
-  // list did not parse.
-  static std::optional<cpu_set_t> placement(std::string_view lane_cpus, std::string_view loop_cpus,
-                                            const cpu_set_t& process, std::string* error);
-
  private:
   BulkLanes() = default;
   void run();
-  void place_thread();
+  // Applies the fixed placement (lane_placement()).  false when no CPU
+  // list asks for one: the spare rule may then move the thread.
+  bool place_thread();
   void forward(Event e);
   // Turns one lane transport completion into an event (under mu()).
   static Event to_event(const Completion& c);
@@ -130,6 +129,8 @@ class BulkLanes {
   std::string lane_cpus_, loop_cpus_;  // Config::tcp_lane_cpus, Config::loop_cpus
   std::atomic<pid_t> tid_{0};
   std::atomic<uint64_t> sleeps_{0};
+  std::atomic<uint64_t> slot_frames_{0};  // note_slot_frames()
+  uint32_t spare_rate_ = 0;               // Config::tcp_lane_spare_rate
   std::thread thread_;
 
   std::mutex events_mu_;

@@ -45,6 +45,7 @@ const char tcp_bulk_domain = 0;
 const void* TcpLink::bulk_domain() const { return &tcp_bulk_domain; }
 
 uint64_t TcpTransport::lane_sleeps() const { return lanes_ != nullptr ? lanes_->sleeps() : 0; }
+pid_t TcpTransport::lane_thread_id() const { return lanes_ != nullptr ? lanes_->thread_id() : 0; }
 
 Result<BulkRegistration> TcpLink::register_bulk(const BulkSource& source) {
   // Nothing to pin: sendmsg and recv reach any host memory.

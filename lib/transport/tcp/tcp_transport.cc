@@ -731,6 +731,13 @@ size_t TcpTransport::poll(std::span<Completion> out) {
   if (!push_watch_.empty()) check_pushes();
   // What the lane thread finished (one atomic load when there is nothing).
   if (lanes_pending()) drain_lane_events();
+  // The lane thread's spare rule (lane_placement.h) reads how many slot
+  // frames went by, up to the last turn: a compare, and a relaxed store
+  // when the count changed.
+  if (lanes_ != nullptr && slot_frames_ != slot_frames_noted_) {
+    slot_frames_noted_ = slot_frames_;
+    lanes_->note_slot_frames(slot_frames_);
+  }
   size_t got = drain(out);
   // Already-queued work comes first; reading more before the consumer has
   // taken it would only grow the queue.

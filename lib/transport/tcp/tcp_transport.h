@@ -520,6 +520,9 @@ class TcpTransport final : public Transport {
   // Times this loop's lane thread went to sleep (0 before its first lane;
   // for tests of Config::tcp_lane_spin_us).
   uint64_t lane_sleeps() const;
+  // The lane thread's kernel thread id (0 before its first lane; for tests
+  // of where it runs).
+  pid_t lane_thread_id() const;
   // Bytes the links of this transport have received or sent: a sign of
   // work for the lane thread (BulkLanes::run) and the event loop
   // (Reactor::run_turn), since a transfer's data moves without a
@@ -627,6 +630,7 @@ class TcpTransport final : public Transport {
   int epoll_errno_ = 0;  // why epoll_create1 failed, reported by adopt()
   size_t live_links_ = 0;  // links must not outlive the transport (they use io_)
   uint64_t slot_frames_ = 0;  // slot_frames()
+  uint64_t slot_frames_noted_ = 0;  // what the lanes last heard of it (poll())
   uint64_t polls_ = 0;        // poll() calls: a push parks for at least one turn
   uint64_t bytes_moved_ = 0;  // bytes_moved()
   uint64_t completions_queued_ = 0;  // ever pushed to ready_ ...
