@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <future>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -58,27 +59,34 @@ unsigned last_cpu() {
   return 0;
 }
 
-// Starts lanes for a loop with `config` (no lane attached: the thread runs
-// and places itself) and returns the lane thread's mask.
-std::string lane_thread_cpus(const Config& config) {
-  const int epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
-  REQUIRE(epoll_fd >= 0);
-  std::string cpus;
-  {
-    auto lanes = BulkLanes::start(config, epoll_fd);
-    REQUIRE_MESSAGE(lanes.ok(), lanes.status().to_string());
+// Lanes for a loop with `config` and no lane attached: the thread runs,
+// places itself, and sleeps in epoll_wait (100 ms at a time), looking at
+// the spare rule each time it wakes.
+struct IdleLanes {
+  explicit IdleLanes(const Config& config) : epoll_fd(::epoll_create1(EPOLL_CLOEXEC)) {
+    REQUIRE(epoll_fd >= 0);
+    auto started = BulkLanes::start(config, epoll_fd);
+    REQUIRE_MESSAGE(started.ok(), started.status().to_string());
+    lanes = std::move(started).value();
     // The thread publishes its id, then places itself, then polls and
     // sleeps: its first sleep means the placement is done.
     const auto until = std::chrono::steady_clock::now() + 10s;
-    while ((lanes.value()->thread_id() == 0 || lanes.value()->sleeps() == 0) &&
-           std::chrono::steady_clock::now() < until)
+    while ((lanes->thread_id() == 0 || lanes->sleeps() == 0) && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(1ms);
-    REQUIRE(lanes.value()->sleeps() > 0);
-    cpus = affinity_of(lanes.value()->thread_id());
+    REQUIRE(lanes->sleeps() > 0);
   }
-  ::close(epoll_fd);
-  return cpus;
-}
+  ~IdleLanes() {
+    lanes.reset();  // joins the thread, which uses epoll_fd
+    ::close(epoll_fd);
+  }
+  std::string cpus() const { return affinity_of(lanes->thread_id()); }
+
+  int epoll_fd;
+  std::unique_ptr<BulkLanes> lanes;
+};
+
+// The lane thread's mask once it has placed itself.
+std::string lane_thread_cpus(const Config& config) { return IdleLanes(config).cpus(); }
 
 }  // namespace
 
@@ -217,33 +225,23 @@ TEST_CASE("a lane thread keeps off the first CPU while slot frames go by, and re
   const std::string spared = format_cpu_list(shape.spare_mask());
   Config c;
   c.tcp_lane_spare_rate = 800;
-  const int epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
-  REQUIRE(epoll_fd >= 0);
-  {
-    auto started = BulkLanes::start(c, epoll_fd);
-    REQUIRE_MESSAGE(started.ok(), started.status().to_string());
-    BulkLanes& lanes = *started.value();
-    const auto until = std::chrono::steady_clock::now() + 10s;
-    while (lanes.sleeps() == 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
-    REQUIRE(lanes.sleeps() > 0);
-    const pid_t tid = lanes.thread_id();
-    CHECK(affinity_of(tid) == full);  // nothing went by yet
+  IdleLanes idle(c);
+  CHECK(idle.cpus() == full);  // nothing went by yet
 
-    // 10 frames a millisecond (10,000 a second) until the thread moves;
-    // it looks at least every 100 ms, when its epoll_wait times out.
-    uint64_t frames = 0;
-    std::string now_cpus;
-    while ((now_cpus = affinity_of(tid)) != spared && std::chrono::steady_clock::now() < until) {
-      lanes.note_slot_frames(frames += 10);
-      std::this_thread::sleep_for(1ms);
-    }
-    CHECK(now_cpus == spared);
-    // Quiet: two windows (at most two 100 ms sleeps) and it is back.
-    while ((now_cpus = affinity_of(tid)) != full && std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(1ms);
-    CHECK(now_cpus == full);
+  // 10 frames a millisecond (10,000 a second) until the thread moves;
+  // it looks at least every 100 ms, when its epoll_wait times out.
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  uint64_t frames = 0;
+  std::string now_cpus;
+  while ((now_cpus = idle.cpus()) != spared && std::chrono::steady_clock::now() < until) {
+    idle.lanes->note_slot_frames(frames += 10);
+    std::this_thread::sleep_for(1ms);
   }
-  ::close(epoll_fd);
+  CHECK(now_cpus == spared);
+  // Quiet: two windows (at most two 100 ms sleeps) and it is back.
+  while ((now_cpus = idle.cpus()) != full && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(1ms);
+  CHECK(now_cpus == full);
 }
 
 TEST_CASE("a lane thread with a fixed placement, or at rate 0, stays where it is while slot frames go by") {
@@ -257,25 +255,16 @@ TEST_CASE("a lane thread with a fixed placement, or at rate 0, stays where it is
     CPU_CLR(cpu, &rest);
     expected = format_cpu_list(rest);
   }
-  const int epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
-  REQUIRE(epoll_fd >= 0);
-  {
-    auto started = BulkLanes::start(c, epoll_fd);
-    REQUIRE_MESSAGE(started.ok(), started.status().to_string());
-    BulkLanes& lanes = *started.value();
-    const auto until = std::chrono::steady_clock::now() + 10s;
-    while (lanes.sleeps() == 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
-    REQUIRE(lanes.sleeps() > 0);
-    // Long enough for three of its looks (100 ms sleeps), each of which
-    // would have moved it at this rate.
-    const uint64_t looks = lanes.sleeps() + 3;
-    uint64_t frames = 0;
-    while (lanes.sleeps() < looks && std::chrono::steady_clock::now() < until) {
-      lanes.note_slot_frames(frames += 10);
-      std::this_thread::sleep_for(1ms);
-    }
-    REQUIRE(lanes.sleeps() >= looks);
-    CHECK(affinity_of(lanes.thread_id()) == expected);
+  IdleLanes idle(c);
+  // Long enough for three of its looks (100 ms sleeps), each of which
+  // would have moved it at this rate.
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  const uint64_t looks = idle.lanes->sleeps() + 3;
+  uint64_t frames = 0;
+  while (idle.lanes->sleeps() < looks && std::chrono::steady_clock::now() < until) {
+    idle.lanes->note_slot_frames(frames += 10);
+    std::this_thread::sleep_for(1ms);
   }
-  ::close(epoll_fd);
+  REQUIRE(idle.lanes->sleeps() >= looks);
+  CHECK(idle.cpus() == expected);
 }
