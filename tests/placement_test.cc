@@ -63,9 +63,9 @@ unsigned last_cpu() {
 // places itself, and sleeps in epoll_wait (100 ms at a time), looking at
 // the spare rule each time it wakes.
 struct IdleLanes {
-  explicit IdleLanes(const Config& config) : epoll_fd(::epoll_create1(EPOLL_CLOEXEC)) {
+  explicit IdleLanes(const Config& config, uint64_t slot_frames = 0) : epoll_fd(::epoll_create1(EPOLL_CLOEXEC)) {
     REQUIRE(epoll_fd >= 0);
-    auto started = BulkLanes::start(config, epoll_fd);
+    auto started = BulkLanes::start(config, epoll_fd, slot_frames);
     REQUIRE_MESSAGE(started.ok(), started.status().to_string());
     lanes = std::move(started).value();
     // The thread publishes its id, then places itself, then polls and
@@ -267,4 +267,26 @@ TEST_CASE("a lane thread with a fixed placement, or at rate 0, stays where it is
   }
   REQUIRE(idle.lanes->sleeps() >= looks);
   CHECK(idle.cpus() == expected);
+}
+
+// The loop's count when its first lane starts is the rule's baseline: a
+// session that sent a million frames before its first transfer is no
+// burst.  (Counted from 0, the first look after the loop noted the count
+// saw a million frames at once and spared a CPU for nothing.)
+TEST_CASE("a lane thread started on a loop with a long past does not take that past for a burst") {
+  (void)last_cpu();
+  Config c;
+  c.tcp_lane_spare_rate = 800;
+  IdleLanes idle(c, 1'000'000);
+  const std::string full = idle.cpus();
+  const uint64_t asleep = idle.lanes->sleeps();
+  idle.lanes->note_slot_frames(1'000'000);  // what the loop's next poll does
+  // Its next look, and the one after, would have been the spurious one's
+  // verdict and its first quiet window.
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (idle.lanes->sleeps() < asleep + 2 && std::chrono::steady_clock::now() < until) {
+    CHECK(idle.cpus() == full);
+    std::this_thread::sleep_for(1ms);
+  }
+  REQUIRE(idle.lanes->sleeps() >= asleep + 2);
 }

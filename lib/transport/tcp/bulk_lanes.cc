@@ -19,7 +19,8 @@
 
 namespace slotrpc::transport {
 
-Result<std::unique_ptr<BulkLanes>> BulkLanes::start(const Config& loop_config, int loop_epoll_fd) {
+Result<std::unique_ptr<BulkLanes>> BulkLanes::start(const Config& loop_config, int loop_epoll_fd,
+                                                    uint64_t slot_frames) {
   std::unique_ptr<BulkLanes> l(new BulkLanes());
   auto sys_error = [](const char* what) {
     return Status(StatusCode::kResourceExhausted,
@@ -48,6 +49,7 @@ Result<std::unique_ptr<BulkLanes>> BulkLanes::start(const Config& loop_config, i
   l->lane_cpus_ = loop_config.tcp_lane_cpus;
   l->loop_cpus_ = loop_config.loop_cpus;
   l->spare_rate_ = loop_config.tcp_lane_spare_rate;
+  l->slot_frames_.store(slot_frames, std::memory_order_relaxed);  // before the thread reads it
   try {
     l->thread_ = std::thread([p = l.get()] { p->run(); });
   } catch (const std::system_error& e) {

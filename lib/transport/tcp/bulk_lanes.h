@@ -75,7 +75,11 @@ class BulkLanes {
 
   // Starts the lane thread.  `loop_epoll_fd` gets wake_fd() so that a loop
   // asleep in epoll_wait wakes for lane events.
-  static Result<std::unique_ptr<BulkLanes>> start(const Config& loop_config, int loop_epoll_fd);
+  // `slot_frames`: the loop's count so far (note_slot_frames()), so that
+  // the frames of the session's life before its first lane do not look
+  // like a burst to the spare rule.
+  static Result<std::unique_ptr<BulkLanes>> start(const Config& loop_config, int loop_epoll_fd,
+                                                  uint64_t slot_frames = 0);
   // Stops and joins the thread.  Every lane link must be destroyed first.
   ~BulkLanes();
   BulkLanes(const BulkLanes&) = delete;

@@ -830,7 +830,8 @@ void TcpTransport::forget(TcpLink* link) {
 Result<BulkLanes*> TcpTransport::lanes() {
   if (lanes_ == nullptr) {
     if (epoll_fd_ < 0) return Status(StatusCode::kInternal, errno_text("epoll_create1", epoll_errno_));
-    auto started = BulkLanes::start(config_, epoll_fd_);
+    auto started = BulkLanes::start(config_, epoll_fd_, slot_frames_);
+    slot_frames_noted_ = slot_frames_;
     if (!started.ok()) return started.status();
     lanes_ = std::move(started.value());
   }
