@@ -90,11 +90,14 @@ class BulkLanes {
 
   // Loop thread.  pending(): cheap check (an atomic) for poll and sleep.
   bool pending() const { return pending_.load(std::memory_order_acquire); }
-  // Loop thread: its running count of slot frames (TcpTransport::
-  // slot_frames()), which the lane thread's spare rule reads
-  // (lane_placement.h).  A relaxed store: one writer, and a reader that
-  // only wants a recent value.
-  void note_slot_frames(uint64_t frames) { slot_frames_.store(frames, std::memory_order_relaxed); }
+  // Loop thread, every poll: its running count of slot frames
+  // (TcpTransport::slot_frames()), which the lane thread's spare rule
+  // reads (lane_placement.h).  Relaxed: one writer, and a reader that only
+  // wants a recent value.  Stored only when it changed, so that an idle
+  // loop does not take the cache line from the lane thread every turn.
+  void note_slot_frames(uint64_t frames) {
+    if (slot_frames_.load(std::memory_order_relaxed) != frames) slot_frames_.store(frames, std::memory_order_relaxed);
+  }
   // Appends every queued event to `out`, in order, and clears the wake.
   void take(std::vector<Event>& out);
   // Removes the queued events of `link` (it is being destroyed); with

@@ -630,7 +630,6 @@ class TcpTransport final : public Transport {
   int epoll_errno_ = 0;  // why epoll_create1 failed, reported by adopt()
   size_t live_links_ = 0;  // links must not outlive the transport (they use io_)
   uint64_t slot_frames_ = 0;  // slot_frames()
-  uint64_t slot_frames_noted_ = 0;  // what the lanes last heard of it (poll())
   uint64_t polls_ = 0;        // poll() calls: a push parks for at least one turn
   uint64_t bytes_moved_ = 0;  // bytes_moved()
   uint64_t completions_queued_ = 0;  // ever pushed to ready_ ...
