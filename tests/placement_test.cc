@@ -255,6 +255,10 @@ TEST_CASE("a lane thread with a fixed placement, or at rate 0, stays where it is
     CPU_CLR(cpu, &rest);
     expected = format_cpu_list(rest);
   }
+  // The loops have every CPU, so lane_placement() has nothing to give the
+  // lanes and they stay where they started; the user placed threads all
+  // the same, and the rule stays off.
+  SUBCASE("loop list of every CPU") { c.loop_cpus = format_cpu_list(process_cpus()); }
   IdleLanes idle(c);
   // Long enough for three of its looks (100 ms sleeps), each of which
   // would have moved it at this rate.

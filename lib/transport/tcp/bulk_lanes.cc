@@ -74,10 +74,12 @@ BulkLanes::~BulkLanes() {
 void BulkLanes::run() {
   pthread_setname_np(pthread_self(), "slotrpc-lanes");
   tid_.store(::gettid(), std::memory_order_release);
-  // No fixed placement: the spare rule moves the thread off the process's
-  // first CPU while small calls go by (lane_placement.h says why).
-  const bool placed = place_thread();
-  LaneSpare spare(core::process_cpus(), placed ? 0 : spare_rate_, LaneSpare::Clock::now());
+  place_thread();
+  // Neither CPU list set: the spare rule moves the thread off the
+  // process's first CPU while small calls go by (lane_placement.h says
+  // why).  A list set: the user placed the threads, and the rule stays off.
+  const bool listed = !lane_cpus_.empty() || !loop_cpus_.empty();
+  LaneSpare spare(core::process_cpus(), listed ? 0 : spare_rate_, LaneSpare::Clock::now());
   // SCHED_BATCH (Config::tcp_lane_sched = batch): the kernel treats this
   // thread as the background work it is and lets it preempt no one when it
   // wakes, so an event loop that wakes for a small call runs first.  On 2
@@ -168,14 +170,13 @@ void BulkLanes::run() {
 // The thread is started by a loop thread and so begins on the loop's
 // CPUs; without a placement it stays there.  A refusal (a cpuset keeps the
 // process off those CPUs) is logged; the lanes work anyway.
-bool BulkLanes::place_thread() {
+void BulkLanes::place_thread() {
   std::string error;
   const std::optional<cpu_set_t> set = lane_placement(lane_cpus_, loop_cpus_, core::process_cpus(), &error);
   if (!error.empty()) core::log().warn("slotrpc: bulk lanes: {}", error);
   if (set && !core::pin_this_thread(*set))
     core::log().warn("slotrpc: bulk lanes: cannot run on CPUs {}: {}", core::format_cpu_list(*set),
                      std::strerror(errno));
-  return set.has_value() || !error.empty();
 }
 
 BulkLanes::Event BulkLanes::to_event(const Completion& c) {

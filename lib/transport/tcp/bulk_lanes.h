@@ -118,9 +118,8 @@ class BulkLanes {
  private:
   BulkLanes() = default;
   void run();
-  // Applies the fixed placement (lane_placement()).  false when no CPU
-  // list asks for one: the spare rule may then move the thread.
-  bool place_thread();
+  // Applies the fixed placement (lane_placement()), if a CPU list asks for one.
+  void place_thread();
   void forward(Event e);
   // Turns one lane transport completion into an event (under mu()).
   static Event to_event(const Completion& c);
