@@ -143,3 +143,16 @@ TEST_CASE("slotrpc-stat --watch re-reads the files and prints deltas") {
   CHECK(sum == 150);
   CHECK(has_line(r.out, "^  rxe0/1: send_rnr_err$"));
 }
+
+TEST_CASE("slotrpc-stat --help leads with a running server's view, then the device's") {
+  FakeSysfs fs;
+  const Run r = stat("--help", fs);
+  INFO(r.out, r.err);
+  CHECK(r.status == 0);
+  const size_t server = r.out.find("a running slotrpc Server's calls");
+  const size_t device = r.out.find("RDMA hardware counters of a device");
+  REQUIRE(server != std::string::npos);
+  REQUIRE(device != std::string::npos);
+  CHECK(server < device);
+  CHECK(r.out.rfind("slotrpc-stat: a running slotrpc Server's", 0) == 0);
+}

@@ -17,7 +17,9 @@
 
 int main(int argc, char** argv) {
   using namespace slotrpc::stat;
-  CLI::App app{"slotrpc-stat: RDMA hardware counters of a device (and slotrpc metrics)"};
+  CLI::App app{
+      "slotrpc-stat: a running slotrpc Server's calls, per-method latency, transports and errors "
+      "(--address HOST:PORT), or the RDMA hardware counters of a device (--device NAME)"};
   app.set_version_flag("--version", "slotrpc-stat 0.1.0");
 
   DeviceOptions device;
