@@ -10,22 +10,35 @@
 
 namespace slotrpc {
 
-// Codes use gRPC's numbering so that logs and dashboards read the same
-// across both systems.  Only the codes slotrpc produces are listed.
+// gRPC's status codes, with gRPC's numbers, so that logs, dashboards and
+// code ported from gRPC read the same.  A handler may return any of them;
+// a peer that predates the full set receives the codes it does not know as
+// INTERNAL, with the code's name leading the message (docs/protocol.md,
+// "Status codes").
 enum class StatusCode : uint16_t {
   kOk = 0,
   kCancelled = 1,
+  kUnknown = 2,
   kInvalidArgument = 3,
   kDeadlineExceeded = 4,
+  kNotFound = 5,
+  kAlreadyExists = 6,
+  kPermissionDenied = 7,
   kResourceExhausted = 8,
+  kFailedPrecondition = 9,
+  kAborted = 10,
+  kOutOfRange = 11,
   kUnimplemented = 12,
   kInternal = 13,
   kUnavailable = 14,
+  kDataLoss = 15,
+  kUnauthenticated = 16,
 };
 
-// Name of a code ("OK", "DEADLINE_EXCEEDED", ...).
+// Name of a code ("OK", "DEADLINE_EXCEEDED", ...); "UNKNOWN" for a number
+// that is not one.
 SLOTRPC_API std::string_view status_code_name(StatusCode code);
-// True when `raw` is one of the codes above (used when decoding replies).
+// True when `raw` is one of the codes above, 0..16 (used when decoding).
 SLOTRPC_API bool is_known_status_code(uint16_t raw);
 
 class [[nodiscard]] SLOTRPC_API Status {
