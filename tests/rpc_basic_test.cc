@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "log_capture.h"
 #include "process_util.h"
 #include "ping_payloads.h"
 #include "test_messages_generated.h"
@@ -668,6 +669,36 @@ TEST_CASE("a handler that returns OK without Finish() produces INTERNAL") {
                 reply.status().to_string());
   auto g = ch->call_typed<Pong>(kEcho, ping(2, "after-nf", 4));
   CHECK(pong_error(get_within(g), 2, "after-nf", 4) == "");
+}
+
+TEST_CASE("the server logs a handler's mistakes with the method's name, once per method and then rarely") {
+  slotrpc::test::LogCapture logs;
+  slotrpc::Server server;
+  // Names of their own: the log's limit is per method name, process-wide.
+  slotrpc::ServiceDefinition svc("test.Mistakes");
+  svc.add_method("Throws", [](slotrpc::ServerCall&) -> slotrpc::Status { throw std::runtime_error("boom"); });
+  svc.add_method("NoFinish", [](slotrpc::ServerCall&) { return slotrpc::Status(); });
+  svc.add_method("OddCode", [](slotrpc::ServerCall&) {
+    return slotrpc::Status(static_cast<slotrpc::StatusCode>(99), "odd");
+  });
+  svc.add_method("Fails", [](slotrpc::ServerCall&) {
+    return slotrpc::Status(StatusCode::kNotFound, "an ordinary error is no mistake");
+  });
+  REQUIRE(server.add_service(std::move(svc)).ok());
+  REQUIRE(server.start("127.0.0.1:0").ok());
+  auto ch = slotrpc::Channel::connect("127.0.0.1:" + std::to_string(server.port()));
+  REQUIRE(ch.ok());
+  auto empty = [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(slotrpc::test::CreatePing(fbb, 1)); };
+  for (const char* m : {"Throws", "NoFinish", "OddCode", "Fails"}) {
+    for (int i = 0; i < 3; ++i) {
+      auto r = (*ch)->call(slotrpc::method_id(std::string("test.Mistakes.") + m), empty).get();
+      CHECK_FALSE(r.ok());
+    }
+  }
+  CHECK(logs.matching({"handler mistake in test.Mistakes.Throws", "INTERNAL", "threw: boom"}).size() == 1);
+  CHECK(logs.matching({"handler mistake in test.Mistakes.NoFinish", "without finishing"}).size() == 1);
+  CHECK(logs.matching({"handler mistake in test.Mistakes.OddCode", "unknown status code 99"}).size() == 1);
+  CHECK(logs.matching({"test.Mistakes.Fails"}).empty());
 }
 
 TEST_CASE("a handler returning an unknown status code becomes INTERNAL, and the session lives on") {

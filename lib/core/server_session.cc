@@ -4,13 +4,54 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
 
 #include "bulk/descriptors.h"
 #include "bulk/registration_cache.h"
 #include "core/logging.h"
 
 namespace slotrpc::core {
+
+namespace {
+
+// A handler's mistake (it threw, returned OK without finishing its reply,
+// or returned a number that is no status code) reaches the client as
+// INTERNAL; the server's log says so too, once per method and then at most
+// once every kMistakeLogEvery, with how many it left out.  Mistakes are
+// rare and this is their path only, so one lock for every loop is fine.
+constexpr auto kMistakeLogEvery = std::chrono::seconds(10);
+
+void log_handler_mistake(const std::string& method, const Status& status) {
+  struct Entry {
+    std::chrono::steady_clock::time_point last{};
+    uint64_t unlogged = 0;
+  };
+  static std::mutex mu;
+  static auto* entries = new std::unordered_map<std::string, Entry>;  // never freed: loops may log at exit
+  const auto now = std::chrono::steady_clock::now();
+  uint64_t left_out = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto [it, first] = entries->try_emplace(method);
+    Entry& e = it->second;
+    if (!first && now - e.last < kMistakeLogEvery) {
+      ++e.unlogged;
+      return;
+    }
+    left_out = e.unlogged;
+    e.unlogged = 0;
+    e.last = now;
+  }
+  log().warn("slotrpc: handler mistake in {}: the client gets {} (logged at most once every {} s per "
+             "method; {} more since the last line)",
+             method, status.to_string(), kMistakeLogEvery.count(), left_out);
+}
+
+}  // namespace
 
 ServerSession::ServerSession(reactor::Reactor& loop, std::unique_ptr<transport::Link> link,
                              Geometry g, const MethodTable& methods, std::string peer,
@@ -274,11 +315,19 @@ void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
   if (s.client_stream) call.inbound_ = &self->inbound_[slot];
 
   Status status;
+  bool mistake = false;  // logged below (log_handler_mistake)
   try {
     status = s.method->handler(call);
     if (status.ok() && !s.streaming && !b.is_finished()) {
       status = Status(StatusCode::kInternal,
                       fmt::format("{} returned OK without finishing its reply", s.method->full_name));
+      mistake = true;
+    } else if (!is_known_status_code(static_cast<uint16_t>(status.code()))) {
+      // The client would take an unknown code for a protocol violation.
+      status = Status(StatusCode::kInternal,
+                      fmt::format("{} returned unknown status code {}: {}", s.method->full_name,
+                                  static_cast<unsigned>(status.code()), status.message()));
+      mistake = true;
     }
   } catch (const reactor::FiberUnwind&) {
     throw;  // the server is being destroyed while this handler waits
@@ -293,11 +342,14 @@ void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
     b.recover();
     status = Status(StatusCode::kInternal,
                     fmt::format("{} threw: {}", s.method->full_name, e.what()));
+    mistake = true;
   } catch (...) {
     b.recover();
     status = Status(StatusCode::kInternal,
                     fmt::format("{} threw a non-standard exception", s.method->full_name));
+    mistake = true;
   }
+  if (mistake) log_handler_mistake(s.method->full_name, status);
   if (status.ok() && s.in_invalid) {
     status = Status(StatusCode::kInvalidArgument,
                     fmt::format("a client stream message to {} failed FlatBuffers verification",
