@@ -51,4 +51,10 @@ cmake -S "$work/cmake-src" -B "$work/cmake-build" -G Ninja -DCMAKE_PREFIX_PATH="
   > "$work/cmake-setup.log" 2>&1 || { cat "$work/cmake-setup.log" >&2; die "cmake configure of README's recipe failed"; }
 cmake --build "$work/cmake-build" > "$work/cmake-build.log" 2>&1 \
   || { cat "$work/cmake-build.log" >&2; die "cmake --build of README's recipe failed"; }
+# Two targets generate from the same schemas: slotrpc_generate runs
+# slotrpc-gen once per schema, not once per target.
+for schema in common kv; do
+  runs=$(grep -c "slotrpc-gen $schema.fbs" "$work/cmake-build.log" || true)
+  [[ $runs == 1 ]] || { cat "$work/cmake-build.log" >&2; die "slotrpc-gen ran $runs times for $schema.fbs (expected once for both targets)"; }
+done
 run_kv "$work/cmake-build"
