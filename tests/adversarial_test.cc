@@ -415,3 +415,49 @@ TEST_CASE("adversary: cancels for unknown calls are harmless") {
   CHECK(a.close_lines(lines_before) == 0);
   a.check_others_unharmed();
 }
+
+TEST_CASE("status codes: a client that predates the full set gets the new ones as INTERNAL, named in the message") {
+  // A client that does not announce kFeatureStatusCodes in its Hello closed
+  // the session on a code outside the first version's eight; it gets
+  // NOT_FOUND as INTERNAL "NOT_FOUND: ...".  One that announces it gets 5.
+  slotrpc::Server server;
+  ServiceDefinition svc("slotrpc.test.Codes");
+  svc.add_method("NotFound", [](slotrpc::ServerCall&) {
+    return slotrpc::Status(slotrpc::StatusCode::kNotFound, "no such key");
+  });
+  svc.add_method("Exhausted", [](slotrpc::ServerCall&) {
+    return slotrpc::Status(slotrpc::StatusCode::kResourceExhausted, "full");
+  });
+  REQUIRE(server.add_service(std::move(svc)).ok());
+  REQUIRE(server.start("127.0.0.1:0").ok());
+  const uint32_t not_found = slotrpc::method_id("slotrpc.test.Codes.NotFound");
+  const uint32_t exhausted = slotrpc::method_id("slotrpc.test.Codes.Exhausted");
+  // error_reply: the next reply's status and message.
+  auto error_reply = [](int fd) {
+    const Frame f = read_slot_frame(fd);
+    const core::Header r = core::decode_header(f.body.data());
+    REQUIRE(r.kind() == core::Kind::kError);
+    REQUIRE(f.body.size() >= core::kHeaderSize + r.payload_len);
+    return std::pair<uint16_t, std::string>(
+        r.status, std::string(reinterpret_cast<const char*>(f.body.data()) + core::kHeaderSize, r.payload_len));
+  };
+  {
+    Fd old_client(raw_connect(server.port(), 64, 65536, /*features=*/0));
+    send_request(old_client.fd, not_found, 1, 0, 1);
+    const auto [status, message] = error_reply(old_client.fd);
+    CHECK(status == static_cast<uint16_t>(slotrpc::StatusCode::kInternal));
+    CHECK(message == "NOT_FOUND: no such key");
+    // A first-version code goes as it is.
+    send_request(old_client.fd, exhausted, 2, 1, 1);
+    const auto [status2, message2] = error_reply(old_client.fd);
+    CHECK(status2 == static_cast<uint16_t>(slotrpc::StatusCode::kResourceExhausted));
+    CHECK(message2 == "full");
+  }
+  {
+    Fd new_client(raw_connect(server.port(), 64, 65536, core::kFeatureStatusCodes));
+    send_request(new_client.fd, not_found, 1, 0, 1);
+    const auto [status, message] = error_reply(new_client.fd);
+    CHECK(status == static_cast<uint16_t>(slotrpc::StatusCode::kNotFound));
+    CHECK(message == "no such key");
+  }
+}

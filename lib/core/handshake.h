@@ -43,6 +43,30 @@ inline constexpr uint16_t kFeaturePack = 0x0008;
 // (Config::tcp_bulk_push above 0): a client may then send a bulk range it
 // offers right behind its request (docs/protocol.md, "TCP bulk frames").
 inline constexpr uint16_t kFeatureTcpPush = 0x0010;
+// STATUS_CODES: announced by a client in its Hello: it takes every one of
+// gRPC's 17 status codes in an ERROR reply.  A client that predates it
+// closed the session on a code outside the first version's eight (OK,
+// CANCELLED, INVALID_ARGUMENT, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED,
+// UNIMPLEMENTED, INTERNAL, UNAVAILABLE), so to such a client a server sends
+// the others as INTERNAL, the code's name leading the message
+// (docs/protocol.md, "Status codes").
+inline constexpr uint16_t kFeatureStatusCodes = 0x0020;
+// True for the codes every version of the protocol knows.
+inline constexpr bool is_first_version_status(StatusCode c) {
+  switch (c) {
+    case StatusCode::kOk:
+    case StatusCode::kCancelled:
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kDeadlineExceeded:
+    case StatusCode::kResourceExhausted:
+    case StatusCode::kUnimplemented:
+    case StatusCode::kInternal:
+    case StatusCode::kUnavailable:
+      return true;
+    default:
+      return false;
+  }
+}
 void encode_lane_token(uint64_t token, std::byte* out);
 uint64_t decode_lane_token(const std::byte* in);
 
@@ -57,8 +81,8 @@ struct Hello {
   uint32_t slot_count = 0;
   uint32_t slot_size = 0;
   uint32_t extension_len = 0;
-  // kFeature* bits the client accepts (only kFeaturePack so far); 0 from a
-  // client predating the field.
+  // kFeature* bits the client accepts (kFeaturePack, kFeatureStatusCodes);
+  // 0 from a client predating the field.
   uint16_t features = 0;
 };
 

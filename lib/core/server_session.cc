@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "bulk/descriptors.h"
+#include "core/handshake.h"
 #include "bulk/registration_cache.h"
 #include "core/logging.h"
 
@@ -374,6 +375,10 @@ void ServerSession::send_reply(uint16_t slot, Status status) {
     status = Status(StatusCode::kInternal,
                     fmt::format("handler returned unknown status code {}: {}",
                                 static_cast<unsigned>(status.code()), status.message()));
+  } else if (!client_all_codes_ && !is_first_version_status(status.code())) {
+    // An older client would close the session on this code (handshake.h).
+    status = Status(StatusCode::kInternal,
+                    fmt::format("{}: {}", status_code_name(status.code()), status.message()));
   }
   Slot& s = slots_[slot];
   SlotBuilder& b = *builders_[slot];

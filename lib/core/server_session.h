@@ -44,6 +44,10 @@ class ServerSession final : public SessionBase {
   // sends PACKs of replies of at most `pack_small` bytes when the client's
   // Hello offered PACK too (lib/core/pack.h).
   void configure_packing(uint32_t pack_small, bool client_accepts);
+  // Loop thread, right after create(): false for a client whose Hello did
+  // not announce kFeatureStatusCodes; it then receives the codes outside
+  // the first version's as INTERNAL (handshake.h).
+  void set_client_takes_all_status_codes(bool all) { client_all_codes_ = all; }
   // Loop thread, right after create(): post once this many messages wait
   // (replies finished in one turn), not only at the turn's end
   // (Outbox::set_flush_every).
@@ -185,6 +189,7 @@ class ServerSession final : public SessionBase {
   std::vector<int32_t> granted_to_;
   std::vector<uint32_t> grant_generation_;
   Outbox outbox_;
+  bool client_all_codes_ = true;  // set_client_takes_all_status_codes
   // Set when this session accepts PACKs (configure_packing).
   std::unique_ptr<PackReceiver> pack_;
   uint32_t running_ = 0;

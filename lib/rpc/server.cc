@@ -544,6 +544,7 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
     return fail(StatusCode::kResourceExhausted,
                 fmt::format("server cannot set up the session: {}", e.what()));
   }
+  session->set_client_takes_all_status_codes((p.hello.features & core::kFeatureStatusCodes) != 0);
   if (packing && config.pack_small != 0) {
     session->configure_packing(config.pack_small, (p.hello.features & core::kFeaturePack) != 0);
     features |= core::kFeaturePack;
