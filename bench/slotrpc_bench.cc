@@ -107,6 +107,11 @@ uint64_t largest_payload(uint32_t slot_size) {
   return lo;
 }
 
+// --wait future: the calls wait with Future::get() on the benchmark's
+// thread (a window of futures, oldest first) instead of a callback chain on
+// the loop: what a program that writes `.get()` sees.
+bool g_wait_future = false;
+
 class SlotrpcDriver final : public EchoDriver {
  public:
   SlotrpcDriver(std::string address, slotrpc::Config cfg) : address_(std::move(address)), cfg_(std::move(cfg)) {}
@@ -134,6 +139,7 @@ class SlotrpcDriver final : public EchoDriver {
       pt.first_error = st.to_string();
       return pt;
     }
+    if (g_wait_future) return run_futures(size, calls, outstanding, channels, done);
     // Reply callbacks run on the channels' event loop (all channels share
     // the default runtime's one loop): they record, check and re-issue.
     struct State {
@@ -183,6 +189,45 @@ class SlotrpcDriver final : public EchoDriver {
     pt.calls = calls;
     pt.failed = s.failed;
     pt.first_error = s.first_error;
+    return pt;
+  }
+
+  // --wait future: `outstanding` futures in flight, each waited for with
+  // get() in the order issued, and replaced by a new call.
+  Point run_futures(uint64_t size, uint64_t calls, uint64_t outstanding, uint32_t channels,
+                    std::atomic<uint64_t>& done) {
+    Point pt;
+    struct InFlight {
+      slotrpc::Future<slotrpc::Reply<EchoReply>> f;
+      Clock::time_point start;
+    };
+    std::deque<InFlight> window;
+    uint64_t issued = 0;
+    auto issue = [&] {
+      const uint64_t seq = issued++;
+      const auto start = Clock::now();
+      window.push_back({clients_[seq % channels]->Echo(
+                            [seq, size](flatbuffers::FlatBufferBuilder& fbb) { return build_request(fbb, seq, size); }),
+                        start});
+    };
+    const auto t0 = Clock::now();
+    while (issued < std::min(outstanding, calls)) issue();
+    while (!window.empty()) {
+      auto r = window.front().f.get();
+      pt.latency_ns.record(static_cast<uint64_t>((Clock::now() - window.front().start).count()));
+      window.pop_front();
+      std::string err;
+      if (!r.ok()) {
+        err = r.status().to_string();
+      } else if (r->payload() == nullptr || r->payload()->size() != size) {
+        err = "wrong payload size";
+      }
+      if (!err.empty() && pt.failed++ == 0) pt.first_error = err;
+      done.fetch_add(1, std::memory_order_relaxed);
+      if (issued < calls) issue();
+    }
+    pt.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    pt.calls = calls;
     return pt;
   }
 
@@ -989,6 +1034,11 @@ int main(int argc, char** argv) {
   app.add_option("--throughput-size", throughput_size, "Throughput payload bytes")->capture_default_str();
   app.add_option("--slot-size", slot_size, "slotrpc slot size of the latency channels (bytes, multiple of 64)")
       ->check(CLI::Range(4096u, 64u << 20))->capture_default_str();
+  std::string wait_mode = "callback";
+  app.add_option("--wait", wait_mode,
+                 "How slotrpc's calls wait: callback (a chain of reply callbacks on the loop) or future "
+                 "(Future::get() on the benchmark's thread)")
+      ->check(CLI::IsMember({"callback", "future"}))->capture_default_str();
   app.add_option("--address", host, "IPv4 address the servers listen on and clients connect to")->capture_default_str();
   app.add_option("--json", json_path, "Write every figure to this JSON file");
   app.add_option("--serve", serve, "(internal) run the server of one system")->group("");
@@ -999,6 +1049,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  g_wait_future = wait_mode == "future";
 
   if (!serve.empty()) {
     // Block the termination signals before any thread starts, so only
