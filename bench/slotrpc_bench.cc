@@ -109,8 +109,10 @@ uint64_t largest_payload(uint32_t slot_size) {
 
 // --wait future: the calls wait with Future::get() on the benchmark's
 // thread (a window of futures, oldest first) instead of a callback chain on
-// the loop: what a program that writes `.get()` sees.
+// the loop: what a program that writes `.get()` sees.  --wait poll spins on
+// Future::ready() before each get().
 bool g_wait_future = false;
+bool g_wait_poll = false;  // --wait poll: spin on Future::ready() first
 
 class SlotrpcDriver final : public EchoDriver {
  public:
@@ -213,6 +215,10 @@ class SlotrpcDriver final : public EchoDriver {
     const auto t0 = Clock::now();
     while (issued < std::min(outstanding, calls)) issue();
     while (!window.empty()) {
+      if (g_wait_poll) {
+        while (!window.front().f.ready()) {
+        }
+      }
       auto r = window.front().f.get();
       pt.latency_ns.record(static_cast<uint64_t>((Clock::now() - window.front().start).count()));
       window.pop_front();
@@ -1037,8 +1043,8 @@ int main(int argc, char** argv) {
   std::string wait_mode = "callback";
   app.add_option("--wait", wait_mode,
                  "How slotrpc's calls wait: callback (a chain of reply callbacks on the loop) or future "
-                 "(Future::get() on the benchmark's thread)")
-      ->check(CLI::IsMember({"callback", "future"}))->capture_default_str();
+                 "(Future::get() on the benchmark's thread) or poll (spin on Future::ready(), then get())")
+      ->check(CLI::IsMember({"callback", "future", "poll"}))->capture_default_str();
   app.add_option("--address", host, "IPv4 address the servers listen on and clients connect to")->capture_default_str();
   app.add_option("--json", json_path, "Write every figure to this JSON file");
   app.add_option("--serve", serve, "(internal) run the server of one system")->group("");
@@ -1049,7 +1055,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  g_wait_future = wait_mode == "future";
+  g_wait_future = wait_mode == "future" || wait_mode == "poll";
+  g_wait_poll = wait_mode == "poll";
 
   if (!serve.empty()) {
     // Block the termination signals before any thread starts, so only
