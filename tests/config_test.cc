@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "env_var.h"
-#include "core/settings.h"
+#include "base/settings.h"
 #include "slotrpc/channel.h"
 #include "slotrpc/config.h"
 #include "slotrpc/server.h"
@@ -31,10 +31,10 @@ using slotrpc::test::EnvVar;
 class CleanEnv {
  public:
   CleanEnv() {
-    for (const auto& s : slotrpc::core::uint_settings()) {
+    for (const auto& s : slotrpc::base::uint_settings()) {
       vars_.emplace_back(std::make_unique<EnvVar>(std::string(s.env).c_str(), std::nullopt));
     }
-    for (std::string_view n : slotrpc::core::named_settings()) {
+    for (std::string_view n : slotrpc::base::named_settings()) {
       vars_.emplace_back(std::make_unique<EnvVar>(std::string(n).c_str(), std::nullopt));
     }
   }
@@ -60,11 +60,11 @@ bool contains_number(std::string_view text, std::string_view number) {
   return false;
 }
 
-const slotrpc::core::UintSetting& setting(std::string_view field) {
-  for (const auto& s : slotrpc::core::uint_settings())
+const slotrpc::base::UintSetting& setting(std::string_view field) {
+  for (const auto& s : slotrpc::base::uint_settings())
     if (s.field == field) return s;
   FAIL("no setting " << field);
-  return slotrpc::core::uint_settings()[0];
+  return slotrpc::base::uint_settings()[0];
 }
 
 }  // namespace
@@ -146,7 +146,7 @@ TEST_CASE("config: the settings table covers every whole-number field") {
       {"srq_depth", "SLOTRPC_SRQ_DEPTH", &Config::srq_depth, 64, 1u << 20},
       {"monitor_interval_ms", "SLOTRPC_MONITOR_INTERVAL_MS", &Config::monitor_interval_ms, 0, 3'600'000},
   };
-  CHECK(slotrpc::core::uint_settings().size() == std::size(expected));
+  CHECK(slotrpc::base::uint_settings().size() == std::size(expected));
   for (const Expect& e : expected) {
     CAPTURE(e.field);
     const auto& s = setting(e.field);
@@ -159,7 +159,7 @@ TEST_CASE("config: the settings table covers every whole-number field") {
 }
 
 TEST_CASE("config: each whole-number setting out of range is INVALID_ARGUMENT naming it") {
-  for (const auto& s : slotrpc::core::uint_settings()) {
+  for (const auto& s : slotrpc::base::uint_settings()) {
     const std::string min = std::to_string(s.min);
     const std::string max = std::to_string(s.max);
     std::vector<uint64_t> bad;
@@ -192,7 +192,7 @@ TEST_CASE("config: each whole-number setting out of range is INVALID_ARGUMENT na
 }
 
 TEST_CASE("config: boundary values of each whole-number setting are accepted") {
-  for (const auto& s : slotrpc::core::uint_settings()) {
+  for (const auto& s : slotrpc::base::uint_settings()) {
     for (uint64_t v : {s.min, s.max}) {
       Config c;
       c.*s.member = static_cast<uint32_t>(v);
@@ -578,7 +578,7 @@ TEST_CASE("config: valid environment overrides apply") {
     CHECK(r->log_level == "error");
   }
   SUBCASE("every whole-number variable") {
-    for (const auto& s : slotrpc::core::uint_settings()) {
+    for (const auto& s : slotrpc::base::uint_settings()) {
       // A value inside the range that differs from the default.
       uint64_t value = s.min + 1;
       if (s.member == &Config::peer_timeout_ms) value = 2000;
@@ -657,7 +657,7 @@ TEST_CASE("config: out-of-range variables are refused") {
     CHECK(contains_number(r.status().message(), "4294967296"));
   }
   SUBCASE("every whole-number variable above its maximum") {
-    for (const auto& s : slotrpc::core::uint_settings()) {
+    for (const auto& s : slotrpc::base::uint_settings()) {
       const std::string text = std::to_string(s.max + 1);
       EnvVar v(std::string(s.env).c_str(), text);
       auto r = Config{}.with_environment();

@@ -4,7 +4,7 @@
 // is created, set variables override the struct (operators tune deployed
 // binaries without a rebuild), and the result is validated: an invalid value
 // is an error naming the setting, the value and the allowed range.
-// docs/tuning.md lists every setting; lib/core/settings.h is the one table
+// docs/tuning.md lists every setting; lib/base/settings.h is the one table
 // the parser, validator and docs are written from.
 #pragma once
 
@@ -178,7 +178,7 @@ struct SLOTRPC_API Config {
   uint32_t srq_depth = 16384;        // SLOTRPC_SRQ_DEPTH: receive requests of a loop's SRQ
   // SLOTRPC_MONITOR_INTERVAL_MS: how often each event loop that uses verbs
   // samples the device port's hardware counters and its receive pools
-  // (lib/monitor/, docs/design.md "Metrics and the monitor"); 0 = off.
+  // (lib/transport/verbs/monitor.h, docs/design.md "Metrics and the monitor"); 0 = off.
   uint32_t monitor_interval_ms = 1000;
   std::string log_level = "info";  // SLOTRPC_LOG_LEVEL trace|debug|info|warn|error|critical|off
 
