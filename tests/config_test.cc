@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "env_var.h"
+#include "log_capture.h"
 #include "base/settings.h"
 #include "slotrpc/channel.h"
 #include "slotrpc/config.h"
@@ -838,4 +839,50 @@ TEST_CASE("config: Server and Channel apply environment overrides") {
   CHECK_FALSE(stats.closed);
   ch.value().reset();
   server.stop();
+}
+
+// The overlay can be refused (set_environment_overlay), and what it applies
+// is logged once per process, with the value.
+TEST_CASE("a program can refuse the environment overlay, and what it applies is logged once") {
+  CleanEnv clean;
+  EnvVar count("SLOTRPC_SLOT_COUNT", "77");  // values no other case sets: logged once per process
+  EnvVar spin("SLOTRPC_SPIN_US", "4321");
+  EnvVar level("SLOTRPC_LOG_LEVEL", "info");
+
+  REQUIRE(slotrpc::environment_overlay());
+  slotrpc::set_environment_overlay(false);
+  {
+    auto c = Config{}.with_environment();
+    slotrpc::set_environment_overlay(true);
+    REQUIRE_MESSAGE(c.ok(), c.status().to_string());
+    CHECK(c->slot_count == Config{}.slot_count);
+    CHECK(c->spin_us == Config{}.spin_us);
+    CHECK(c->log_level == Config{}.log_level);
+  }
+  {
+    // Still validated with the overlay off.
+    slotrpc::set_environment_overlay(false);
+    Config bad;
+    bad.slot_count = 0;
+    auto c = bad.with_environment();
+    slotrpc::set_environment_overlay(true);
+    CHECK_FALSE(c.ok());
+  }
+
+  slotrpc::test::LogCapture log;
+  slotrpc::base::log().set_level(spdlog::level::info);
+  auto count_lines = [&](std::string_view what) {
+    size_t n = 0;
+    for (const auto& line : log.lines()) n += line.find(what) != std::string::npos;
+    return n;
+  };
+  for (int i = 0; i < 3; ++i) {
+    auto c = Config{}.with_environment();
+    REQUIRE_MESSAGE(c.ok(), c.status().to_string());
+    CHECK(c->slot_count == 77);
+    CHECK(c->spin_us == 4321);
+  }
+  CHECK(count_lines("setting from the environment: SLOTRPC_SLOT_COUNT=77") == 1);
+  CHECK(count_lines("setting from the environment: SLOTRPC_SPIN_US=4321") == 1);
+  CHECK(count_lines("SLOTRPC_PORT") == 0);  // not set: not logged
 }

@@ -2,8 +2,10 @@
 //
 // Each field has a SLOTRPC_* environment variable.  When a Server or Channel
 // is created, set variables override the struct (operators tune deployed
-// binaries without a rebuild), and the result is validated: an invalid value
-// is an error naming the setting, the value and the allowed range.
+// binaries without a rebuild; each one applied is logged once, with its
+// value), and the result is validated: an invalid value is an error naming
+// the setting, the value and the allowed range.  A program can refuse the
+// overlay: set_environment_overlay(false).
 // docs/tuning.md lists every setting; lib/base/settings.h is the one table
 // the parser, validator and docs are written from.
 #pragma once
@@ -191,9 +193,19 @@ struct SLOTRPC_API Config {
 
   // Checks every field; the error names the first bad setting.
   Status validate() const;
-  // Applies set SLOTRPC_* variables on top of `*this`, then validates.
+  // Applies set SLOTRPC_* variables on top of `*this`, then validates
+  // (only validates while the overlay is off: set_environment_overlay).
+  // Each variable it applies is logged once per process, with its value.
   Result<Config> with_environment() const;
 };
+
+// Process-wide: whether Config::with_environment() applies the SLOTRPC_*
+// variables, and so whether every Server, Channel and Runtime created from
+// now on takes them.  On by default, so that operators can tune a deployed
+// binary; a program that must not be tuned from outside (an embedded use,
+// a test that needs its own values) turns it off before it creates any.
+SLOTRPC_API void set_environment_overlay(bool enabled);
+SLOTRPC_API bool environment_overlay();
 
 SLOTRPC_API std::string_view to_string(PollMode mode);
 SLOTRPC_API std::string_view to_string(TransportKind kind);

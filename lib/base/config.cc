@@ -2,13 +2,19 @@
 //
 // No atoi: a value must be all digits, fit in 64 bits and lie in its range,
 // otherwise the error says which setting, which value and what is allowed.
+#include <atomic>
 #include <charconv>
+#include <mutex>
+#include <set>
+#include <utility>
+#include <vector>
 #include <cstdlib>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "base/cpu_list.h"
+#include "base/logging.h"
 #include "base/settings.h"
 #include "slotrpc/config.h"
 
@@ -339,82 +345,122 @@ Status Config::validate() const {
   return {};
 }
 
+namespace {
+
+std::atomic<bool> g_environment_overlay{true};
+
+// Each SLOTRPC_* value the environment set, logged once per process (a
+// program makes many Servers and Channels; the operator needs to read it
+// once), at info, unless the resulting log level hides info.
+void log_overrides(const std::vector<std::pair<std::string, std::string>>& set,
+                   std::string_view log_level) {
+  if (set.empty()) return;
+  if (log_level != "trace" && log_level != "debug" && log_level != "info") return;
+  static std::mutex mu;
+  static std::set<std::string, std::less<>> logged;
+  for (const auto& [name, text] : set) {
+    std::string line = fmt::format("{}={}", name, text);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!logged.insert(line).second) continue;
+    }
+    base::log().info("slotrpc: setting from the environment: {}", line);
+  }
+}
+
+}  // namespace
+
+void set_environment_overlay(bool enabled) { g_environment_overlay.store(enabled); }
+bool environment_overlay() { return g_environment_overlay.load(); }
+
 Result<Config> Config::with_environment() const {
   using namespace base;
+  if (!environment_overlay()) {
+    if (Status st = validate(); !st.ok()) return st;
+    return *this;
+  }
   Config out = *this;
+  // Every variable that is set, as it was read: logged once validated.
+  std::vector<std::pair<std::string, std::string>> set;
+  auto env = [&set](const char* name) -> const char* {
+    const char* text = std::getenv(name);
+    if (text != nullptr) set.emplace_back(name, text);
+    return text;
+  };
   for (const UintSetting& s : uint_settings()) {
-    const char* text = std::getenv(std::string(s.env).c_str());
+    const char* text = env(std::string(s.env).c_str());
     if (text == nullptr) continue;
     auto v = parse_uint(s.env, text, s.min, s.max);
     if (!v.ok()) return v.status();
     out.*s.member = static_cast<uint32_t>(v.value());
   }
-  if (const char* text = std::getenv("SLOTRPC_POLL_MODE")) {
+  if (const char* text = env("SLOTRPC_POLL_MODE")) {
     auto v = parse_name("SLOTRPC_POLL_MODE", text, kPollModes);
     if (!v.ok()) return v.status();
     out.poll_mode = v.value();
   }
-  if (const char* text = std::getenv("SLOTRPC_TRANSPORT")) {
+  if (const char* text = env("SLOTRPC_TRANSPORT")) {
     auto v = parse_name("SLOTRPC_TRANSPORT", text, kTransports);
     if (!v.ok()) return v.status();
     out.transport = v.value();
   }
-  if (const char* text = std::getenv("SLOTRPC_LOG_LEVEL")) {
+  if (const char* text = env("SLOTRPC_LOG_LEVEL")) {
     auto v = parse_name("SLOTRPC_LOG_LEVEL", text, kLogLevels);
     if (!v.ok()) return v.status();
     out.log_level = text;
   }
-  if (const char* text = std::getenv("SLOTRPC_DEVICE")) {
+  if (const char* text = env("SLOTRPC_DEVICE")) {
     if (Status st = check_device_name("SLOTRPC_DEVICE", text); !st.ok()) return st;
     out.device = text;
   }
-  if (const char* text = std::getenv("SLOTRPC_GID_INDEX")) {
+  if (const char* text = env("SLOTRPC_GID_INDEX")) {
     auto v = parse_gid_index("SLOTRPC_GID_INDEX", text);
     if (!v.ok()) return v.status();
     out.gid_index = v.value();
   }
-  if (const char* text = std::getenv("SLOTRPC_TCP_LANE_SCHED")) {
+  if (const char* text = env("SLOTRPC_TCP_LANE_SCHED")) {
     auto v = parse_name("SLOTRPC_TCP_LANE_SCHED", text, kLaneScheds);
     if (!v.ok()) return v.status();
     out.tcp_lane_sched = v.value();
   }
-  if (const char* text = std::getenv("SLOTRPC_RELAXED_ORDERING")) {
+  if (const char* text = env("SLOTRPC_RELAXED_ORDERING")) {
     auto v = parse_name("SLOTRPC_RELAXED_ORDERING", text, kRelaxedOrdering);
     if (!v.ok()) return v.status();
     out.relaxed_ordering = v.value();
   }
-  if (const char* text = std::getenv("SLOTRPC_SRQ")) {
+  if (const char* text = env("SLOTRPC_SRQ")) {
     auto v = parse_name("SLOTRPC_SRQ", text, kSrqModes);
     if (!v.ok()) return v.status();
     out.srq = v.value();
   }
-  if (const char* text = std::getenv("SLOTRPC_MAX_RING_MEMORY")) {
+  if (const char* text = env("SLOTRPC_MAX_RING_MEMORY")) {
     auto v = parse_ring_memory("SLOTRPC_MAX_RING_MEMORY", text);
     if (!v.ok()) return v.status();
     out.max_ring_memory = v.value();
   }
-  if (const char* text = std::getenv("SLOTRPC_MAX_BULK_BYTES")) {
+  if (const char* text = env("SLOTRPC_MAX_BULK_BYTES")) {
     auto v = parse_uint("SLOTRPC_MAX_BULK_BYTES", text, 1, kMaxBulkBytesLimit);
     if (!v.ok()) return v.status();
     out.max_bulk_bytes = v.value();
   }
-  if (const char* text = std::getenv("SLOTRPC_METRICS_ADDRESS")) {
+  if (const char* text = env("SLOTRPC_METRICS_ADDRESS")) {
     if (Status st = check_metrics_address("SLOTRPC_METRICS_ADDRESS", text); !st.ok()) return st;
     out.metrics_address = text;
   }
-  if (const char* text = std::getenv("SLOTRPC_UNIX_PATH")) {
+  if (const char* text = env("SLOTRPC_UNIX_PATH")) {
     if (Status st = check_unix_path("SLOTRPC_UNIX_PATH", text); !st.ok()) return st;
     out.unix_path = text;
   }
   for (auto [name, field] : {std::pair{"SLOTRPC_LOOP_CPUS", &Config::loop_cpus},
                              std::pair{"SLOTRPC_TCP_LANE_CPUS", &Config::tcp_lane_cpus}}) {
-    if (const char* text = std::getenv(name)) {
+    if (const char* text = env(name)) {
       if (Status st = check_cpu_list(name, text); !st.ok()) return st;
       out.*field = text;
     }
   }
   Status st = out.validate();
   if (!st.ok()) return st;
+  log_overrides(set, out.log_level);
   return out;
 }
 
