@@ -248,6 +248,7 @@ TEST_CASE("a lane thread keeps off the first CPU while slot frames go by, and re
 TEST_CASE("a lane thread with a fixed placement, or at rate 0, stays where it is while slot frames go by") {
   const unsigned cpu = last_cpu();
   Config c;
+  c.tcp_lane_spare_rate = 800;  // on (the default is off), unless a case says otherwise
   std::string expected = format_cpu_list(process_cpus());
   SUBCASE("rate 0") { c.tcp_lane_spare_rate = 0; }
   SUBCASE("loop list") {

@@ -146,14 +146,17 @@ struct SLOTRPC_API Config {
   // SLOTRPC_TCP_LANE_CPUS: the CPUs bulk lane threads run on ("0-3,8").
   // Empty: with loop_cpus set, the process's other CPUs (if it has any),
   // so that bulk copies never share a core with an event loop; else
-  // wherever the kernel puts them, within tcp_lane_spare_rate's rule.
+  // wherever the kernel puts them (within tcp_lane_spare_rate's rule, if
+  // set).
   std::string tcp_lane_cpus;
   // SLOTRPC_TCP_LANE_SPARE_RATE: with neither CPU list set, an event loop's
   // lane thread keeps off the process's first CPU while the loop sends or
   // receives at least this many slot frames a second (small calls beside a
   // transfer), so that the loops and the callers have a core no bulk copy
-  // holds (docs/tuning.md, "Thread placement").  0: never.
-  uint32_t tcp_lane_spare_rate = 800;
+  // holds (docs/tuning.md, "Thread placement").  0 (default): never.  Off
+  // by default because it was measured on one 2-vCPU host only (800 helped
+  // there).
+  uint32_t tcp_lane_spare_rate = 0;
   // SLOTRPC_PACK_SMALL: requests and replies of at most this many bytes
   // (32-byte header + payload) that are ready in the same event-loop turn
   // travel together in one slot message, one work request or frame

@@ -8,7 +8,8 @@
 //
 // * LaneSpare: with no fixed mask, the lane thread leaves the first CPU of
 //   the process alone while small calls go by beside a transfer
-//   (Config::tcp_lane_spare_rate), and takes it back once they stop.
+//   (Config::tcp_lane_spare_rate), and takes it back once they stop.  Off
+//   unless the rate is set: it was measured on one 2-vCPU host only.
 //
 // Why LaneSpare.  A lane thread's recv or sendmsg copies up to a megabyte,
 // and a kernel without full preemption (preempt=none, or voluntary) lets
