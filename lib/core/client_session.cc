@@ -11,6 +11,12 @@
 #include "base/logging.h"
 
 namespace slotrpc::detail {
+struct ReplyAccess {
+  static void set_bulk_received(RawReply& reply, std::vector<uint64_t> lengths) {
+    reply.set_bulk_received(std::move(lengths));
+  }
+};
+
 void release_reply(const std::shared_ptr<ReplyOwner>& owner, uint16_t slot, uint32_t generation) {
   owner->release(slot, generation);
 }
@@ -438,7 +444,7 @@ void ClientSession::on_message(const transport::Completion& c) {
   }
   s.state = SlotState::kHeld;  // until the application drops the reply
   RawReply reply(Status(), payload, shared_from_this(), h.slot, h.generation);
-  if (!received.empty()) reply.set_bulk_received(std::move(received));
+  if (!received.empty()) ::slotrpc::detail::ReplyAccess::set_bulk_received(reply, std::move(received));
   end_call(call, std::move(reply));
 }
 
