@@ -28,8 +28,8 @@
 //     one staging buffer's worth of frames.
 //
 // Bulk transfers (transport.h "Bulk transfers", docs/protocol.md
-// "TCP bulk frames"; code in tcp_bulk.cc, the framing and the rest of
-// TcpLink in tcp_transport.cc): one-sided reads and writes are emulated on the same
+// "TCP bulk frames"; code in tcp_bulk.cc and tcp_pushes.cc, the framing
+// in tcp_link.cc, the lanes in tcp_link_lanes.cc): one-sided reads and writes are emulated on the same
 // socket with more frame types (READ_REQ, READ_DATA, WRITE_DATA, FENCE and
 // PUSH_DATA).  The exposing side keeps a table of
 // exposed ranges (rkey -> range, access) and checks every request against
