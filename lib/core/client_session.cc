@@ -699,22 +699,6 @@ void ClientSession::shutdown(Status status) {
 
 // The liveness timer fires when something is due (core/liveness.h): the
 // next PING or the server's death, counted from when it was last heard.
-void ClientSession::arm_keepalive() {
-  keepalive_timer_ = loop_.timers().add(liveness_.next_check(Clock::now(), loop_.config()),
-                                        &ClientSession::on_keepalive, this, 0);
-}
-
-void ClientSession::on_keepalive(void* self_ptr, uint64_t) {
-  auto* self = static_cast<ClientSession*>(self_ptr);
-  self->keepalive_timer_ = 0;
-  if (self->closed_) return;
-  const bool listening = self->link_ == nullptr || self->link_->listening();
-  std::string dead = self->liveness_.on_timer(Clock::now(), self->loop_.config(), self->peer_, listening,
-                                              [self] { self->send_control(Kind::kPing, 0, 0, 0); });
-  if (!dead.empty()) return self->shutdown(Status(StatusCode::kUnavailable, std::move(dead)));
-  self->arm_keepalive();
-}
-
 ClientSession::Counters ClientSession::counters() const {
   Counters c;
   c.free_slots = static_cast<uint32_t>(free_.size());

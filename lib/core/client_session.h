@@ -208,7 +208,6 @@ class ClientSession final : public SessionBase,
   static void flush_thunk(SessionBase* s);
   static void on_deadline(void* self, uint64_t call);
   Status deadline_exceeded(const PendingCall& call) const;
-  static void on_keepalive(void* self, uint64_t);
 
   void on_message(const transport::Completion& c);
   void on_pack(const transport::Completion& c, const Header& h);
@@ -246,7 +245,9 @@ class ClientSession final : public SessionBase,
   void flush();
   void enqueue(PendingCall* call);
   void dequeue(PendingCall* call);
-  void arm_keepalive();
+  friend struct KeepaliveTimer<ClientSession>;
+  void arm_keepalive() { KeepaliveTimer<ClientSession>::arm(this); }
+  void peer_dead(std::string reason) { shutdown(Status(StatusCode::kUnavailable, std::move(reason))); }
 
   core::Loop& loop_;
   // Its owner's counters on this loop (set_counters), or null: the loop's.

@@ -477,20 +477,4 @@ void ServerSession::maybe_finished() {
 // The liveness timer fires when something is due (core/liveness.h), not on
 // a fixed period, so a silent client is closed peer_timeout_ms after it was
 // last heard, within a timer tick.
-void ServerSession::arm_keepalive() {
-  keepalive_timer_ = loop_.timers().add(liveness_.next_check(Clock::now(), loop_.config()),
-                                        &ServerSession::on_keepalive, this, 0);
-}
-
-void ServerSession::on_keepalive(void* self_ptr, uint64_t) {
-  auto* self = static_cast<ServerSession*>(self_ptr);
-  self->keepalive_timer_ = 0;
-  if (self->closed_) return;
-  std::string dead = self->liveness_.on_timer(Clock::now(), self->loop_.config(), self->peer_,
-                                              self->link_->listening(),
-                                              [self] { self->send_control(Kind::kPing, 0, 0, 0); });
-  if (!dead.empty()) return self->close(std::move(dead));
-  self->arm_keepalive();
-}
-
 }  // namespace slotrpc::core

@@ -132,7 +132,6 @@ class ServerSession final : public SessionBase {
   static void on_completion_thunk(SessionBase* s, const transport::Completion& c);
   static void flush_thunk(SessionBase* s);
   static void run_handler(void* self, uint64_t slot);
-  static void on_keepalive(void* self, uint64_t);
 
   void on_message(const transport::Completion& c);
   void on_pack(const transport::Completion& c, const Header& h);
@@ -152,7 +151,9 @@ class ServerSession final : public SessionBase {
   void flush();
   void maybe_finished();
   void count_finished(Slot& s, StatusCode code);
-  void arm_keepalive();
+  friend struct KeepaliveTimer<ServerSession>;
+  void arm_keepalive() { KeepaliveTimer<ServerSession>::arm(this); }
+  void peer_dead(std::string reason) { close(std::move(reason)); }
 
   core::Loop& loop_;
   // Its owner's counters on this loop (set_counters), or null: the loop's.
