@@ -3,7 +3,6 @@
 
 #include "core/bulk/region.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -19,7 +18,6 @@
 #include <vector>
 
 #include "core/client_session.h"
-#include "core/handshake.h"
 #include "base/logging.h"
 #include "metrics/collect.h"
 #include "transport/verbs/monitor.h"
@@ -28,13 +26,9 @@
 #include "rpc/connector.h"
 #include "rpc/runtime_core.h"
 #include "slotrpc/fiber.h"
-#include "transport/verbs/device.h"
 #include "transport/verbs/device_probe.h"
 #include "transport/verbs/verbs_transport.h"
-#include "transport/shm/shm_transport.h"
-#include "transport/tcp/tcp_transport.h"
 
-#include <poll.h>
 
 namespace slotrpc {
 

@@ -21,11 +21,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/handshake.h"
 #include "base/logging.h"
 #include "core/method_table.h"
-#include "core/server_session.h"
-#include "base/settings.h"
 #include "metrics/collect.h"
 #include "metrics/http_server.h"
 #include "rpc/loop_transports.h"
@@ -33,13 +30,9 @@
 #include "transport/verbs/monitor.h"
 #include "reactor/reactor.h"
 #include "rpc/acceptor.h"
-#include "rpc/admission.h"
 #include "rpc/connector.h"
 #include "rpc/runtime_core.h"
 #include "transport/verbs/device.h"
-#include "transport/verbs/verbs_transport.h"
-#include "transport/shm/shm_transport.h"
-#include "transport/tcp/tcp_transport.h"
 
 namespace slotrpc {
 

@@ -7,14 +7,11 @@
 
 #include "slotrpc/server.h"
 
-#include "core/bulk/region.h"
 
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
 #include <fmt/format.h>
 
 #include <array>
@@ -27,11 +24,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/handshake.h"
 #include "base/logging.h"
 #include "core/method_table.h"
 #include "core/server_session.h"
-#include "base/settings.h"
 #include "metrics/collect.h"
 #include "metrics/http_server.h"
 #include "rpc/loop_transports.h"
@@ -42,10 +37,11 @@
 #include "rpc/admission.h"
 #include "rpc/connector.h"
 #include "rpc/runtime_core.h"
-#include "transport/verbs/device.h"
-#include "transport/verbs/verbs_transport.h"
-#include "transport/shm/shm_transport.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/verbs/qp_info.h"
+
+namespace slotrpc::transport::shm {
+class ShmLink;
+}
 
 namespace slotrpc {
 

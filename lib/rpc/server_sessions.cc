@@ -3,6 +3,17 @@
 // or a TCP bulk lane handed to its session's link.
 #include "rpc/server_impl.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "base/settings.h"
+#include "core/bulk/region.h"
+#include "core/handshake.h"
+#include "transport/shm/shm_transport.h"
+#include "transport/tcp/tcp_transport.h"
+#include "transport/verbs/device.h"
+#include "transport/verbs/verbs_transport.h"
+
 namespace slotrpc {
 
 namespace {
