@@ -1,4 +1,4 @@
-// runtime_bench: what sharing event loops (slotrpc::Runtime, issue 11) does
+// runtime_bench: what sharing event loops (slotrpc::Runtime) does
 // to many channels and to nested calls.  Figures, never a test.
 //
 //   runtime_bench alltoall [--procs 8] [--outstanding 8] [--size 64] [--seconds 3] [--mode before|after|both]

@@ -193,7 +193,7 @@ class SlotrpcDriver final : public EchoDriver {
   std::vector<std::unique_ptr<EchoClient>> clients_;
 };
 
-// --- slotrpc bulk payloads (issue 12) ---------------------------------------
+// --- slotrpc bulk payloads ------------------------------------------------
 // slotrpc.bench.Bulk.Echo: the request's bulk segment 0 is pulled into a
 // server buffer (read_bulk: RDMA READ on verbs, recv into it on TCP) and
 // pushed back into the client's receive segment 0 (write_bulk), then a
@@ -272,7 +272,7 @@ slotrpc::ServiceDefinition bulk_service(BulkPool& pool) {
     // The request: {page bytes, per page}.  With pages, the buffer is a
     // scatter list of adjacent pages (--bulk-pages), moved by one scatter
     // read_bulk / gather write_bulk, or by one call per page
-    // (--bulk-per-page: what a handler had to do before issue 18).
+    // (--bulk-per-page: a handler that moves each page on its own).
     uint64_t page = 0, per_page = 0;
     if (call.request().size() >= 8) {
       const auto* v = flatbuffers::GetRoot<flatbuffers::Vector<uint64_t>>(call.request().data());

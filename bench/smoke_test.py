@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""CI smoke run of slotrpc-bench (issue 14): every mode over every system
+"""CI smoke run of slotrpc-bench: every mode over every system
 of this build, a handful of calls each, --json; checks the JSON parses and
 holds every expected row and field.  Never a speed: only that the benchmark
 still runs, completes its calls and reports them.
@@ -102,7 +102,7 @@ def main():
 
 
 def bulk_smoke(bench):
-    """The bulk modes (issue 12) over TCP and shared memory beside the
+    """The bulk modes over TCP and shared memory beside the
     socket ping-pong and one-way transfers: every row present, every call
     completed (each checks the bytes it got), the ratio to the limit filled
     in."""

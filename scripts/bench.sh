@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole comparison of issue 14 in one command: slotrpc (tcp, shm) beside
+# The whole comparison in one command: slotrpc (tcp, shm) beside
 # gRPC built from the same schema and a busy-polling socket ping-pong (the
 # limit), two processes each, then PNG charts.  Optionally the Soft-RoCE VM
 # part (perftest's limits and slotrpc over verbs, one boot; minutes).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bulk payloads on verbs beside perftest (issue 12), in ONE boot of the
+# Bulk payloads on verbs beside perftest, in ONE boot of the
 # Soft-RoCE VM (tests/rxe/rxe-vm.sh): perftest's ib_read_bw and ib_write_bw
 # on rxe0, then slotrpc-bench's bulk-read (the handler pulls SIZE bytes:
 # RDMA READ) and bulk-write (it pushes them: RDMA WRITE) over verbs, at the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 12's TCP targets on loopback, in rounds (bulk payloads beside a
+# The TCP bulk-payload targets on loopback, in rounds (bulk payloads beside a
 # busy-polling socket of the same sizes; docs/benchmarks.md):
 #
 #   1. 1 MiB echo p50 within 1.2x of the socket ping-pong's;
@@ -108,7 +108,7 @@ def line(what, ratios, ok, target):
     print(f"{what:<44} {met:>2} of {len(ratios)} {target:<9} "
           f"{min(ratios):.2f} / {statistics.median(ratios):.2f} / {max(ratios):.2f}")
 MiB = 1 << 20
-print(f"issue 12, TCP loopback, {rounds} round(s); ratios lowest / median / highest")
+print(f"bulk payloads, TCP loopback, {rounds} round(s); ratios lowest / median / highest")
 line("1 MiB echo p50 / socket ping-pong p50",
      [one(rows(k, "echo1"), "bulk", "slotrpc-bulk-tcp", MiB)["p50_us"] /
       one(rows(k, "echo1"), "bulk", "socket", MiB)["p50_us"] for k in range(1, rounds + 1)],

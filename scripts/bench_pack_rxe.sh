@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packing before and after (issue 18), in ONE boot of the rxe VM
+# Packing before and after, in ONE boot of the rxe VM
 # (tests/rxe/rxe-vm.sh): 64 B calls at 1 and 32 outstanding over verbs and
 # TCP, for each slotrpc-bench given, in interleaved rounds (A B C A B C ...)
 # so that drift in the emulated machine hits every variant alike.  Around

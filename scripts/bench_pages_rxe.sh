@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Contiguous-run merging (issue 18, part 1) over verbs, in ONE boot of the
-# rxe VM: the server pulls a 64 MiB request segment (mode bulk-read) into
-# one registered buffer as one range, as a scatter list of adjacent 4 KiB
-# pages in one read_bulk, and page by page (one read_bulk each, as before
-# issue 18), in interleaved rounds; rxe0's sent_pkts is read around each.
+# Contiguous-run merging over verbs, in ONE boot of the rxe VM: the server
+# pulls a 64 MiB request segment (mode bulk-read) into one registered buffer
+# as one range, as a scatter list of adjacent 4 KiB pages in one read_bulk,
+# and page by page (one read_bulk each), in interleaved rounds; rxe0's
+# sent_pkts is read around each.
 #
 #   scripts/bench_pages_rxe.sh [--out DIR] [--rounds N] [--build DIR] [--size BYTES]
 #

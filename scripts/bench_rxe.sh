@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Soft-RoCE part of the comparison (issue 14), in ONE boot of the rxe VM
+# The Soft-RoCE part of the comparison, in ONE boot of the rxe VM
 # (tests/rxe/rxe-vm.sh): perftest's ib_send_lat, ib_write_lat (64 B) and
 # ib_write_bw (64 KiB) on rxe0, the limits of the device, then slotrpc-bench
 # over verbs (and over TCP, beside the busy-polling socket ping-pong, in the

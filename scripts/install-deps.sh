@@ -63,6 +63,9 @@ TEST_VM_PACKAGES=(
   iproute2
   ibverbs-providers
   perftest
+  # scripts/rxe_compare.sh: UCX's ucx_perftest (active messages over RC
+  # verbs), the messaging floor slotrpc is compared with in the same boot
+  ucx-utils
   # tests/verbs/echo_over_verbs.sh fetches the server's metrics port
   curl
 )

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# slotrpc as a Meson subproject (issue 15): a consumer project outside the
+# slotrpc as a Meson subproject: a consumer project outside the
 # source tree, whose meson.build is README's subproject recipe exactly as
 # README has it (the fenced block after `<!-- recipe:subproject -->`), with
 # this checkout as subprojects/slotrpc (a symbolic link), builds

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The TCP-only build (issue 15): slotrpc configured on a machine without
+# The TCP-only build: slotrpc configured on a machine without
 # libibverbs builds without the verbs transport and works over TCP.
 #
 #   scripts/tcp_only_check.sh [BUILD_DIR]    (default: a temporary directory)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # examples/tensor over verbs in the Soft-RoCE VM (tests/rxe/rxe-vm.sh) with
-# 1 GiB tensors: issue 12's "Done when".  Put (RDMA READ into the server's
+# 1 GiB tensors.  Put (RDMA READ into the server's
 # tensor), Get (RDMA WRITE into the client's buffer), Reduce (RDMA READ in
 # 64 MiB chunks), Get again; every byte checked by tensor_client.  The rxe
 # suite runs the same with 64 MiB (tests/verbs/tensor_over_verbs.sh).

@@ -87,7 +87,7 @@ TEST_CASE("config: defaults validate OK") {
   CHECK(c.traffic_class == 0);
   CHECK(c.service_level == 0);
   CHECK(c.relaxed_ordering == slotrpc::RelaxedOrdering::kOff);
-  CHECK(c.qp_timeout == 14);
+  CHECK(c.qp_timeout == 18);  // tests/verbs/meson.build's QP_TIMEOUT too
   CHECK(c.retry_count == 7);
   CHECK(c.rnr_retry == 7);
   CHECK(c.min_rnr_timer == 12);

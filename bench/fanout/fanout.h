@@ -1,4 +1,4 @@
-// The fan-out benchmark's seams (issue 14, item 4): each system (slotrpc over
+// The fan-out benchmark's seams: each system (slotrpc over
 // TCP or shared memory, gRPC) serves the four roles and offers a load
 // target; fanout_main.cc drives them all through the same open-loop loop.
 // No generated header here: the slotrpc and the gRPC side each compile the

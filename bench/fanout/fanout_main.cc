@@ -1,4 +1,4 @@
-// slotrpc-fanout: the microservice fan-out benchmark of issue 14 (item 4).
+// slotrpc-fanout: the microservice fan-out benchmark.
 //
 // The read path of a social network's home page: a load generator calls
 // Frontend.Home(user); the frontend calls Timeline.Get, Posts.Get and

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""CI smoke run of slotrpc-fanout (issue 14): every system of this build at
+"""CI smoke run of slotrpc-fanout: every system of this build at
 two low rates, --json; checks that the JSON parses, that every system has
 its rows with every field, and that every request came back right (the
 frontend checks each home page's content). Never a speed: --all-rates

@@ -174,7 +174,12 @@ struct SLOTRPC_API Config {
   uint32_t traffic_class = 0;        // SLOTRPC_TRAFFIC_CLASS: GRH traffic class (RoCE: DSCP << 2 | ECN)
   uint32_t service_level = 0;        // SLOTRPC_SERVICE_LEVEL
   RelaxedOrdering relaxed_ordering = RelaxedOrdering::kOff;  // SLOTRPC_RELAXED_ORDERING off|on|auto
-  uint32_t qp_timeout = 14;          // SLOTRPC_QP_TIMEOUT: ACK timeout 4.096 us * 2^N (0 = infinite)
+  // SLOTRPC_QP_TIMEOUT: ACK timeout 4.096 us * 2^N (0 = infinite); 18 is
+  // about 1.07 s, as UCX (1 s) and NCCL (18) choose.  A lost packet is rare
+  // on a lossless fabric, while a short timeout costs spurious go-back-N
+  // resends where the timer is not pushed back by every ACK: Soft-RoCE at
+  // 14 (67 ms) resent about one 60 KB message in 60 (docs/benchmarks.md).
+  uint32_t qp_timeout = 18;
   uint32_t retry_count = 7;          // SLOTRPC_RETRY_COUNT: transport retries before an error
   uint32_t rnr_retry = 7;            // SLOTRPC_RNR_RETRY: 7 = retry forever
   uint32_t min_rnr_timer = 12;       // SLOTRPC_MIN_RNR_TIMER: IB encoding, 12 = 0.64 ms

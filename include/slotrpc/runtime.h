@@ -23,10 +23,10 @@
 // keepalive and peer timeout, max_queued_calls, the monitor, every verbs
 // device setting) belong to the runtime; a Server or Channel given a
 // runtime uses the runtime's values and its config() reports them.  A
-// Server or Channel given no runtime uses the default runtime when its loop
-// settings (and, for a Server, reactor_threads) equal the default
-// runtime's, and a private runtime made from its own config otherwise (the
-// model before runtimes: loops of its own).
+// Server or Channel given no runtime uses its side's default runtime (see
+// default_runtime()) when its loop settings (and, for a Server,
+// reactor_threads) equal that runtime's, and a private runtime made from
+// its own config otherwise (the model before runtimes: loops of its own).
 #pragma once
 
 #include <cstddef>
@@ -48,9 +48,14 @@ class SLOTRPC_API Runtime {
   // std::invalid_argument naming the bad setting (create() returns it).
   explicit Runtime(Config config = {});
   static Result<Runtime> create(Config config = {});
-  // The process-wide runtime, made on first use (std::call_once) from
-  // Config{} with SLOTRPC_* overrides: SLOTRPC_REACTOR_THREADS loops.
+  // The process-wide runtimes, each made on first use (std::call_once)
+  // from Config{} with SLOTRPC_* overrides: SLOTRPC_REACTOR_THREADS loops.
+  // Channels given no runtime use default_runtime(), Servers given none
+  // default_server_runtime(): a process that serves and calls keeps the two
+  // ends of its calls on different loops (a channel opened in a handler
+  // stays on the handler's loop all the same).
   static Runtime default_runtime();
+  static Runtime default_server_runtime();
 
   size_t loop_count() const;
   // After SLOTRPC_* overrides: the loop settings every session on it uses.

@@ -118,7 +118,7 @@ Result<std::unique_ptr<Channel>> Channel::connect(const std::string& address, Co
   // No runtime given: the default one, unless this config asks for other
   // loop settings; then a loop of its own, as before runtimes existed
   // (include/slotrpc/runtime.h).
-  const auto& shared = detail::default_core();
+  const auto& shared = detail::default_core_here_or(detail::RuntimeCore::Side::kClient);
   const std::string differs = detail::loop_setting_difference(*cfg, shared->config);
   if (differs.empty()) return connect_on(address, shared, std::move(cfg.value()));
   Config own = cfg.value();

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -47,8 +48,10 @@ void for_each_loop_setting(Fn&& fn) {
   fn("srq_depth", &Config::srq_depth);
 }
 
-std::once_flag g_default_once;
-std::shared_ptr<RuntimeCore> g_default;  // destroyed at exit: its loops stop then
+// The default runtimes, one per side (runtime_core.h, default_core).
+std::once_flag g_default_once[2];
+std::shared_ptr<RuntimeCore> g_default[2];  // destroyed at exit: their loops stop then
+std::atomic<bool> g_default_made[2] = {false, false};
 
 }  // namespace
 
@@ -126,17 +129,29 @@ int RuntimeCore::index_of(const reactor::Reactor* loop) const {
   return -1;
 }
 
-const std::shared_ptr<RuntimeCore>& default_core() {
-  std::call_once(g_default_once, [] {
+const std::shared_ptr<RuntimeCore>& default_core(RuntimeCore::Side side) {
+  const int i = static_cast<int>(side);
+  std::call_once(g_default_once[i], [i, side] {
     // The environment can make Config{} invalid (a bad SLOTRPC_* value):
     // then the defaults alone, and the error is the caller's to see when it
     // validates its own config.
     auto cfg = Config{}.with_environment();
-    auto core = RuntimeCore::make(cfg.ok() ? cfg.value() : Config{}, "slotrpc-loop");
+    auto core = RuntimeCore::make(cfg.ok() ? cfg.value() : Config{},
+                                  side == RuntimeCore::Side::kServer ? "slotrpc-serve" : "slotrpc-loop");
     if (!core.ok()) throw std::runtime_error(core.status().message());
-    g_default = std::move(core.value());
+    g_default[i] = std::move(core.value());
+    g_default_made[i].store(true, std::memory_order_release);
   });
-  return g_default;
+  return g_default[i];
+}
+
+const std::shared_ptr<RuntimeCore>& default_core_here_or(RuntimeCore::Side side) {
+  for (int i = 0; i < 2; ++i) {
+    if (g_default_made[i].load(std::memory_order_acquire) && g_default[i]->current_index() >= 0) {
+      return g_default[i];
+    }
+  }
+  return default_core(side);
 }
 
 }  // namespace detail
@@ -155,7 +170,10 @@ Runtime::Runtime(Config config) {
   core_ = rt.value().core_;
 }
 
-Runtime Runtime::default_runtime() { return Runtime(detail::default_core()); }
+Runtime Runtime::default_runtime() { return Runtime(detail::default_core(detail::RuntimeCore::Side::kClient)); }
+Runtime Runtime::default_server_runtime() {
+  return Runtime(detail::default_core(detail::RuntimeCore::Side::kServer));
+}
 
 size_t Runtime::loop_count() const { return core_->loops.size(); }
 const Config& Runtime::config() const { return core_->config; }

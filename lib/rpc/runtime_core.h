@@ -75,7 +75,19 @@ auto on_loop(reactor::Reactor& loop, Fn fn) -> decltype(fn()) {
   return std::move(*state->value);
 }
 
-// The process-wide default runtime's core.
-const std::shared_ptr<RuntimeCore>& default_core();
+// The process-wide default runtimes, one per side, each made on first use:
+// channels given no runtime share one (loops "slotrpc-loopN"), servers
+// given none another ("slotrpc-serveN").  A process that both serves and
+// calls so keeps the two ends of its calls on different threads, as before
+// runtimes existed, while all its channels still share one loop.  One
+// runtime for both put a process's server sessions and channels on the
+// same single loop: in-process echoes over verbs took 1.5x as long at 64 B
+// and moved half the 4 KiB calls at 32 in flight (the verbs comparison
+// in docs/benchmarks.md).
+const std::shared_ptr<RuntimeCore>& default_core(RuntimeCore::Side side);
+// For a Server or Channel given no runtime: the default runtime whose loop
+// runs the calling thread (a channel opened in a handler stays on the
+// handler's loop), otherwise `side`'s.
+const std::shared_ptr<RuntimeCore>& default_core_here_or(RuntimeCore::Side side);
 
 }  // namespace slotrpc::detail

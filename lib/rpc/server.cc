@@ -99,7 +99,7 @@ Status Server::start(const std::string& listen_address) {
     detail::take_loop_settings(impl_->config, impl_->runtime->config);
     impl_->config.reactor_threads = static_cast<uint32_t>(impl_->runtime->loops.size());
   } else {
-    const auto& shared = detail::default_core();
+    const auto& shared = detail::default_core_here_or(detail::RuntimeCore::Side::kServer);
     std::string differs = detail::loop_setting_difference(impl_->config, shared->config);
     if (differs.empty() && impl_->config.reactor_threads != shared->loops.size()) differs = "reactor_threads";
     if (differs.empty()) {
