@@ -12,7 +12,7 @@
 # test of the unit and integration suites but the two that drive Debian's
 # gRPC (slotrpc_bench_smoke, slotrpc_fanout_smoke: libgrpc is not built
 # for TSan, which then sees its locks as races).  Handler fibers tell TSan
-# about their stack switches (lib/reactor/fiber_pool.cc); the suppressions
+# about their stack switches (lib/base/fiber_pool.cc); the suppressions
 # in tests/tsan.supp say why each is not ours.  Any report fails the test
 # that made it (exit status 66) and this script.
 set -euo pipefail

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "adversary_util.h"
-#include "core/logging.h"
+#include "base/logging.h"
 #include "process_util.h"
 #include "raw_tcp_client.h"
 #include "test_messages_generated.h"
@@ -117,7 +117,7 @@ struct Arena {
   Arena() {
     // Session closes are logged at info; the test environment sets warn.
     ::setenv("SLOTRPC_LOG_LEVEL", "info", 1);
-    slotrpc::core::log().sinks().push_back(log);
+    slotrpc::base::log().sinks().push_back(log);
     Config cfg;
     cfg.keepalive_ms = kKeepaliveMs;
     cfg.peer_timeout_ms = kPeerTimeoutMs;
@@ -138,7 +138,7 @@ struct Arena {
     steady.reset();
     bystander.reset();
     server.reset();
-    auto& sinks = slotrpc::core::log().sinks();
+    auto& sinks = slotrpc::base::log().sinks();
     sinks.erase(std::remove(sinks.begin(), sinks.end(), log), sinks.end());
     ::setenv("SLOTRPC_LOG_LEVEL", "warn", 1);
   }

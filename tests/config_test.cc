@@ -10,7 +10,8 @@
 #include <vector>
 
 #include "env_var.h"
-#include "core/settings.h"
+#include "log_capture.h"
+#include "base/settings.h"
 #include "slotrpc/channel.h"
 #include "slotrpc/config.h"
 #include "slotrpc/server.h"
@@ -31,10 +32,10 @@ using slotrpc::test::EnvVar;
 class CleanEnv {
  public:
   CleanEnv() {
-    for (const auto& s : slotrpc::core::uint_settings()) {
+    for (const auto& s : slotrpc::base::uint_settings()) {
       vars_.emplace_back(std::make_unique<EnvVar>(std::string(s.env).c_str(), std::nullopt));
     }
-    for (std::string_view n : slotrpc::core::named_settings()) {
+    for (std::string_view n : slotrpc::base::named_settings()) {
       vars_.emplace_back(std::make_unique<EnvVar>(std::string(n).c_str(), std::nullopt));
     }
   }
@@ -60,11 +61,11 @@ bool contains_number(std::string_view text, std::string_view number) {
   return false;
 }
 
-const slotrpc::core::UintSetting& setting(std::string_view field) {
-  for (const auto& s : slotrpc::core::uint_settings())
+const slotrpc::base::UintSetting& setting(std::string_view field) {
+  for (const auto& s : slotrpc::base::uint_settings())
     if (s.field == field) return s;
   FAIL("no setting " << field);
-  return slotrpc::core::uint_settings()[0];
+  return slotrpc::base::uint_settings()[0];
 }
 
 }  // namespace
@@ -146,7 +147,7 @@ TEST_CASE("config: the settings table covers every whole-number field") {
       {"srq_depth", "SLOTRPC_SRQ_DEPTH", &Config::srq_depth, 64, 1u << 20},
       {"monitor_interval_ms", "SLOTRPC_MONITOR_INTERVAL_MS", &Config::monitor_interval_ms, 0, 3'600'000},
   };
-  CHECK(slotrpc::core::uint_settings().size() == std::size(expected));
+  CHECK(slotrpc::base::uint_settings().size() == std::size(expected));
   for (const Expect& e : expected) {
     CAPTURE(e.field);
     const auto& s = setting(e.field);
@@ -159,7 +160,7 @@ TEST_CASE("config: the settings table covers every whole-number field") {
 }
 
 TEST_CASE("config: each whole-number setting out of range is INVALID_ARGUMENT naming it") {
-  for (const auto& s : slotrpc::core::uint_settings()) {
+  for (const auto& s : slotrpc::base::uint_settings()) {
     const std::string min = std::to_string(s.min);
     const std::string max = std::to_string(s.max);
     std::vector<uint64_t> bad;
@@ -192,7 +193,7 @@ TEST_CASE("config: each whole-number setting out of range is INVALID_ARGUMENT na
 }
 
 TEST_CASE("config: boundary values of each whole-number setting are accepted") {
-  for (const auto& s : slotrpc::core::uint_settings()) {
+  for (const auto& s : slotrpc::base::uint_settings()) {
     for (uint64_t v : {s.min, s.max}) {
       Config c;
       c.*s.member = static_cast<uint32_t>(v);
@@ -578,7 +579,7 @@ TEST_CASE("config: valid environment overrides apply") {
     CHECK(r->log_level == "error");
   }
   SUBCASE("every whole-number variable") {
-    for (const auto& s : slotrpc::core::uint_settings()) {
+    for (const auto& s : slotrpc::base::uint_settings()) {
       // A value inside the range that differs from the default.
       uint64_t value = s.min + 1;
       if (s.member == &Config::peer_timeout_ms) value = 2000;
@@ -657,7 +658,7 @@ TEST_CASE("config: out-of-range variables are refused") {
     CHECK(contains_number(r.status().message(), "4294967296"));
   }
   SUBCASE("every whole-number variable above its maximum") {
-    for (const auto& s : slotrpc::core::uint_settings()) {
+    for (const auto& s : slotrpc::base::uint_settings()) {
       const std::string text = std::to_string(s.max + 1);
       EnvVar v(std::string(s.env).c_str(), text);
       auto r = Config{}.with_environment();
@@ -838,4 +839,50 @@ TEST_CASE("config: Server and Channel apply environment overrides") {
   CHECK_FALSE(stats.closed);
   ch.value().reset();
   server.stop();
+}
+
+// The overlay can be refused (set_environment_overlay), and what it applies
+// is logged once per process, with the value.
+TEST_CASE("a program can refuse the environment overlay, and what it applies is logged once") {
+  CleanEnv clean;
+  EnvVar count("SLOTRPC_SLOT_COUNT", "77");  // values no other case sets: logged once per process
+  EnvVar spin("SLOTRPC_SPIN_US", "4321");
+  EnvVar level("SLOTRPC_LOG_LEVEL", "info");
+
+  REQUIRE(slotrpc::environment_overlay());
+  slotrpc::set_environment_overlay(false);
+  {
+    auto c = Config{}.with_environment();
+    slotrpc::set_environment_overlay(true);
+    REQUIRE_MESSAGE(c.ok(), c.status().to_string());
+    CHECK(c->slot_count == Config{}.slot_count);
+    CHECK(c->spin_us == Config{}.spin_us);
+    CHECK(c->log_level == Config{}.log_level);
+  }
+  {
+    // Still validated with the overlay off.
+    slotrpc::set_environment_overlay(false);
+    Config bad;
+    bad.slot_count = 0;
+    auto c = bad.with_environment();
+    slotrpc::set_environment_overlay(true);
+    CHECK_FALSE(c.ok());
+  }
+
+  slotrpc::test::LogCapture log;
+  slotrpc::base::log().set_level(spdlog::level::info);
+  auto count_lines = [&](std::string_view what) {
+    size_t n = 0;
+    for (const auto& line : log.lines()) n += line.find(what) != std::string::npos;
+    return n;
+  };
+  for (int i = 0; i < 3; ++i) {
+    auto c = Config{}.with_environment();
+    REQUIRE_MESSAGE(c.ok(), c.status().to_string());
+    CHECK(c->slot_count == 77);
+    CHECK(c->spin_us == 4321);
+  }
+  CHECK(count_lines("setting from the environment: SLOTRPC_SLOT_COUNT=77") == 1);
+  CHECK(count_lines("setting from the environment: SLOTRPC_SPIN_US=4321") == 1);
+  CHECK(count_lines("SLOTRPC_PORT") == 0);  // not set: not logged
 }

@@ -10,7 +10,7 @@
 #include <sstream>
 #include <string>
 
-#include "core/settings.h"
+#include "base/settings.h"
 
 namespace {
 
@@ -26,7 +26,7 @@ std::string read_file(const std::string& path) {
 
 TEST_CASE("docs/tuning.md lists every numeric setting with the code's range") {
   const std::string doc = read_file(std::string(SLOTRPC_SOURCE_ROOT) + "/docs/tuning.md");
-  for (const auto& s : slotrpc::core::uint_settings()) {
+  for (const auto& s : slotrpc::base::uint_settings()) {
     const std::string row_start = fmt::format("| `{}` | `{}` |", s.env, s.field);
     const size_t at = doc.find(row_start);
     CHECK_MESSAGE(at != std::string::npos, s.env << " is missing from docs/tuning.md");
@@ -42,7 +42,7 @@ TEST_CASE("docs/tuning.md lists every numeric setting with the code's range") {
 
 TEST_CASE("docs/tuning.md has a row for every named setting") {
   const std::string doc = read_file(std::string(SLOTRPC_SOURCE_ROOT) + "/docs/tuning.md");
-  for (std::string_view n : slotrpc::core::named_settings()) {
+  for (std::string_view n : slotrpc::base::named_settings()) {
     CHECK_MESSAGE(doc.find(fmt::format("| `{}` |", n)) != std::string::npos,
                   n << " has no row in docs/tuning.md");
   }
@@ -51,8 +51,8 @@ TEST_CASE("docs/tuning.md has a row for every named setting") {
 TEST_CASE("docs/tuning.md names no setting the code lacks") {
   const std::string doc = read_file(std::string(SLOTRPC_SOURCE_ROOT) + "/docs/tuning.md");
   std::set<std::string> known;
-  for (std::string_view n : slotrpc::core::named_settings()) known.insert(std::string(n));
-  for (const auto& s : slotrpc::core::uint_settings()) known.insert(std::string(s.env));
+  for (std::string_view n : slotrpc::base::named_settings()) known.insert(std::string(n));
+  for (const auto& s : slotrpc::base::uint_settings()) known.insert(std::string(s.env));
   const std::regex var("SLOTRPC_[A-Z_]+");
   std::set<std::string> documented;
   for (auto it = std::sregex_iterator(doc.begin(), doc.end(), var); it != std::sregex_iterator(); ++it) {

@@ -1,7 +1,7 @@
 // FiberPool: running tasks, suspending and resuming them, reuse of pooled
 // fibers, FiberPool::current(), and exceptions in tasks.  Everything runs on
 // the test thread, as it does on a reactor thread.
-#include "reactor/fiber_pool.h"
+#include "base/fiber_pool.h"
 
 #include <doctest/doctest.h>
 
@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-using slotrpc::reactor::Fiber;
-using slotrpc::reactor::FiberPool;
+using slotrpc::base::Fiber;
+using slotrpc::base::FiberPool;
 
 namespace {
 constexpr size_t kStack = 64 * 1024;
@@ -278,7 +278,7 @@ TEST_CASE("fiber_pool: an exception thrown in a task does not escape start()") {
 
 // The last two tests are at the end of the file on purpose: under
 // AddressSanitizer they currently abort the process (library issues in
-// lib/reactor/fiber_pool.cc, see the comments), and doctest runs the cases
+// lib/base/fiber_pool.cc, see the comments), and doctest runs the cases
 // in file order, so every other case still reports first.
 
 // Fiber stacks are unmapped when a pool goes away, and a later mmap (a new

@@ -1,4 +1,4 @@
-// Captures what the library logs (slotrpc::core::log()): CaptureSink keeps
+// Captures what the library logs (slotrpc::base::log()): CaptureSink keeps
 // the lines; LogCapture adds one to the "slotrpc" logger for a test's
 // lifetime and removes it again.
 #pragma once
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/logging.h"
+#include "base/logging.h"
 
 namespace slotrpc::test {
 
@@ -47,7 +47,7 @@ class CaptureSink final : public spdlog::sinks::base_sink<std::mutex> {
 inline std::shared_ptr<spdlog::sinks::dist_sink_mt> capture_hub() {
   static const std::shared_ptr<spdlog::sinks::dist_sink_mt> hub = [] {
     auto h = std::make_shared<spdlog::sinks::dist_sink_mt>();
-    core::log().sinks().push_back(h);
+    base::log().sinks().push_back(h);
     return h;
   }();
   return hub;
@@ -58,14 +58,14 @@ inline const bool capture_hub_installed = (capture_hub(), true);  // before main
 class LogCapture {
  public:
   LogCapture() : sink_(std::make_shared<CaptureSink>()) {
-    auto& l = core::log();
+    auto& l = base::log();
     level_ = l.level();
     if (l.level() > spdlog::level::warn) l.set_level(spdlog::level::warn);
     capture_hub()->add_sink(sink_);
   }
   ~LogCapture() {
     capture_hub()->remove_sink(sink_);
-    core::log().set_level(level_);
+    base::log().set_level(level_);
   }
   LogCapture(const LogCapture&) = delete;
   LogCapture& operator=(const LogCapture&) = delete;

@@ -1,6 +1,6 @@
 // MpscQueue: FIFO order, empty() semantics, ownership of items, and many
 // producers against one consumer.
-#include "reactor/mpsc_queue.h"
+#include "base/mpsc_queue.h"
 
 #include <doctest/doctest.h>
 
@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-using slotrpc::reactor::MpscQueue;
+using slotrpc::base::MpscQueue;
 
 TEST_CASE("mpsc_queue: a new queue is empty") {
   MpscQueue<int> q;

@@ -1,4 +1,4 @@
-// Thread placement (core/cpu_list.h, transport/tcp/lane_placement.h):
+// Thread placement (base/cpu_list.h, transport/tcp/lane_placement.h):
 // SLOTRPC_LOOP_CPUS puts event-loop threads on the listed CPUs,
 // SLOTRPC_TCP_LANE_CPUS bulk lane threads, and with only the first set,
 // lane threads go to the process's other CPUs; with neither, a lane thread
@@ -20,7 +20,7 @@
 #include <string>
 #include <thread>
 
-#include "core/cpu_list.h"
+#include "base/cpu_list.h"
 #include "reactor/reactor.h"
 #include "transport/tcp/bulk_lanes.h"
 #include "transport/tcp/lane_placement.h"
@@ -29,6 +29,7 @@ namespace {
 
 using slotrpc::Config;
 using namespace slotrpc::core;
+using namespace slotrpc::base;
 using slotrpc::transport::BulkLanes;
 using slotrpc::transport::lane_placement;
 using slotrpc::transport::LaneSpare;
@@ -247,6 +248,7 @@ TEST_CASE("a lane thread keeps off the first CPU while slot frames go by, and re
 TEST_CASE("a lane thread with a fixed placement, or at rate 0, stays where it is while slot frames go by") {
   const unsigned cpu = last_cpu();
   Config c;
+  c.tcp_lane_spare_rate = 800;  // on (the default is off), unless a case says otherwise
   std::string expected = format_cpu_list(process_cpus());
   SUBCASE("rate 0") { c.tcp_lane_spare_rate = 0; }
   SUBCASE("loop list") {

@@ -57,7 +57,7 @@ inline int tcp_connect(uint16_t port) {
   return *fd;
 }
 
-// A TCP connection with the handshake done by hand, as lib/rpc/channel.cc
+// A TCP connection with the handshake done by hand, as lib/rpc/client_connect.cc
 // does it: `slot_count` slots of `slot_size` bytes (64 of 64 KiB by default).
 // `features`: the kFeature* bits of the Hello (kFeaturePack: the server may
 // send PACKs of replies); none, like a client predating the field.

@@ -16,6 +16,7 @@
 
 #include "bulk/tcp_world.h"
 #include "reactor/reactor.h"
+#include "rpc/loop_transports.h"
 
 namespace {
 
@@ -186,7 +187,7 @@ TEST_CASE("an adaptive loop receiving bulk data counts it as work: it does not s
   // here, on the test's thread.
   std::string setup_error;
   on_loop([&] {
-    auto r = loop.tcp().adopt(fd, "idle-bulk");
+    auto r = slotrpc::rpc::loop_tcp(loop).adopt(fd, "idle-bulk");
     if (!r.ok()) {
       setup_error = "adopt: " + r.status().to_string();
       return;

@@ -85,7 +85,7 @@ std::string violation(const std::string& symbol) {
       "slotrpc::core::",    "slotrpc::transport::", "slotrpc::reactor::",
       "slotrpc::metrics::", "slotrpc::monitor::",   "slotrpc::rpc::",
       "slotrpc::admin::",   "slotrpc::Channel::Impl", "slotrpc::Server::Impl",
-      "slotrpc::bulk::",
+      "slotrpc::bulk::",    "slotrpc::base::",
   };
   for (const char* scope : kInternal) {
     if (starts_with(e, scope)) return std::string("internal scope ") + scope;

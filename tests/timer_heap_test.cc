@@ -3,7 +3,7 @@
 // cancelled timers leave the heap at once (memory follows live timers), and
 // a randomized run against a reference model.
 // No real time passes: every test drives run_expired() with explicit times.
-#include "reactor/timer_heap.h"
+#include "base/timer_heap.h"
 
 #include <doctest/doctest.h>
 
@@ -19,8 +19,8 @@
 
 #include "process_util.h"
 
-using slotrpc::reactor::Clock;
-using slotrpc::reactor::TimerHeap;
+using slotrpc::base::Clock;
+using slotrpc::base::TimerHeap;
 using namespace std::chrono_literals;
 
 namespace {

@@ -29,7 +29,7 @@ using RequestWriter = std::function<void(flatbuffers::FlatBufferBuilder&)>;
 // RawReply (move it) to read it later; drop it to free its slot at once.
 using ReplySink = std::function<void(RawReply&&)>;
 
-// One bulk attachment (issue 12; docs/design.md, "Bulk payloads"):
+// One bulk attachment (docs/design.md, "Bulk payloads"):
 // `length` bytes at `offset` of a registered region, or of memory not
 // registered beforehand (`region` empty, `address` set), which the
 // registration cache registers at its first use and keeps for the next.
@@ -76,7 +76,7 @@ struct CallOptions {
   uint32_t max_retries = 0;
   bool idempotent = false;
 
-  // Bulk attachments of a unary call (issue 12).  `send_bulk` offers
+  // Bulk attachments of a unary call.  `send_bulk` offers
   // request data the handler pulls with ServerCall::read_bulk(i);
   // `receive_bulk` offers destinations the handler fills with
   // ServerCall::write_bulk(i) before it replies (RawReply::bulk_received

@@ -164,7 +164,7 @@ class SLOTRPC_API Channel {
 
   TransportKind transport() const;
 
-  // Bulk payloads (issue 12, slotrpc/memory.h): a handle on memory the user
+  // Bulk payloads (slotrpc/memory.h): a handle on memory the user
   // owns, for bulk attachments of calls.  Checks the range, registers
   // lazily in each transport domain the region is used in.  Any thread.
   // A dma-buf region is device (GPU) memory: verbs only.  TCP refuses it at

@@ -2,9 +2,11 @@
 //
 // Each field has a SLOTRPC_* environment variable.  When a Server or Channel
 // is created, set variables override the struct (operators tune deployed
-// binaries without a rebuild), and the result is validated: an invalid value
-// is an error naming the setting, the value and the allowed range.
-// docs/tuning.md lists every setting; lib/core/settings.h is the one table
+// binaries without a rebuild; each one applied is logged once, with its
+// value), and the result is validated: an invalid value is an error naming
+// the setting, the value and the allowed range.  A program can refuse the
+// overlay: set_environment_overlay(false).
+// docs/tuning.md lists every setting; lib/base/settings.h is the one table
 // the parser, validator and docs are written from.
 #pragma once
 
@@ -144,14 +146,17 @@ struct SLOTRPC_API Config {
   // SLOTRPC_TCP_LANE_CPUS: the CPUs bulk lane threads run on ("0-3,8").
   // Empty: with loop_cpus set, the process's other CPUs (if it has any),
   // so that bulk copies never share a core with an event loop; else
-  // wherever the kernel puts them, within tcp_lane_spare_rate's rule.
+  // wherever the kernel puts them (within tcp_lane_spare_rate's rule, if
+  // set).
   std::string tcp_lane_cpus;
   // SLOTRPC_TCP_LANE_SPARE_RATE: with neither CPU list set, an event loop's
   // lane thread keeps off the process's first CPU while the loop sends or
   // receives at least this many slot frames a second (small calls beside a
   // transfer), so that the loops and the callers have a core no bulk copy
-  // holds (docs/tuning.md, "Thread placement").  0: never.
-  uint32_t tcp_lane_spare_rate = 800;
+  // holds (docs/tuning.md, "Thread placement").  0 (default): never.  Off
+  // by default because it was measured on one 2-vCPU host only (800 helped
+  // there).
+  uint32_t tcp_lane_spare_rate = 0;
   // SLOTRPC_PACK_SMALL: requests and replies of at most this many bytes
   // (32-byte header + payload) that are ready in the same event-loop turn
   // travel together in one slot message, one work request or frame
@@ -183,7 +188,7 @@ struct SLOTRPC_API Config {
   uint32_t srq_depth = 16384;        // SLOTRPC_SRQ_DEPTH: receive requests of a loop's SRQ
   // SLOTRPC_MONITOR_INTERVAL_MS: how often each event loop that uses verbs
   // samples the device port's hardware counters and its receive pools
-  // (lib/monitor/, docs/design.md "Metrics and the monitor"); 0 = off.
+  // (lib/transport/verbs/monitor.h, docs/design.md "Metrics and the monitor"); 0 = off.
   uint32_t monitor_interval_ms = 1000;
   std::string log_level = "info";  // SLOTRPC_LOG_LEVEL trace|debug|info|warn|error|critical|off
 
@@ -196,9 +201,19 @@ struct SLOTRPC_API Config {
 
   // Checks every field; the error names the first bad setting.
   Status validate() const;
-  // Applies set SLOTRPC_* variables on top of `*this`, then validates.
+  // Applies set SLOTRPC_* variables on top of `*this`, then validates
+  // (only validates while the overlay is off: set_environment_overlay).
+  // Each variable it applies is logged once per process, with its value.
   Result<Config> with_environment() const;
 };
+
+// Process-wide: whether Config::with_environment() applies the SLOTRPC_*
+// variables, and so whether every Server, Channel and Runtime created from
+// now on takes them.  On by default, so that operators can tune a deployed
+// binary; a program that must not be tuned from outside (an embedded use,
+// a test that needs its own values) turns it off before it creates any.
+SLOTRPC_API void set_environment_overlay(bool enabled);
+SLOTRPC_API bool environment_overlay();
 
 SLOTRPC_API std::string_view to_string(PollMode mode);
 SLOTRPC_API std::string_view to_string(TransportKind kind);

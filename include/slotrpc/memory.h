@@ -1,4 +1,4 @@
-// Registered memory for bulk payloads (issue 12; docs/design.md, "Bulk
+// Registered memory for bulk payloads (docs/design.md, "Bulk
 // payloads").
 //
 //   std::vector<float> tensor(1 << 28);
@@ -36,7 +36,7 @@
 //
 // Thread safety: a MemoryRegion may be created, copied, used and released
 // on any thread; the registrations behind it are guarded by one mutex in
-// the process-wide registration cache (lib/bulk/registration_cache.h).
+// the process-wide registration cache (lib/core/bulk/registration_cache.h).
 #pragma once
 
 #include <cstddef>

@@ -7,7 +7,7 @@
 // thread, so the hot path counts without atomics or locks):
 //   * the framework: calls, statuses, bytes, credit stalls, per method;
 //   * the transports: slot sends, inline sends, doorbells, polls;
-//   * the monitor (lib/monitor/): the RDMA device's hardware counters
+//   * the monitor (lib/transport/verbs/monitor.h): the RDMA device's hardware counters
 //     (RNR NAKs, retries, sequence errors, congestion) and the free
 //     receive buffers of each loop, sampled every
 //     SLOTRPC_MONITOR_INTERVAL_MS.

@@ -23,6 +23,8 @@ namespace slotrpc {
 namespace detail {
 // Implemented by the client session; returns a slot when a reply is dropped.
 class ReplyOwner;
+// The client session's access to what it fills in (lib/core/).
+struct ReplyAccess;
 SLOTRPC_API void release_reply(const std::shared_ptr<ReplyOwner>& owner, uint16_t slot, uint32_t generation);
 }  // namespace detail
 
@@ -66,8 +68,6 @@ class RawReply {
   // wrote into receive segment i (the end of the furthest write_bulk), 0
   // for a segment it did not write.  Kept after release().
   uint64_t bulk_received(size_t i) const { return i < bulk_received_.size() ? bulk_received_[i] : 0; }
-  // Internal (the client session fills it from the reply's descriptor block).
-  void set_bulk_received(std::vector<uint64_t> lengths) { bulk_received_ = std::move(lengths); }
 
   // Gives the slot back now; payload() is empty afterwards.
   void release() {
@@ -79,6 +79,10 @@ class RawReply {
   }
 
  private:
+  friend struct detail::ReplyAccess;
+  // The client session fills it from the reply's descriptor block.
+  void set_bulk_received(std::vector<uint64_t> lengths) { bulk_received_ = std::move(lengths); }
+
   Status status_;
   std::span<const std::byte> payload_;
   std::shared_ptr<detail::ReplyOwner> owner_;

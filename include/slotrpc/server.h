@@ -52,7 +52,7 @@ class SLOTRPC_API Server {
   uint16_t port() const;            // after start()
   const Config& config() const;     // after start(): with environment overrides
 
-  // Bulk payloads (issue 12, slotrpc/memory.h): a handle on memory the user
+  // Bulk payloads (slotrpc/memory.h): a handle on memory the user
   // owns, for bulk attachments of calls.  Checks the range, registers
   // lazily in each transport domain the region is used in.  Any thread.
   // A dma-buf region is device (GPU) memory; TCP refuses it at use.

@@ -36,26 +36,11 @@ namespace core {
 class ServerSession;
 }
 
-namespace detail {
-// A call's bulk attachments, as the server session serves them
-// (lib/bulk/server_bulk.h).  Not hot path: only calls with bulk segments
-// reach it, and each operation moves at least a slot's worth of bytes.
-class ServerBulk {
- public:
-  virtual size_t count(bool incoming) const = 0;
-  virtual uint64_t length(bool incoming, size_t i) const = 0;
-  // Moves the bytes of `pieces`, in order and back to back, between them
-  // and segment i from `offset`: pulls request data (incoming) or pushes
-  // reply data (outgoing), on the handler's fiber, which waits until every
-  // byte has moved.  Pieces adjacent in one registration move as one
-  // transfer.
-  virtual Status transfer(bool incoming, size_t i, std::span<const BulkSegment> pieces,
-                          uint64_t offset) = 0;
+}  // namespace slotrpc
 
- protected:
-  ~ServerBulk() = default;
-};
-}  // namespace detail
+#include "slotrpc/detail/server_bulk.h"
+
+namespace slotrpc {
 
 // Method ids: FNV-1a (32 bit) of the fully qualified method name,
 // "<namespace>.<Service>.<Method>", so separately built binaries agree
@@ -94,7 +79,7 @@ class ServerCall {
   // Client-streaming and bidi calls only: where the client's messages come from.
   detail::InboundStream* inbound() const { return inbound_; }
 
-  // Bulk attachments (issue 12; CallOptions::send_bulk / receive_bulk).
+  // Bulk attachments (CallOptions::send_bulk / receive_bulk).
   // Incoming segment i holds bulk_in(i) bytes of request data; outgoing
   // segment i is a client buffer of bulk_out(i) bytes for reply data.
   size_t bulk_in_count() const { return bulk_ ? bulk_->count(true) : 0; }
@@ -129,7 +114,7 @@ class ServerCall {
     return bulk_op(false, i, BulkSegment::of(src, src_offset, length), offset);
   }
 
-  // Scatter and gather (issue 18): incoming segment i, from `offset`, into
+  // Scatter and gather: incoming segment i, from `offset`, into
   // `pieces` one after the other (piece k gets the bytes after piece
   // k - 1's), or `pieces` one after the other into outgoing segment i.
   // Pieces that are adjacent in memory and in one registration (pages of

@@ -6,11 +6,17 @@
 #include <string_view>
 #include <utility>
 
-#include "bulk/registration_cache.h"
+#include "core/bulk/registration_cache.h"
 #include "core/handshake.h"
-#include "core/logging.h"
+#include "base/logging.h"
 
 namespace slotrpc::detail {
+struct ReplyAccess {
+  static void set_bulk_received(RawReply& reply, std::vector<uint64_t> lengths) {
+    reply.set_bulk_received(std::move(lengths));
+  }
+};
+
 void release_reply(const std::shared_ptr<ReplyOwner>& owner, uint16_t slot, uint32_t generation) {
   owner->release(slot, generation);
 }
@@ -45,7 +51,7 @@ struct FailLater {
 
 }  // namespace
 
-ClientSession::ClientSession(reactor::Reactor& loop, std::unique_ptr<transport::Link> link,
+ClientSession::ClientSession(core::Loop& loop, std::unique_ptr<transport::Link> link,
                              Geometry g, std::string peer)
     : loop_(loop),
       link_(std::move(link)),
@@ -74,7 +80,7 @@ ClientSession::ClientSession(reactor::Reactor& loop, std::unique_ptr<transport::
   for (uint32_t i = g.slot_count; i-- > 0;) free_.push_back(static_cast<uint16_t>(i));
 }
 
-Result<std::shared_ptr<ClientSession>> ClientSession::create(reactor::Reactor& loop,
+Result<std::shared_ptr<ClientSession>> ClientSession::create(core::Loop& loop,
                                                              std::unique_ptr<transport::Link> link,
                                                              Geometry g, std::string peer) {
   std::shared_ptr<ClientSession> s(new ClientSession(loop, std::move(link), g, std::move(peer)));
@@ -92,7 +98,7 @@ Result<std::shared_ptr<ClientSession>> ClientSession::create(reactor::Reactor& l
     return st;
   }
   // The registration cache deregisters bulk memory through a live link of
-  // its domain (lib/bulk/registration_cache.h).
+  // its domain (lib/core/bulk/registration_cache.h).
   bulk::RegistrationCache::instance().link_up(*s->link_);
   s->arm_keepalive();
   return s;
@@ -139,7 +145,7 @@ void ClientSession::fail_later(PendingCall* call, Status status) {
   loop_.post(FailLater(call, std::move(status)));
 }
 
-void ClientSession::fail_later(reactor::Reactor& loop, PendingCall* call, Status status) {
+void ClientSession::fail_later(core::Loop& loop, PendingCall* call, Status status) {
   loop.post(FailLater(call, std::move(status)));
 }
 
@@ -148,7 +154,7 @@ void ClientSession::submit(PendingCall* call) {
   // Metrics: plain integers of this loop.  The first call of a method id on
   // this loop inserts its entry (one allocation per method and loop, ever);
   // every later call finds it.
-  metrics::SideCounters& counters = owner_counters().client;
+  core::SideCounters& counters = owner_counters().client;
   ++counters.calls.started;
   call->counters = &counters;
   call->method_counters = &counters.methods[call->method_id];
@@ -312,136 +318,6 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
   if (call->client_stream && call->out->ready.read_available() != 0) drain_out(*call->out);
 }
 
-void ClientSession::lend(uint16_t slot, uint16_t owner, uint64_t request_id) {
-  Slot& s = slots_[slot];
-  ++s.generation;
-  s.state = SlotState::kLent;
-  s.request_id = request_id;
-  s.call = nullptr;
-  s.stream_owner = owner;
-  link_->arm(slot);
-  send_control(Kind::kStreamGrant, slot, s.generation, request_id, owner);
-}
-
-// Reserves the client stream's window: slots its messages go into, each
-// reused once the server has acknowledged the message in it.  A bidi call
-// leaves at least one free credit for the window it lends the server.  The
-// slots go to the writer through the stream's free ring (core/out_stream.h):
-// from here on the writer builds in them on its own thread.
-void ClientSession::reserve_out(uint16_t call_slot, PendingCall* call) {
-  OutStream& o = *call->out;
-  o.session = shared_from_this();
-  o.builders = builder_ptrs_.data();
-  o.call = call;
-  o.request_id = call->request_id;
-  const size_t keep = call->stream ? 1 : 0;
-  const size_t avail = free_.size() > keep ? free_.size() - keep : 0;
-  const size_t window = std::max<size_t>(1, std::min<size_t>(call->window, avail));
-  for (size_t i = 0; i < window && !free_.empty(); ++i) {
-    const uint16_t j = free_.back();
-    free_.pop_back();
-    Slot& s = slots_[j];
-    s.state = SlotState::kOutIdle;
-    s.request_id = call->request_id;
-    s.call = nullptr;
-    s.stream_owner = call_slot;
-    o.give(j);  // after session/builders: the ring publishes them to the writer
-  }
-  o.wake_at = std::max<size_t>(1, window / 2);
-}
-
-// Loop side of the hand-over.  Hot path (one per client-stream message): no
-// allocation, no lock, no virtual call; the message is already built in its
-// send slot, this writes the header in front of it and queues it.
-void ClientSession::drain_out(OutStream& o) {
-  if (closed_) return;
-  uint32_t entry = 0;
-  while (o.ready.pop(entry)) {
-    PendingCall* call = o.call;
-    if (call == nullptr) continue;  // the stream ended: reclaim_out takes the slots
-    const auto slot = static_cast<uint16_t>(entry & 0xffff);
-    const auto call_slot = static_cast<uint16_t>(call->slot);
-    switch (entry & 0xffff0000u) {
-      case OutStream::kMessage:
-        send_out(call, slot);
-        break;
-      case OutStream::kHalfClose:
-        send_control(Kind::kHalfClose, call_slot, slots_[call_slot].generation, call->request_id);
-        break;
-      case OutStream::kAbandoned: {
-        // The writer's build threw (Write() returned false with why): the
-        // stream fails as a whole, and the server is told to stop.
-        Status why;
-        {
-          std::lock_guard<std::mutex> lock(o.mu);
-          why = o.abandon_status;
-        }
-        abort_call(call_slot, std::move(why), static_cast<uint16_t>(StatusCode::kCancelled));
-        break;
-      }
-    }
-  }
-  if (o.call == nullptr) reclaim_out(o);
-}
-
-void ClientSession::send_out(PendingCall* call, uint16_t j) {
-  Slot& s = slots_[j];
-  assert(s.state == SlotState::kOutIdle && s.request_id == call->request_id);
-  SlotBuilder& b = *builders_[j];
-  ++s.generation;
-  s.state = SlotState::kOutInFlight;
-  Header h;
-  h.flags = static_cast<uint8_t>(Kind::kClientMessage);
-  h.method_id = static_cast<uint32_t>(call->slot);
-  h.request_id = call->request_id;
-  h.payload_len = b.GetSize();
-  h.slot = j;
-  h.generation = s.generation;
-  std::byte* msg = b.message_begin();
-  encode_header(h, msg);
-  outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), j,
-                           s.generation);
-  loop_.request_flush(this);
-}
-
-void ClientSession::reclaim_out(OutStream& o) {
-  if (closed_ || o.reclaimed.load(std::memory_order_relaxed)) return;
-  if (!o.ended.load(std::memory_order_seq_cst) || o.busy.load(std::memory_order_seq_cst)) return;
-  o.reclaimed.store(true, std::memory_order_release);
-  for (uint16_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = slots_[i];
-    if (s.state == SlotState::kOutIdle && s.request_id == o.request_id) {
-      s.stream_owner = -1;
-      free_slot(i);
-    }
-  }
-}
-
-// The server is done with the client message in `h.slot`: the slot serves
-// the stream's next message, or comes back to the free list once the
-// stream is over.
-void ClientSession::on_stream_ack(const Header& h) {
-  Slot& s = slots_[h.slot];
-  if (s.state != SlotState::kOutInFlight || s.generation != h.generation ||
-      s.request_id != h.request_id || s.stream_owner != static_cast<int32_t>(h.method_id)) {
-    return protocol_error(fmt::format(
-        "stream ack for slot {} generation {} request {} matches no client message in flight",
-        h.slot, h.generation, h.request_id));
-  }
-  if (outbox_.holds(send_ring_.slot(h.slot), geometry_.slot_size) || link_->sending(h.slot)) {
-    // The message it acknowledges has not left: the server cannot have
-    // read it.  The writer's next message in that slot would overwrite it.
-    return protocol_error(fmt::format("stream ack for slot {} before the message in it was sent", h.slot));
-  }
-  if (!stream_active(s)) {
-    s.stream_owner = -1;
-    return free_slot(h.slot);
-  }
-  PendingCall* call = slots_[static_cast<size_t>(s.stream_owner)].call;
-  s.state = SlotState::kOutIdle;
-  call->out->give(h.slot);
-}
-
 // Ends the call in `slot` from this side (cancel, deadline, a failed
 // stream message): the caller learns `status` now, the slot waits as a
 // zombie for the server's final message, which CANCEL asks for;
@@ -464,77 +340,6 @@ void ClientSession::abort_call(uint16_t slot, Status status, uint16_t wire_statu
 void ClientSession::end_call(PendingCall* call, RawReply reply) {
   if (hold_for_revoke(call, reply)) return;
   finish(call, std::move(reply));
-}
-
-// Revokes the call's exposures.  True when kBulkDone completions must come
-// first: `reply` is then held in the call until on_bulk_done finishes it.
-// False when nothing is reachable any more (the leases are released): the
-// caller completes the call itself.
-bool ClientSession::hold_for_revoke(PendingCall* call, RawReply& reply) {
-  if (!call->exposure) return false;
-  if (!closed_ && link_) {
-    call->revokes_pending = call->exposure->revoke(*link_, call->request_id);
-    if (call->revokes_pending > 0) {
-      call->held = std::move(reply);
-      revoking_.push_back(call);
-      return true;
-    }
-  }
-  call->exposure->release();
-  return false;
-}
-
-void ClientSession::on_bulk_done(uint64_t token) {
-  for (size_t i = 0; i < revoking_.size(); ++i) {
-    PendingCall* call = revoking_[i];
-    if (call->request_id != token) continue;
-    if (--call->revokes_pending != 0) return;
-    revoking_.erase(revoking_.begin() + static_cast<std::ptrdiff_t>(i));
-    call->exposure->release();
-    return finish(call, std::move(call->held));
-  }
-}
-
-// Registers and exposes the call's segments and writes their descriptors
-// between the header and the FlatBuffer; `*block_bytes` is the block's
-// size.  Nothing is exposed when a check fails.
-Status ClientSession::expose_bulk(PendingCall* call, SlotBuilder& b, size_t* block_bytes) {
-  // Before the block is sized (CallExposure::expose checks again).
-  if (Status st = bulk::check_counts(call->send_bulk.size(), call->receive_bulk.size()); !st.ok())
-    return st;
-  const size_t block = bulk::request_block_bytes(call->send_bulk.size(), call->receive_bulk.size());
-  const size_t flatbuffer_len = b.is_finished() ? b.GetSize() : 0;
-  if (flatbuffer_len + block > b.payload_capacity()) {
-    return Status(StatusCode::kResourceExhausted,
-                  fmt::format("request of {} bytes plus its {}-byte bulk block does not fit a slot "
-                              "({} bytes of payload)",
-                              flatbuffer_len, block, b.payload_capacity()));
-  }
-  bulk::RequestBlock descriptors;
-  call->exposure = std::make_unique<bulk::CallExposure>();
-  Status st = call->exposure->expose(*link_, call->send_bulk, call->receive_bulk, max_bulk_bytes_,
-                                     descriptors);
-  if (!st.ok()) return st;
-  std::byte* at = flatbuffer_len == 0 ? b.slot() + kHeaderSize
-                                      : reinterpret_cast<std::byte*>(b.GetBufferPointer()) - block;
-  bulk::encode_request_block(descriptors, at);
-  *block_bytes = block;
-  return {};
-}
-
-void ClientSession::end_out(PendingCall* call, const Status& status) {
-  if (!call->out) return;
-  OutStream& o = *call->out;
-  o.call = nullptr;
-  o.end(status);
-  if (o.session) o.session->reclaim_out(o);
-}
-
-bool ClientSession::stream_active(const Slot& lent) const {
-  if (lent.stream_owner < 0) return false;
-  const Slot& owner = slots_[static_cast<size_t>(lent.stream_owner)];
-  return owner.state == SlotState::kInFlight && owner.call != nullptr &&
-         owner.request_id == lent.request_id;
 }
 
 void ClientSession::send_control(Kind kind, uint16_t slot, uint32_t generation,
@@ -639,7 +444,7 @@ void ClientSession::on_message(const transport::Completion& c) {
   }
   s.state = SlotState::kHeld;  // until the application drops the reply
   RawReply reply(Status(), payload, shared_from_this(), h.slot, h.generation);
-  if (!received.empty()) reply.set_bulk_received(std::move(received));
+  if (!received.empty()) ::slotrpc::detail::ReplyAccess::set_bulk_received(reply, std::move(received));
   end_call(call, std::move(reply));
 }
 
@@ -674,43 +479,6 @@ void ClientSession::configure_packing(uint32_t pack_small, bool server_accepts) 
   if (pack_small == 0) return;
   pack_ = std::make_unique<PackReceiver>(geometry_.slot_count);
   if (server_accepts) outbox_.enable_packing(send_ring_.slot(0), geometry_.slot_size, pack_small);
-}
-
-void ClientSession::on_stream_message(const Header& h, const std::byte* bytes) {
-  Slot& s = slots_[h.slot];
-  if (s.state != SlotState::kLent || h.generation != s.generation || h.request_id != s.request_id) {
-    return protocol_error(fmt::format(
-        "stream message in slot {} generation {} request {} matches no lent slot", h.slot,
-        h.generation, h.request_id));
-  }
-  if (!stream_active(s)) {
-    // The stream was cancelled or timed out: drop the message; the slot is
-    // reclaimed when the stream's final reply arrives.
-    ++late_replies_dropped_;
-    return;
-  }
-  PendingCall* call = slots_[static_cast<size_t>(s.stream_owner)].call;
-  s.state = SlotState::kHeld;  // until the application drops the message
-  if (call->sink) {
-    call->sink(RawReply(Status(), std::span<const std::byte>(bytes + kHeaderSize, h.payload_len),
-                        shared_from_this(), h.slot, h.generation));
-  }
-}
-
-// Slots lent to the stream whose call is in `owner_slot` come back: the
-// server will write none of them again.  Held ones return when released.
-void ClientSession::end_stream(uint16_t owner_slot) {
-  for (uint16_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = slots_[i];
-    if (s.stream_owner != owner_slot || s.request_id != slots_[owner_slot].request_id) continue;
-    if (s.state == SlotState::kLent) {
-      s.stream_owner = -1;
-      s.state = SlotState::kFree;
-      free_.push_back(i);
-    }
-    // kOutInFlight slots come back with their acks (on_stream_ack), kOutIdle
-    // ones (in the writer's hands) when the writer has left (reclaim_out).
-  }
 }
 
 void ClientSession::on_control(const transport::Completion& c) {
@@ -768,7 +536,7 @@ void ClientSession::release(uint16_t slot, uint32_t generation) {
 }
 
 // Loop thread: the replies dropped on other threads since the last ring.
-void ClientSession::on_release_bell(reactor::Reactor::Doorbell* d) {
+void ClientSession::on_release_bell(core::Loop::Doorbell* d) {
   ClientSession* self = static_cast<ReleaseBell*>(d)->owner;
   std::shared_ptr<ClientSession> keep = std::move(self->release_ref_);
   self->release_rung_.exchange(false, std::memory_order_acq_rel);
@@ -804,7 +572,7 @@ void ClientSession::pump_queue() {
 // Runs on the loop (completions and posted failures do).
 void ClientSession::count_finished(PendingCall* call, StatusCode code) {
   if (call->counters == nullptr) return;  // never submitted to a session
-  ++call->counters->calls.finished[metrics::code_index(code)];
+  ++call->counters->calls.finished[core::code_index(code)];
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - call->submitted);
   call->method_counters->finish(code, static_cast<uint64_t>(std::max<int64_t>(0, us.count())));
   call->counters = nullptr;
@@ -868,7 +636,7 @@ void ClientSession::cancel(uint64_t request_id, Status status) {
 }
 
 void ClientSession::protocol_error(std::string reason) {
-  core::log().error("slotrpc: closing session with {}: {}", peer_, reason);
+  base::log().error("slotrpc: closing session with {}: {}", peer_, reason);
   shutdown(Status(StatusCode::kUnavailable,
                   fmt::format("session with {} closed: protocol error: {}", peer_, reason)));
 }
@@ -931,22 +699,6 @@ void ClientSession::shutdown(Status status) {
 
 // The liveness timer fires when something is due (core/liveness.h): the
 // next PING or the server's death, counted from when it was last heard.
-void ClientSession::arm_keepalive() {
-  keepalive_timer_ = loop_.timers().add(liveness_.next_check(Clock::now(), loop_.config()),
-                                        &ClientSession::on_keepalive, this, 0);
-}
-
-void ClientSession::on_keepalive(void* self_ptr, uint64_t) {
-  auto* self = static_cast<ClientSession*>(self_ptr);
-  self->keepalive_timer_ = 0;
-  if (self->closed_) return;
-  const bool listening = self->link_ == nullptr || self->link_->listening();
-  std::string dead = self->liveness_.on_timer(Clock::now(), self->loop_.config(), self->peer_, listening,
-                                              [self] { self->send_control(Kind::kPing, 0, 0, 0); });
-  if (!dead.empty()) return self->shutdown(Status(StatusCode::kUnavailable, std::move(dead)));
-  self->arm_keepalive();
-}
-
 ClientSession::Counters ClientSession::counters() const {
   Counters c;
   c.free_slots = static_cast<uint32_t>(free_.size());

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "bulk/call_exposure.h"
+#include "core/bulk/call_exposure.h"
 #include "core/liveness.h"
 #include "core/out_stream.h"
 #include "core/outbox.h"
@@ -35,7 +35,7 @@
 #include "core/session_base.h"
 #include "core/slot_builder.h"
 #include "core/slot_ring.h"
-#include "reactor/reactor.h"
+#include "core/loop.h"
 #include "slotrpc/call.h"
 #include "slotrpc/stream.h"
 
@@ -67,7 +67,7 @@ struct PendingCall {
   std::shared_ptr<OutStream> out;
   std::optional<Clock::time_point> deadline;
   uint64_t request_id = 0;
-  // Bulk attachments (unary calls; lib/bulk/call_exposure.h): the
+  // Bulk attachments (unary calls; lib/core/bulk/call_exposure.h): the
   // segments from CallOptions, their exposure once the call is sent, and
   // the call's outcome while its revokes complete (the caller learns it
   // only once the peer can reach none of the memory).
@@ -78,11 +78,11 @@ struct PendingCall {
   RawReply held;
   // Metrics, set by ClientSession::submit on the loop: the loop's client
   // counters and this method's entry there, and when the call was submitted.
-  metrics::SideCounters* counters = nullptr;
-  metrics::MethodCounters* method_counters = nullptr;
+  core::SideCounters* counters = nullptr;
+  core::MethodCounters* method_counters = nullptr;
   Clock::time_point submitted{};
   // Session-owned state.
-  reactor::TimerHeap::TimerId timer = 0;
+  base::TimerHeap::TimerId timer = 0;
   int32_t slot = -1;  // -1 while queued
   PendingCall* prev = nullptr;
   PendingCall* next = nullptr;
@@ -96,7 +96,7 @@ class ClientSession final : public SessionBase,
   // Server's or Channel's, on this loop) instead of the loop's own, so
   // servers and channels sharing a loop each report only their own calls.
   // Shared: the session may outlive its owner (a RawReply still held).
-  void set_counters(std::shared_ptr<metrics::LoopCounters> counters) { owner_counters_ = std::move(counters); }
+  void set_counters(std::shared_ptr<core::LoopCounters> counters) { owner_counters_ = std::move(counters); }
   // Loop thread, right after create(): the owner's Config::max_bulk_bytes.
   void set_max_bulk_bytes(uint64_t bytes) { max_bulk_bytes_ = bytes; }
   struct Geometry {
@@ -107,7 +107,7 @@ class ClientSession final : public SessionBase,
   // Loop thread.  Registers both rings with `link` and attaches it.  The
   // link may still be connecting (verbs: the rings' keys go into the
   // handshake); messages posted before it is up wait in the link.
-  static Result<std::shared_ptr<ClientSession>> create(reactor::Reactor& loop,
+  static Result<std::shared_ptr<ClientSession>> create(core::Loop& loop,
                                                        std::unique_ptr<transport::Link> link,
                                                        Geometry geometry, std::string peer);
   // Loop thread.  The link finished connecting: silence is counted from now.
@@ -128,7 +128,7 @@ class ClientSession final : public SessionBase,
 
   // Completes `call` with an error from a task posted to `loop`, never on
   // the caller's stack (see submit).  Any thread.
-  static void fail_later(reactor::Reactor& loop, PendingCall* call, Status status);
+  static void fail_later(core::Loop& loop, PendingCall* call, Status status);
   // Runs `call`'s sink (or a stream's on_end) with `status` and frees it.
   static void complete(PendingCall* call, Status status);
 
@@ -138,7 +138,7 @@ class ClientSession final : public SessionBase,
   // Any thread.
   // The owner's handle on the loop, so replies dropped on other threads can
   // reach it without racing the owner's destruction of the loop.
-  void set_loop_handle(std::weak_ptr<reactor::Reactor> handle) { loop_handle_ = std::move(handle); }
+  void set_loop_handle(std::weak_ptr<core::Loop> handle) { loop_handle_ = std::move(handle); }
   // Before the first call: the kFeature* bits of the server's HelloReply.
   void set_peer_features(uint16_t features) { peer_features_ = features; }
   // Before the first call, when this client offered PACK in its Hello
@@ -180,7 +180,7 @@ class ClientSession final : public SessionBase,
   bool closed() const { return closed_; }
   const Status& close_status() const { return close_status_; }
   const std::string& peer() const { return peer_; }
-  reactor::Reactor& loop() { return loop_; }
+  core::Loop& loop() { return loop_; }
   // Loop thread, cold: the link (nullptr once closed), for its counters.
   const transport::Link* link() const { return link_.get(); }
 
@@ -201,14 +201,13 @@ class ClientSession final : public SessionBase,
     int32_t stream_owner = -1;
   };
 
-  ClientSession(reactor::Reactor& loop, std::unique_ptr<transport::Link> link, Geometry g,
+  ClientSession(core::Loop& loop, std::unique_ptr<transport::Link> link, Geometry g,
                 std::string peer);
 
   static void on_completion_thunk(SessionBase* s, const transport::Completion& c);
   static void flush_thunk(SessionBase* s);
   static void on_deadline(void* self, uint64_t call);
   Status deadline_exceeded(const PendingCall& call) const;
-  static void on_keepalive(void* self, uint64_t);
 
   void on_message(const transport::Completion& c);
   void on_pack(const transport::Completion& c, const Header& h);
@@ -246,13 +245,15 @@ class ClientSession final : public SessionBase,
   void flush();
   void enqueue(PendingCall* call);
   void dequeue(PendingCall* call);
-  void arm_keepalive();
+  friend struct KeepaliveTimer<ClientSession>;
+  void arm_keepalive() { KeepaliveTimer<ClientSession>::arm(this); }
+  void peer_dead(std::string reason) { shutdown(Status(StatusCode::kUnavailable, std::move(reason))); }
 
-  reactor::Reactor& loop_;
+  core::Loop& loop_;
   // Its owner's counters on this loop (set_counters), or null: the loop's.
-  std::shared_ptr<metrics::LoopCounters> owner_counters_;
-  metrics::LoopCounters& owner_counters() { return owner_counters_ ? *owner_counters_ : loop_.counters(); }
-  std::weak_ptr<reactor::Reactor> loop_handle_;
+  std::shared_ptr<core::LoopCounters> owner_counters_;
+  core::LoopCounters& owner_counters() { return owner_counters_ ? *owner_counters_ : loop_.counters(); }
+  std::weak_ptr<core::Loop> loop_handle_;
   std::unique_ptr<transport::Link> link_;
   Geometry geometry_;
   std::string peer_;
@@ -280,14 +281,14 @@ class ClientSession final : public SessionBase,
   // Replies released on other threads, (slot << 32 | generation), and the
   // doorbell that makes the loop take them (release()).
   boost::lockfree::queue<uint64_t> released_;
-  struct ReleaseBell : reactor::Reactor::Doorbell {
+  struct ReleaseBell : core::Loop::Doorbell {
     ClientSession* owner = nullptr;
   } release_bell_;
   std::atomic<bool> release_rung_{false};
   std::shared_ptr<ClientSession> release_ref_;
-  static void on_release_bell(reactor::Reactor::Doorbell* d);
+  static void on_release_bell(core::Loop::Doorbell* d);
   Liveness liveness_;
-  reactor::TimerHeap::TimerId keepalive_timer_ = 0;
+  base::TimerHeap::TimerId keepalive_timer_ = 0;
   std::atomic<bool> closed_{false};
   Status close_status_;
 };

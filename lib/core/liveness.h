@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "core/session_base.h"
+#include "core/wire_format.h"
 #include "slotrpc/config.h"
 
 namespace slotrpc::core {
@@ -96,6 +97,31 @@ class Liveness {
 
  private:
   Clock::time_point& last_heard_;
+};
+
+// The liveness timer of a session, one copy for both ends.  `S` (a
+// ClientSession or ServerSession, which befriend this) has loop_,
+// liveness_, keepalive_timer_, closed_, peer_, link_, send_control(), and
+// peer_dead(reason), which ends the session its own way.
+template <class S>
+struct KeepaliveTimer {
+  // Schedules the next check (Liveness::next_check) on the session's loop.
+  static void arm(S* s) {
+    s->keepalive_timer_ = s->loop_.timers().add(s->liveness_.next_check(Clock::now(), s->loop_.config()),
+                                                &KeepaliveTimer::fire, s, 0);
+  }
+  // The timer's callback: a PING when one is due, the end of the session
+  // when the peer is dead (no re-arm then), otherwise the next check.
+  static void fire(void* self_ptr, uint64_t) {
+    auto* self = static_cast<S*>(self_ptr);
+    self->keepalive_timer_ = 0;
+    if (self->closed_) return;
+    const bool listening = self->link_ == nullptr || self->link_->listening();
+    std::string dead = self->liveness_.on_timer(Clock::now(), self->loop_.config(), self->peer_, listening,
+                                                [self] { self->send_control(Kind::kPing, 0, 0, 0); });
+    if (!dead.empty()) return self->peer_dead(std::move(dead));
+    arm(self);
+  }
 };
 
 }  // namespace slotrpc::core

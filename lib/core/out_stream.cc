@@ -18,7 +18,7 @@ void OutStream::ring() {
   // Already queued: the loop clears `rung` before it drains, so it will see
   // what was pushed before this exchange.
   if (rung.exchange(true, std::memory_order_acq_rel)) return;
-  std::shared_ptr<reactor::Reactor> l = loop.lock();
+  std::shared_ptr<core::Loop> l = loop.lock();
   if (!l) {  // the channel is gone: nobody will drain
     rung.store(false, std::memory_order_release);
     return;
@@ -93,7 +93,7 @@ void OutStream::end(const Status& status) {
   for (const FiberWaiter& w : waking) wake_fiber(w);
 }
 
-void OutStream::on_bell(reactor::Reactor::Doorbell* d) {
+void OutStream::on_bell(core::Loop::Doorbell* d) {
   OutStream* o = static_cast<Bell*>(d)->owner;
   std::shared_ptr<OutStream> keep = std::move(o->bell_ref);
   o->rung.exchange(false, std::memory_order_acq_rel);  // acquire: what the writer pushed

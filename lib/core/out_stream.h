@@ -43,7 +43,7 @@
 #include <mutex>
 #include <vector>
 
-#include "reactor/reactor.h"
+#include "core/loop.h"
 #include "slotrpc/stream.h"
 
 namespace slotrpc::core {
@@ -60,7 +60,7 @@ struct OutStream final : ::slotrpc::detail::OutStreamState, std::enable_shared_f
 
   // `window`: the most slots the stream may reserve (the ready ring also
   // carries the half-close).
-  OutStream(std::weak_ptr<reactor::Reactor> loop, uint32_t window)
+  OutStream(std::weak_ptr<core::Loop> loop, uint32_t window)
       : free(window + 1), ready(window + 2), free_capacity(window + 1), loop(std::move(loop)) {
     bell.run = &OutStream::on_bell;
     bell.owner = this;
@@ -73,12 +73,12 @@ struct OutStream final : ::slotrpc::detail::OutStreamState, std::enable_shared_f
 
   // The doorbell: `rung` while it sits in the loop's stack, which `bell_ref`
   // keeps this state alive for.
-  struct Bell : reactor::Reactor::Doorbell {
+  struct Bell : core::Loop::Doorbell {
     OutStream* owner = nullptr;
   } bell;
   std::atomic<bool> rung{false};
   std::shared_ptr<OutStream> bell_ref;
-  const std::weak_ptr<reactor::Reactor> loop;
+  const std::weak_ptr<core::Loop> loop;
 
   std::atomic<bool> ended{false};
   std::atomic<bool> busy{false};
@@ -123,7 +123,7 @@ struct OutStream final : ::slotrpc::detail::OutStreamState, std::enable_shared_f
   // Loop: a slot for the writer (the window at the start, then each ack).
   void give(uint16_t slot);
 
-  static void on_bell(reactor::Reactor::Doorbell* d);
+  static void on_bell(core::Loop::Doorbell* d);
 };
 
 }  // namespace slotrpc::core

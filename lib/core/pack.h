@@ -1,4 +1,4 @@
-// Packing small messages that are ready together (issue 18; docs/protocol.md,
+// Packing small messages that are ready together (docs/protocol.md,
 // "PACK"; docs/design.md, "Packing").
 //
 // Each slot message costs one work request (verbs: one WRITE_WITH_IMM, its

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "bulk/server_bulk.h"
+#include "core/bulk/server_bulk.h"
 #include "core/liveness.h"
 #include "core/method_table.h"
 #include "core/outbox.h"
@@ -26,7 +26,7 @@
 #include "core/session_base.h"
 #include "core/slot_builder.h"
 #include "core/slot_ring.h"
-#include "reactor/reactor.h"
+#include "core/loop.h"
 
 namespace slotrpc::core {
 
@@ -36,7 +36,7 @@ class ServerSession final : public SessionBase {
   // Server's or Channel's, on this loop) instead of the loop's own, so
   // servers and channels sharing a loop each report only their own calls.
   // Shared: the session may outlive its owner (a RawReply still held).
-  void set_counters(std::shared_ptr<metrics::LoopCounters> counters) { owner_counters_ = std::move(counters); }
+  void set_counters(std::shared_ptr<core::LoopCounters> counters) { owner_counters_ = std::move(counters); }
   // Loop thread, right after create(): the owner's Config::max_bulk_bytes.
   void set_max_bulk_bytes(uint64_t bytes) { max_bulk_bytes_ = bytes; }
   // Loop thread, right after create(), when this server announces PACK
@@ -61,7 +61,7 @@ class ServerSession final : public SessionBase {
   // Loop thread.  `on_closed` runs (on the loop) once the session is closed
   // and idle; the owner destroys the session then.
   // Registers both rings with `link`, attaches it and arms every slot.
-  static Result<std::unique_ptr<ServerSession>> create(reactor::Reactor& loop,
+  static Result<std::unique_ptr<ServerSession>> create(core::Loop& loop,
                                                        std::unique_ptr<transport::Link> link,
                                                        Geometry geometry, const MethodTable& methods,
                                                        std::string peer, ClosedFn on_closed);
@@ -86,8 +86,8 @@ class ServerSession final : public SessionBase {
     std::vector<uint16_t> grants;
     size_t grant_head = 0;
     // The handler's fiber while it waits for a grant or a client message.
-    reactor::Fiber* waiter = nullptr;       // the handler's fiber, waiting in Write()
-    reactor::Fiber* read_waiter = nullptr;  // a fiber waiting in Read() (bidi: may be another)
+    base::Fiber* waiter = nullptr;       // the handler's fiber, waiting in Write()
+    base::Fiber* read_waiter = nullptr;  // a fiber waiting in Read() (bidi: may be another)
     // Client streaming: the client's messages not yet read (a FIFO of slots
     // linked through in_next_), the one the handler reads now, whether the
     // client half-closed, why the client cancelled (kCancel's status), and
@@ -107,7 +107,7 @@ class ServerSession final : public SessionBase {
     uint32_t timeout_us = 0;
     Clock::time_point received;
     const MethodDescriptor* method = nullptr;
-    metrics::MethodCounters* counters = nullptr;  // the method's, on this loop
+    core::MethodCounters* counters = nullptr;  // the method's, on this loop
   };
 
   // The handler's end of a server stream on one call slot.
@@ -130,13 +130,12 @@ class ServerSession final : public SessionBase {
   static bool read_inbound(::slotrpc::detail::InboundStream* in, std::span<const std::byte>* msg,
                            Status* status);
 
-  ServerSession(reactor::Reactor& loop, std::unique_ptr<transport::Link> link, Geometry g,
+  ServerSession(core::Loop& loop, std::unique_ptr<transport::Link> link, Geometry g,
                 const MethodTable& methods, std::string peer, ClosedFn on_closed);
 
   static void on_completion_thunk(SessionBase* s, const transport::Completion& c);
   static void flush_thunk(SessionBase* s);
   static void run_handler(void* self, uint64_t slot);
-  static void on_keepalive(void* self, uint64_t);
 
   void on_message(const transport::Completion& c);
   void on_pack(const transport::Completion& c, const Header& h);
@@ -156,12 +155,14 @@ class ServerSession final : public SessionBase {
   void flush();
   void maybe_finished();
   void count_finished(Slot& s, StatusCode code);
-  void arm_keepalive();
+  friend struct KeepaliveTimer<ServerSession>;
+  void arm_keepalive() { KeepaliveTimer<ServerSession>::arm(this); }
+  void peer_dead(std::string reason) { close(std::move(reason)); }
 
-  reactor::Reactor& loop_;
+  core::Loop& loop_;
   // Its owner's counters on this loop (set_counters), or null: the loop's.
-  std::shared_ptr<metrics::LoopCounters> owner_counters_;
-  metrics::LoopCounters& owner_counters() { return owner_counters_ ? *owner_counters_ : loop_.counters(); }
+  std::shared_ptr<core::LoopCounters> owner_counters_;
+  core::LoopCounters& owner_counters() { return owner_counters_ ? *owner_counters_ : loop_.counters(); }
   std::unique_ptr<transport::Link> link_;
   Geometry geometry_;
   const MethodTable& methods_;
@@ -173,7 +174,7 @@ class ServerSession final : public SessionBase {
   std::vector<Slot> slots_;
   std::vector<StreamWriter> writers_;
   std::vector<Inbound> inbound_;
-  // Bulk attachments per call slot (lib/bulk/server_bulk.h), made at the
+  // Bulk attachments per call slot (lib/core/bulk/server_bulk.h), made at the
   // slot's first bulk request: sessions without bulk calls pay nothing.
   std::vector<std::unique_ptr<bulk::ServerCallBulk>> bulk_;
   Status begin_bulk(uint16_t slot, const std::byte* payload, uint32_t payload_len);
@@ -197,7 +198,7 @@ class ServerSession final : public SessionBase {
   bool closed_ = false;
   bool close_reported_ = false;
   Liveness liveness_;
-  reactor::TimerHeap::TimerId keepalive_timer_ = 0;
+  base::TimerHeap::TimerId keepalive_timer_ = 0;
 };
 
 }  // namespace slotrpc::core

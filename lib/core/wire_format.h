@@ -11,11 +11,13 @@
 #include <span>
 #include <string_view>
 
+#include "transport/frame.h"
+
 namespace slotrpc::core {
 
 inline constexpr uint16_t kWireMagic = 0x5253;  // bytes 'S' 'R' on the wire
 inline constexpr uint8_t kWireVersion = 1;
-inline constexpr size_t kHeaderSize = 32;
+using transport::kHeaderSize;  // transport/frame.h
 
 // `flags`: the low four bits are the message kind, the high four are flag
 // bits (only kFlagServerStream is defined).
@@ -46,7 +48,7 @@ inline constexpr uint8_t kFlagServerStream = 0x10;
 // with kFlagServerStream too, bidi).
 inline constexpr uint8_t kFlagClientStream = 0x20;
 // On a kRequest or an OK kReply (protocol feature kFeatureBulk): the
-// payload starts with a bulk descriptor block (lib/bulk/descriptors.h,
+// payload starts with a bulk descriptor block (lib/core/bulk/descriptors.h,
 // docs/protocol.md "Bulk descriptors"), the FlatBuffer follows it.
 inline constexpr uint8_t kFlagBulk = 0x40;
 inline constexpr uint8_t kKnownFlags = kFlagServerStream | kFlagClientStream | kFlagBulk;
@@ -108,13 +110,9 @@ std::string_view to_string(HeaderError e);
 HeaderError validate_header(const Header& h, size_t received_bytes, uint32_t slot_count,
                             uint32_t slot_size, uint16_t placed_slot);
 
-// Immediate data (RDMA WRITE_WITH_IMM, and the TCP frame prefix): the low
-// 16 bits are the slot index the bytes were written to, the high 16 the low
-// bits of the generation.  Transports read only the slot.
-constexpr uint32_t make_imm(uint16_t slot, uint32_t generation) {
-  return uint32_t{slot} | (generation << 16);
-}
-constexpr uint16_t imm_slot(uint32_t imm) { return static_cast<uint16_t>(imm & 0xffff); }
-constexpr uint16_t imm_generation(uint32_t imm) { return static_cast<uint16_t>(imm >> 16); }
+// The immediate's encoding (transport/frame.h).
+using transport::imm_generation;
+using transport::imm_slot;
+using transport::make_imm;
 
 }  // namespace slotrpc::core

@@ -6,12 +6,11 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "monitor/monitor.h"
-#include "reactor/reactor.h"
+#include "core/loop.h"
 
 namespace slotrpc::metrics {
 
-LoopReading read_loop(reactor::Reactor& loop, const std::vector<const transport::Link*>& links,
+LoopReading read_loop(core::Loop& loop, const std::vector<const transport::Link*>& links,
                       uint64_t client_queued) {
   LoopReading r;
   r.counters = loop.counters();
@@ -33,11 +32,10 @@ LoopReading read_loop(reactor::Reactor& loop, const std::vector<const transport:
         break;
     }
   }
-  if (monitor::Monitor* m = loop.monitor()) m->fill(r.monitor);
   return r;
 }
 
-LoopReading read_loop(reactor::Reactor& loop, const LoopCounters& owner,
+LoopReading read_loop(core::Loop& loop, const LoopCounters& owner,
                       const std::vector<const transport::Link*>& links, uint64_t client_queued) {
   LoopReading r = read_loop(loop, links, client_queued);
   const LoopCounters& shared = r.counters;

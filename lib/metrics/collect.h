@@ -3,7 +3,8 @@
 // Each loop is read on its own thread (read_loop, from a posted task, or
 // directly when the caller already runs on it): a copy of its counters, the
 // live links' LinkStats and the monitor's part.  The caller adds the
-// readings up (Collector) and names the methods.
+// readings up (Collector) and names the methods.  The monitor's part is
+// added by the caller (Monitor::fill).
 #pragma once
 
 #include <functional>
@@ -12,14 +13,19 @@
 #include <utility>
 #include <vector>
 
-#include "metrics/loop_counters.h"
+#include "core/loop_counters.h"
 #include "slotrpc/metrics.h"
 
-namespace slotrpc::reactor {
-class Reactor;
+namespace slotrpc::core {
+class Loop;
 }
 
 namespace slotrpc::metrics {
+
+// The counters a loop keeps live (core/loop_counters.h); this layer reads them.
+using core::LoopCounters;
+using core::MethodCounters;
+using core::SideCounters;
 
 struct LoopReading {
   LoopCounters counters;
@@ -30,14 +36,16 @@ struct LoopReading {
 };
 
 // Loop thread.  `links` are the loop's open links; `client_queued` the calls
-// its client sessions hold in their queues.
-LoopReading read_loop(reactor::Reactor& loop, const std::vector<const transport::Link*>& links,
+// its client sessions hold in their queues.  The monitor's part
+// (LoopReading::monitor) is the caller's to fill: the layer that created
+// the loop's transports knows its monitor (rpc/loop_transports.h).
+LoopReading read_loop(core::Loop& loop, const std::vector<const transport::Link*>& links,
                       uint64_t client_queued);
 // Loop thread.  The same with the call and link counters of one owner on
 // that loop (a Server's or Channel's sessions on a shared loop count into
 // their owner's LoopCounters); the per-poll histograms and the monitor
 // stay the loop's.
-LoopReading read_loop(reactor::Reactor& loop, const LoopCounters& owner,
+LoopReading read_loop(core::Loop& loop, const LoopCounters& owner,
                       const std::vector<const transport::Link*>& links, uint64_t client_queued);
 
 // "slotrpc.examples.Echo.Echo" -> "slotrpc.examples.Echo/Echo".

@@ -9,8 +9,8 @@
 #include <chrono>
 #include <thread>
 
-#include "core/logging.h"
-#include "rpc/connector.h"
+#include "base/logging.h"
+#include "base/address.h"
 
 namespace slotrpc::metrics {
 
@@ -108,7 +108,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::start(const std::string& address
                               "Config.metrics_address): {}",
                               address, why));
   };
-  auto endpoint = rpc::parse_address(address);
+  auto endpoint = base::parse_address(address);
   if (!endpoint.ok()) return fail(endpoint.status().message());
   auto impl = std::make_unique<Impl>();
   impl->render = std::move(render);
@@ -137,7 +137,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::start(const std::string& address
         raw->io.run();
         return;
       } catch (const std::exception& e) {
-        core::log().error("slotrpc: metrics port: {}", e.what());
+        base::log().error("slotrpc: metrics port: {}", e.what());
       }
     }
   });

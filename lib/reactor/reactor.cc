@@ -10,74 +10,24 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "core/cpu_list.h"
-#include "core/logging.h"
-#include "monitor/monitor.h"
-#include "transport/verbs/verbs_transport.h"
-#include "transport/shm/shm_transport.h"
+#include <fmt/format.h>
+
+#include "base/cpu_list.h"
+#include "base/logging.h"
 
 namespace slotrpc::reactor {
 
-// add_monitor_hook()'s holders.  Cold: a mutex, taken once per sample.
-struct HookList {
-  std::mutex mu;
-  std::vector<std::weak_ptr<monitor::SampleHook>> hooks;
-};
-
-namespace {
-thread_local Reactor* tls_reactor = nullptr;
-
-// The exception barrier of an event loop (docs/design.md, "Limits and
-// abuse"): an exception that a task or timer callback let through is
-// logged and dropped, and the loop and its other sessions carry on.  Code
-// that can fail for a reason a peer causes (session setup: memory, locked
-// memory, descriptors) catches its own exceptions and refuses the session;
-// this is the last line, so that nothing ever reaches std::terminate.
-template <class Fn>
-void run_guarded(const std::string& loop, const char* what, Fn&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    core::log().error("slotrpc: {}: {} threw, dropped: {}", loop, what, e.what());
-  } catch (...) {
-    core::log().error("slotrpc: {}: {} threw a non-standard exception, dropped", loop, what);
-  }
-}
-}
-
 Reactor::Reactor(const Config& config, std::string name)
-    : config_(config),
-      name_(std::move(name)),
-      fibers_(size_t{config.fiber_stack_kb} * 1024), spin_(config.spin_us, config.spin_max_us), tcp_(config),
-      hook_list_(std::make_shared<HookList>()) {
+    : core::Loop(config, std::move(name)), spin_(config.spin_us, config.spin_max_us) {
   stats_.spin_us = config.spin_us;
-  // The monitor's one hook calls every holder added later (a shared loop
-  // serves many channels and servers); holders that died are dropped.
-  monitor_hook_ = std::make_shared<monitor::SampleHook>();
-  monitor_hook_->set([list = hook_list_](const MetricsSnapshot& snapshot) {
-    std::vector<std::shared_ptr<monitor::SampleHook>> live;
-    {
-      std::lock_guard<std::mutex> lock(list->mu);
-      std::erase_if(list->hooks, [&](const std::weak_ptr<monitor::SampleHook>& w) {
-        auto h = w.lock();
-        if (!h) return true;
-        live.push_back(std::move(h));  // `h` is empty now: decide before
-        return false;
-      });
-    }
-    for (const auto& h : live) h->call(snapshot);
-  });
-  event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
-  if (event_fd_ < 0 || epoll_fd_ < 0) {
+  if (epoll_fd_ < 0) {
     throw std::runtime_error(std::string("slotrpc reactor: ") + std::strerror(errno));
   }
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.fd = event_fd_;
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, event_fd_, &ev);
-  ev.data.fd = tcp_.wait_fd();
-  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, tcp_.wait_fd(), &ev);
   completions_.resize(config.poll_batch);
 }
 
@@ -88,67 +38,60 @@ Reactor::~Reactor() {
   while (inbox_.pop(t)) {
   }
   run_doorbells();  // their owners only release what they hold
-  monitor_.reset();  // it samples verbs_'s receive queues
-  verbs_.reset();
-  shm_.reset();
-  ::close(event_fd_);
+  // What the layers above keep with the loop (a monitor samples the
+  // transports), then the transports, newest first.
+  extension_.reset();
+  while (!transports_.empty()) transports_.pop_back();
   ::close(epoll_fd_);
 }
 
-Result<transport::verbs::VerbsTransport*> Reactor::verbs() {
-  if (verbs_) return verbs_.get();
-  auto created = transport::verbs::VerbsTransport::create(config_);
-  if (!created.ok()) return created.status();
+Result<transport::Transport*> Reactor::add_transport(std::unique_ptr<transport::Transport> t) {
+  if (find_transport(t->name()) != nullptr)
+    return Status(StatusCode::kInternal, fmt::format("slotrpc reactor: a second {} transport", t->name()));
   epoll_event ev{};
   ev.events = EPOLLIN;
-  ev.data.fd = created.value()->wait_fd();
-  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ev.data.fd, &ev) != 0) {
-    return Status(StatusCode::kInternal, std::string("slotrpc reactor: epoll_ctl: ") + std::strerror(errno));
-  }
-  verbs_ = std::move(created.value());
-  core::log().debug("slotrpc: {}: verbs transport on {}", name_, verbs_->device().describe());
-  // The monitor samples what this loop's verbs sessions use: the device
-  // port's counters and the loop's receive queues (lib/monitor/monitor.h).
-  if (config_.monitor_interval_ms != 0) {
-    monitor_ = std::make_unique<monitor::Monitor>(*this, *verbs_, monitor_hook_);
-  }
-  return verbs_.get();
-}
-
-Result<transport::shm::ShmTransport*> Reactor::shm() {
-  if (shm_) return shm_.get();
-  auto created = std::make_unique<transport::shm::ShmTransport>(config_);
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.fd = created->wait_fd();
+  ev.data.fd = t->wait_fd();
   if (ev.data.fd < 0 || ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ev.data.fd, &ev) != 0) {
-    return Status(StatusCode::kInternal, std::string("slotrpc reactor: shm epoll: ") + std::strerror(errno));
+    return Status(StatusCode::kInternal,
+                  fmt::format("slotrpc reactor: {} epoll: {}", t->name(), std::strerror(errno)));
   }
-  shm_ = std::move(created);
-  core::log().debug("slotrpc: {}: shm transport", name_);
-  return shm_.get();
+  core::TransportTotals& totals = counters_.totals(core::LoopCounters::kind_of_name(t->name()));
+  // Newest first: the transports a loop takes on with its sessions (verbs,
+  // shm) are polled before TCP, which every loop has from the start.
+  polled_.insert(polled_.begin(), Polled{t.get(), &totals.completions_per_poll});
+  transports_.push_back(std::move(t));
+  return transports_.back().get();
 }
 
-void Reactor::add_monitor_hook(const std::shared_ptr<monitor::SampleHook>& hook) {
-  std::lock_guard<std::mutex> lock(hook_list_->mu);
-  hook_list_->hooks.push_back(hook);
+transport::Transport* Reactor::find_transport(std::string_view name) const {
+  for (const auto& t : transports_)
+    if (t->name() == name) return t.get();
+  return nullptr;
 }
 
-Reactor* Reactor::current() { return tls_reactor; }
+Reactor::Extension& Reactor::extension(const std::function<std::unique_ptr<Extension>()>& make) {
+  if (Extension* e = extension_ptr_.load(std::memory_order_acquire)) return *e;
+  std::lock_guard<std::mutex> lock(extension_mu_);
+  if (!extension_) {
+    extension_ = make();
+    extension_ptr_.store(extension_.get(), std::memory_order_release);
+  }
+  return *extension_;
+}
 
-// Config::loop_cpus (core/cpu_list.h says why).  Validated with the
+// Config::loop_cpus (base/cpu_list.h says why).  Validated with the
 // config (the syntax, and at least one CPU online); if the kernel refuses
 // anyway (a cpuset keeps the process off those CPUs), the loop runs where
 // it is and says so once.
 void Reactor::place_thread() {
   if (config_.loop_cpus.empty()) return;
-  auto set = core::parse_cpu_list("SLOTRPC_LOOP_CPUS", config_.loop_cpus);
+  auto set = base::parse_cpu_list("SLOTRPC_LOOP_CPUS", config_.loop_cpus);
   if (!set.ok()) {
-    core::log().warn("slotrpc: {}: {}", name_, set.status().message());
+    base::log().warn("slotrpc: {}: {}", name_, set.status().message());
     return;
   }
-  if (!core::pin_this_thread(set.value()))
-    core::log().warn("slotrpc: {}: cannot run on CPUs {} (SLOTRPC_LOOP_CPUS): {}", name_, config_.loop_cpus,
+  if (!base::pin_this_thread(set.value()))
+    base::log().warn("slotrpc: {}: cannot run on CPUs {} (SLOTRPC_LOOP_CPUS): {}", name_, config_.loop_cpus,
                      std::strerror(errno));
 }
 
@@ -168,68 +111,8 @@ bool Reactor::run_one_turn() {
   return run_turn();
 }
 
-void Reactor::post(Task task) {
-  inbox_.push(std::move(task));
-  wake();
-}
-
-void Reactor::run_or_post(Task task) {
-  if (on_this_thread()) {
-    task();
-  } else {
-    post(std::move(task));
-  }
-}
-
-void Reactor::ring(Doorbell* d) {
-  Doorbell* head = doorbells_.load(std::memory_order_relaxed);
-  do {
-    d->next = head;
-  } while (!doorbells_.compare_exchange_weak(head, d, std::memory_order_release,
-                                             std::memory_order_relaxed));
-  wake();
-}
-
-// All rung doorbells at once (a stack: no order between them; each owner
-// orders its own queue).  `next` is read before `run`, which may ring the
-// doorbell again or free it.
-bool Reactor::run_doorbells() {
-  if (doorbells_.load(std::memory_order_relaxed) == nullptr) return false;
-  Doorbell* d = doorbells_.exchange(nullptr, std::memory_order_acquire);
-  while (d != nullptr) {
-    Doorbell* next = d->next;
-    run_guarded(name_, "a doorbell", [d] { d->run(d); });
-    d = next;
-  }
-  return true;
-}
-
-void Reactor::wake() {
-  // Pairs with the fence in sleep_until_work(): either the loop sees the
-  // new task before sleeping, or we see that it sleeps and wake it.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (sleeping_.load(std::memory_order_relaxed)) ::eventfd_write(event_fd_, 1);
-}
-
-// A session going away: its places in this turn's lists are cleared, so
-// that no stamp or flush reaches it after it is destroyed.
-void Reactor::forget(core::SessionBase* s) {
-  if (s->heard_queued) {
-    s->heard_queued = false;
-    for (auto& p : heard_list_)
-      if (p == s) p = nullptr;
-  }
-  if (!s->flush_queued) return;
-  s->flush_queued = false;
-  for (auto& p : flush_list_)
-    if (p == s) p = nullptr;
-  for (auto& p : flushing_)  // forgotten while another session flushes
-    if (p == s) p = nullptr;
-}
-
 void Reactor::loop() {
-  thread_id_.store(std::this_thread::get_id());
-  tls_reactor = this;
+  enter_thread();
   pthread_setname_np(pthread_self(), name_.substr(0, 15).c_str());
   place_thread();
   // The idle clock uses each turn's own clock read (turn_now_): one read a
@@ -285,7 +168,7 @@ void Reactor::loop() {
   // Run what was posted before stop (e.g. session shutdowns), boundedly.
   for (int i = 0; i < 100 && run_turn(); ++i) {
   }
-  tls_reactor = nullptr;
+  leave_thread();
 }
 
 bool Reactor::run_turn() {
@@ -299,18 +182,29 @@ bool Reactor::run_turn() {
     // when none is): a thread that drops a stream message and then asks
     // the loop something sees the slot back, as with posted tasks.
     worked |= run_doorbells();
-    run_guarded(name_, "a posted task", task);
+    run_guarded("a posted task", task);
     task = nullptr;
     worked = true;
   }
   worked |= run_doorbells();
 
-  // One batch of completions per transport (both classes are final: these
-  // are direct calls).  A session callback may destroy a link, never a
-  // transport, so the batch stays valid while it is handed out.
-  auto deliver = [this](size_t n, Histogram& per_poll) {
-    if (n == 0) return false;
-    per_poll.record(n);
+  // One batch of completions per transport, through the interface (one
+  // virtual call per poll, none per message).  A session callback may
+  // destroy a link, never a transport, so the batch stays valid while it
+  // is handed out.
+  //
+  // Bytes a poll moved are work even without a completion: a bulk
+  // transfer's data arrives without one until its last byte, and a loop
+  // that counted only completions went idle in the middle of a transfer,
+  // yielding every turn after busy_yield_us and sleeping after its spin
+  // (docs/benchmarks.md, "data that arrives is work").  Two loads of a
+  // counter: nothing on the hot path.
+  for (const Polled& p : polled_) {
+    const uint64_t moved = p.transport->bytes_moved();
+    const size_t n = p.transport->poll(completions_);
+    worked |= p.transport->bytes_moved() != moved;
+    if (n == 0) continue;
+    p.per_poll->record(n);
     received_at_ = Clock::now();  // one read per batch (received_at())
     for (size_t i = 0; i < n; ++i) {
       const transport::Completion& c = completions_[i];
@@ -318,24 +212,8 @@ bool Reactor::run_turn() {
       if (session != nullptr) session->on_completion(session, c);
     }
     stats_.completions += n;
-    return true;
-  };
-  if (verbs_) worked |= deliver(verbs_->poll(completions_), counters_.verbs.completions_per_poll);
-  if (shm_) {
-    // Bulk chunks copied in or out are work too (the TCP rule below).
-    const uint64_t shm_bytes = shm_->bytes_moved();
-    worked |= deliver(shm_->poll(completions_), counters_.shm.completions_per_poll);
-    worked |= shm_->bytes_moved() != shm_bytes;
+    worked = true;
   }
-  // Bytes the TCP poll moved are work even without a completion:
-  // a bulk transfer's data arrives without one until its last byte, and a
-  // loop that counted only completions went idle in the middle of a
-  // transfer, yielding every turn after busy_yield_us and sleeping after
-  // its spin (docs/benchmarks.md, sixteenth session, "data that arrives is
-  // work").  Two loads of a counter: nothing on the hot path.
-  const uint64_t tcp_bytes = tcp_.bytes_moved();
-  worked |= deliver(tcp_.poll(completions_), counters_.tcp.completions_per_poll);
-  worked |= tcp_.bytes_moved() != tcp_bytes;
 
   // The turn's clock read: it stamps the sessions that heard their peer in
   // the batches above (after every callback of theirs ran, so never earlier
@@ -355,7 +233,7 @@ bool Reactor::run_turn() {
     if (timers_.next_deadline() <= now) {
       // A timer leaves the heap before its callback runs, so after a throw
       // the remaining due timers simply run in the next turn.
-      run_guarded(name_, "a timer callback", [this, now] { timers_.run_expired(now); });
+      run_guarded("a timer callback", [this, now] { timers_.run_expired(now); });
       worked = true;
     }
   }
@@ -363,7 +241,7 @@ bool Reactor::run_turn() {
   // Fibers woken during this turn (their awaited result arrived).
   while (!ready_fibers_.empty()) {
     running_fibers_.swap(ready_fibers_);
-    for (Fiber* f : running_fibers_) fibers_.resume(f);
+    for (base::Fiber* f : running_fibers_) fibers_.resume(f);
     running_fibers_.clear();
     worked = true;
   }
@@ -381,12 +259,17 @@ bool Reactor::run_turn() {
   return worked;
 }
 
+bool Reactor::transports_ready_to_sleep() {
+  for (const Polled& p : polled_)
+    if (!p.transport->prepare_sleep()) return false;
+  return true;
+}
+
 void Reactor::sleep_until_work() {
   sleeping_.store(true, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (!inbox_.empty() || doorbells_.load(std::memory_order_relaxed) != nullptr ||
-      !ready_fibers_.empty() || !tcp_.prepare_sleep() ||
-      (verbs_ && !verbs_->prepare_sleep()) || (shm_ && !shm_->prepare_sleep()) || stop_.load(std::memory_order_relaxed)) {
+      !ready_fibers_.empty() || !transports_ready_to_sleep() || stop_.load(std::memory_order_relaxed)) {
     sleeping_.store(false, std::memory_order_relaxed);
     return;
   }

@@ -20,7 +20,7 @@
 #include <list>
 #include <unordered_map>
 
-#include "core/logging.h"
+#include "base/logging.h"
 #include "rpc/admission.h"
 #include "rpc/connector.h"
 
@@ -212,7 +212,7 @@ void Acceptor::Impl::on_accept(const boost::system::error_code& ec, tcp::socket 
     return;
   }
   if (fd_episode) {
-    core::log().info("slotrpc: file descriptors are available again; {} connection(s) were refused "
+    base::log().info("slotrpc: file descriptors are available again; {} connection(s) were refused "
                  "while there were none", fd_refused);
     fd_episode = false;
     fd_refused = 0;
@@ -228,7 +228,7 @@ void Acceptor::Impl::on_accept(const boost::system::error_code& ec, tcp::socket 
 void Acceptor::Impl::on_fd_limit(const boost::system::error_code& ec) {
   if (!fd_episode) {
     fd_episode = true;
-    core::log().warn("slotrpc: server out of file descriptors (accept: {}; RLIMIT_NOFILE = {}): new "
+    base::log().warn("slotrpc: server out of file descriptors (accept: {}; RLIMIT_NOFILE = {}): new "
                  "connections are refused with RESOURCE_EXHAUSTED until some are freed",
                  ec.message(), nofile_limit_text());
   }
@@ -435,7 +435,7 @@ void Acceptor::run() {
       break;  // stopped
     } catch (const std::exception& e) {
       // A handler's own barrier should have caught it; keep accepting.
-      core::log().error("slotrpc: accept path: {}", e.what());
+      base::log().error("slotrpc: accept path: {}", e.what());
     }
   }
   // Pending handshakes die with the server.

@@ -7,7 +7,7 @@
 
 #include <algorithm>
 
-#include "core/logging.h"
+#include "base/logging.h"
 
 namespace slotrpc::rpc {
 
@@ -93,9 +93,9 @@ void RateLimitedLog::warn(const std::string& line) {
     return;
   }
   if (suppressed_ != 0) {
-    core::log().warn("{} (and {} more like it since the last such line)", line, suppressed_);
+    base::log().warn("{} (and {} more like it since the last such line)", line, suppressed_);
   } else {
-    core::log().warn("{}", line);
+    base::log().warn("{}", line);
   }
   last_ = now;
   suppressed_ = 0;

@@ -11,19 +11,16 @@
 #include <string_view>
 #include <cstddef>
 
+#include "base/address.h"
 #include "slotrpc/result.h"
 
 namespace slotrpc::rpc {
 
 using Deadline = std::chrono::steady_clock::time_point;
 
-struct Endpoint {
-  std::string host;
-  uint16_t port = 0;
-};
-
-// "host:port" or "[v6 address]:port"; port 0 is allowed for listening.
-Result<Endpoint> parse_address(std::string_view address);
+// Addresses are parsed in base/address.h.
+using base::Endpoint;
+using base::parse_address;
 
 // Connected, blocking socket fd, or UNAVAILABLE naming the address and why.
 Result<int> connect_tcp(const Endpoint& to, Deadline deadline);

@@ -7,12 +7,12 @@
 namespace slotrpc::this_fiber {
 namespace {
 void resume_fiber(void* loop, uint64_t fiber) {
-  static_cast<reactor::Reactor*>(loop)->make_ready(reinterpret_cast<reactor::Fiber*>(fiber));
+  static_cast<reactor::Reactor*>(loop)->make_ready(reinterpret_cast<base::Fiber*>(fiber));
 }
 }  // namespace
 
 bool in_fiber() {
-  return reactor::FiberPool::current() != nullptr && reactor::Reactor::current() != nullptr;
+  return base::FiberPool::current() != nullptr && reactor::Reactor::current() != nullptr;
 }
 
 bool spawn(std::function<void()> fn) {
@@ -28,8 +28,8 @@ void sleep_for(std::chrono::nanoseconds duration) {
   if (!in_fiber()) return std::this_thread::sleep_for(duration);
   reactor::Reactor* loop = reactor::Reactor::current();
   loop->timers().add(reactor::Clock::now() + duration, &resume_fiber, loop,
-                     reinterpret_cast<uint64_t>(reactor::FiberPool::current()));
-  reactor::FiberPool::suspend();
+                     reinterpret_cast<uint64_t>(base::FiberPool::current()));
+  base::FiberPool::suspend();
 }
 
 }  // namespace slotrpc::this_fiber

@@ -7,7 +7,7 @@
 namespace slotrpc::detail {
 
 bool current_fiber(FiberWaiter* out) {
-  reactor::Fiber* f = reactor::FiberPool::current();
+  base::Fiber* f = base::FiberPool::current();
   reactor::Reactor* loop = reactor::Reactor::current();
   if (f == nullptr || loop == nullptr) return false;
   out->loop = loop;
@@ -15,11 +15,11 @@ bool current_fiber(FiberWaiter* out) {
   return true;
 }
 
-void suspend_current_fiber() { reactor::FiberPool::suspend(); }
+void suspend_current_fiber() { base::FiberPool::suspend(); }
 
 void wake_fiber(const FiberWaiter& waiter) {
   auto* loop = static_cast<reactor::Reactor*>(waiter.loop);
-  auto* f = static_cast<reactor::Fiber*>(waiter.fiber);
+  auto* f = static_cast<base::Fiber*>(waiter.fiber);
   if (loop->on_this_thread()) {
     loop->make_ready(f);
   } else {

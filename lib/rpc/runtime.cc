@@ -7,8 +7,9 @@
 #include <stdexcept>
 #include <thread>
 
-#include "core/logging.h"
+#include "base/logging.h"
 #include "rpc/runtime_core.h"
+#include "rpc/loop_transports.h"
 
 namespace slotrpc {
 namespace detail {
@@ -86,6 +87,10 @@ Result<std::shared_ptr<RuntimeCore>> RuntimeCore::make(const Config& validated, 
   try {
     for (uint32_t i = 0; i < n; ++i) {
       core->loops.push_back(std::make_shared<reactor::Reactor>(validated, numbered ? fmt::format("{}{}", prefix, i) : prefix));
+      // Every loop has TCP from the start (connect and accept hand it
+      // sockets from other threads); verbs and shm come with their first
+      // session (rpc/loop_transports.h).
+      rpc::loop_tcp(*core->loops.back());
     }
   } catch (const std::exception& e) {
     return Status(StatusCode::kResourceExhausted, fmt::format("slotrpc runtime: {}", e.what()));

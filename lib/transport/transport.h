@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "core/wire_format.h"
+#include "transport/frame.h"
 #include "slotrpc/result.h"
 #include "slotrpc/status.h"
 
@@ -62,7 +62,7 @@ struct Outgoing {
   // kControl: 32 bytes that post() copies before it returns.
   const std::byte* data = nullptr;
   uint32_t length = 0;
-  uint32_t imm = 0;  // core::make_imm(slot, generation)
+  uint32_t imm = 0;  // transport::make_imm(slot, generation)
   Lane lane = Lane::kSlot;
   // Messages this one carries: 1, or a PACK's count (lib/core/pack.h).
   // Transports only add it to LinkStats::messages.
@@ -82,7 +82,7 @@ struct Completion {
   uint32_t imm = 0;
   void* context = nullptr;  // what the session gave Link::attach
   class Link* link = nullptr;
-  std::array<std::byte, core::kHeaderSize> control{};
+  std::array<std::byte, transport::kHeaderSize> control{};
   // kBulkDone: the token the core passed to read(), write() or revoke(),
   // and how it went (a StatusCode; kOk = every byte moved / the range is
   // unreachable).
@@ -90,7 +90,7 @@ struct Completion {
   uint16_t bulk_status = 0;
 };
 
-// ---- Bulk transfers (issue 12; docs/design.md, "Bulk payloads") ----------
+// ---- Bulk transfers (docs/design.md, "Bulk payloads") ----------
 //
 // Payloads larger than a slot stay in user memory: the slot carries only
 // descriptors (RemoteSegment), and the bytes move once, peer to peer.  On
@@ -354,6 +354,12 @@ class Transport {
   // and returns false if work is already pending (no sleep then).
   virtual int wait_fd() const = 0;
   virtual bool prepare_sleep() { return true; }
+
+  // Bytes a poll moved without producing a completion (a bulk transfer's
+  // data arrives without one until its last byte): a loop counts a poll
+  // that moved bytes as work, so it does not go idle in the middle of a
+  // transfer.  A running total; transports without such data keep 0.
+  virtual uint64_t bytes_moved() const { return 0; }
 };
 
 }  // namespace slotrpc::transport

@@ -1,4 +1,4 @@
-// The bulk registration cache (lib/bulk/registration_cache.h) and the
+// The bulk registration cache (lib/core/bulk/registration_cache.h) and the
 // MemoryRegion handle (slotrpc/memory.h): one registration per domain and
 // range, lazily; released regions refused; idle entries bounded; a
 // domain's entries deregistered through its last link; concurrent
@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "bulk/region.h"
-#include "bulk/registration_cache.h"
+#include "core/bulk/region.h"
+#include "core/bulk/registration_cache.h"
 #include "slotrpc/channel.h"
 #include "slotrpc/server.h"
 #include "transport/transport.h"

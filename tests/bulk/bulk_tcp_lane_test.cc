@@ -11,7 +11,7 @@
 #include <mutex>
 #include <thread>
 
-#include "core/cpu_list.h"
+#include "base/cpu_list.h"
 #include "tcp_world.h"
 #include "transport/tcp/lane_placement.h"
 
@@ -210,11 +210,11 @@ TEST_CASE("a lane thread stays awake through a transfer whose data keeps arrivin
 // then keeps off the process's first CPU, and takes it back when they
 // stop.  Each check reads the kernel's mask of the lane thread.
 TEST_CASE("slot frames on a loop's links move its lane thread off the first CPU; when they stop it returns") {
-  const cpu_set_t process = core::process_cpus();
+  const cpu_set_t process = base::process_cpus();
   REQUIRE_MESSAGE(CPU_COUNT(&process) >= 2, "the rule spares one CPU of two or more");
-  const std::string full = core::format_cpu_list(process);
+  const std::string full = base::format_cpu_list(process);
   const std::string spared =
-      core::format_cpu_list(LaneSpare(process, 800, LaneSpare::Clock::now()).spare_mask());
+      base::format_cpu_list(LaneSpare(process, 800, LaneSpare::Clock::now()).spare_mask());
   Config c = lanes_from(1 << 20);
   c.tcp_lane_spare_rate = 800;
   World w(c);
@@ -225,7 +225,7 @@ TEST_CASE("slot frames on a loop's links move its lane thread off the first CPU;
     cpu_set_t set;
     CPU_ZERO(&set);
     REQUIRE(::sched_getaffinity(tid, sizeof set, &set) == 0);
-    return core::format_cpu_list(set);
+    return base::format_cpu_list(set);
   };
   REQUIRE(w.pump_until([&] { return w.a.lane_thread_id() != 0 && w.b.lane_thread_id() != 0; }));
   const pid_t sender = w.a.lane_thread_id(), receiver = w.b.lane_thread_id();

@@ -62,6 +62,7 @@
 #include "core/wire_format.h"
 #include "echo_service.h"  // examples/echo: the generated Echo service
 #include "reactor/reactor.h"
+#include "transport/tcp/tcp_transport.h"
 #include "tcp_counters.h"
 #include "test_messages_generated.h"
 #include "fuzz_check.h"
@@ -137,6 +138,7 @@ struct Harness {
   Config config;
   Services services;
   std::unique_ptr<reactor::Reactor> loop;
+  transport::TcpTransport* tcp = nullptr;  // the loop's, handed in below
   int listen_fd = -1;
   sockaddr_in addr{};
 
@@ -146,6 +148,11 @@ struct Harness {
     // Never start()ed: this thread runs its turns (Reactor::run_one_turn),
     // so a run needs no thread hand-off and each turn is a known step.
     loop = std::make_unique<reactor::Reactor>(config, "fuzz-loop");
+    // This target links only the layers below rpc/, so it hands the loop
+    // its TCP transport itself (rpc/loop_transports.h does elsewhere).
+    auto added = loop->add_transport(std::make_unique<transport::TcpTransport>(config));
+    FUZZ_CHECK(added.ok());
+    tcp = static_cast<transport::TcpTransport*>(added.value());
     listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     FUZZ_CHECK(listen_fd >= 0);
     addr.sin_family = AF_INET;
@@ -304,7 +311,7 @@ struct Run {
     server_view = ::fcntl(server_fd, F_DUPFD_CLOEXEC, 0);
     FUZZ_CHECK(server_view >= 0);
     reactor::Reactor& loop = *harness.loop;
-    auto link = loop.tcp().adopt(server_fd, "fuzz");
+    auto link = harness.tcp->adopt(server_fd, "fuzz");
     if (!link.ok()) {
       std::fprintf(stderr, "harness: adopt of the accepted socket failed: %s\n",
                    link.status().to_string().c_str());

@@ -1,4 +1,4 @@
-// The sysfs counter reader (lib/monitor/hw_counters.h) against fake trees:
+// The sysfs counter reader (lib/transport/verbs/hw_counters.h) against fake trees:
 // classification, absent names, pread re-reads of files held open, missing
 // directories, unreadable files, non-numeric content, counters that go
 // backwards (a device reset) or wrap, and unknown devices and ports.
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "fake_sysfs.h"
-#include "monitor/hw_counters.h"
+#include "transport/verbs/hw_counters.h"
 
 using slotrpc::HwCounter;
 using slotrpc::StatusCode;

@@ -1,4 +1,4 @@
-// The monitor's shared per-port sampler (lib/monitor/monitor.h) against fake
+// The monitor's shared per-port sampler (lib/transport/verbs/monitor.h) against fake
 // sysfs trees: one sampler per device port for the whole process, one
 // reading per interval however many loops ask, and one warning per interval
 // per RNR / retry / sequence counter that rose, naming device, port,
@@ -11,7 +11,7 @@
 
 #include "fake_sysfs.h"
 #include "../log_capture.h"
-#include "monitor/monitor.h"
+#include "transport/verbs/monitor.h"
 
 using slotrpc::Config;
 using slotrpc::HwCounter;

@@ -1,4 +1,4 @@
-// SampleHook (lib/monitor/monitor.h): the monitor callback of a Server or
+// SampleHook (lib/transport/verbs/monitor.h): the monitor callback of a Server or
 // Channel, called on loop threads.  Its owner's destructor close()s it, and
 // from then on the callback must not run: it typically points at the
 // application's state, which dies right after the owner.  (It once did run:
@@ -11,7 +11,7 @@
 #include <chrono>
 #include <thread>
 
-#include "monitor/monitor.h"
+#include "transport/verbs/monitor.h"
 
 using slotrpc::MetricsSnapshot;
 using slotrpc::monitor::SampleHook;

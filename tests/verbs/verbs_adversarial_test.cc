@@ -55,7 +55,7 @@
 #include "../adversary_util.h"
 #include "../raw_tcp_client.h"
 #include "core/handshake.h"
-#include "core/logging.h"
+#include "base/logging.h"
 #include "core/wire_format.h"
 #include "rpc/connector.h"
 #include "test_messages_generated.h"
@@ -346,7 +346,7 @@ struct Arena {
   Arena() {
     // Session closes are logged at info; the test environment sets warn.
     ::setenv("SLOTRPC_LOG_LEVEL", "info", 1);
-    slotrpc::core::log().sinks().push_back(log);
+    slotrpc::base::log().sinks().push_back(log);
     const Config cfg = test_config();
     server = std::make_unique<Server>(cfg);
     REQUIRE(server->add_service(make_service()).ok());
@@ -372,7 +372,7 @@ struct Arena {
     bystander.reset();
     server.reset();
     raw_transport.reset();
-    auto& sinks = slotrpc::core::log().sinks();
+    auto& sinks = slotrpc::base::log().sinks();
     sinks.erase(std::remove(sinks.begin(), sinks.end(), log), sinks.end());
     ::setenv("SLOTRPC_LOG_LEVEL", "warn", 1);
   }

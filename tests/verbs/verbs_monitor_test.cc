@@ -1,4 +1,4 @@
-// The monitor (lib/monitor/) on a real device: real receiver-not-ready NAKs,
+// The monitor (lib/transport/verbs/monitor.h) on a real device: real receiver-not-ready NAKs,
 // provoked on purpose, seen in the device's counters, in the monitor's
 // deltas and in its warnings (one per interval per counter, however many
 // loops share the port); and the loop's receive pool with its low-water mark.
@@ -25,8 +25,9 @@
 
 #include "../log_capture.h"
 #include "core/wire_format.h"
-#include "monitor/monitor.h"
+#include "transport/verbs/monitor.h"
 #include "reactor/reactor.h"
+#include "rpc/loop_transports.h"
 #include "slotrpc/channel.h"
 #include "slotrpc/server.h"
 #include "transport/verbs/verbs_transport.h"
@@ -157,10 +158,10 @@ TEST_CASE("monitor: real RNR NAKs move the counters, the monitor reports them, o
   auto hook = std::make_shared<slotrpc::monitor::SampleHook>();
   std::vector<MetricsSnapshot> samples;
   hook->set([&](const MetricsSnapshot& s) { samples.push_back(s); });
-  loop.set_monitor_hook(hook);
-  auto vt = loop.verbs();
+  slotrpc::rpc::set_monitor_hook(loop, hook);
+  auto vt = slotrpc::rpc::loop_verbs(loop);
   REQUIRE_MESSAGE(vt.ok(), vt.status().to_string());
-  slotrpc::monitor::Monitor* mon = loop.monitor();
+  slotrpc::monitor::Monitor* mon = slotrpc::rpc::loop_monitor(loop);
   REQUIRE(mon != nullptr);
   CHECK(mon->sampler().device() == dev);
   const auto base = mon->sampler().reading();
@@ -242,8 +243,8 @@ TEST_CASE("monitor: real RNR NAKs move the counters, the monitor reports them, o
   // loops' ticks in one interval make one reading and one warning per
   // counter.
   slotrpc::reactor::Reactor loop2(cfg, "mon-test2");
-  REQUIRE(loop2.verbs().ok());
-  slotrpc::monitor::Monitor* mon2 = loop2.monitor();
+  REQUIRE(slotrpc::rpc::loop_verbs(loop2).ok());
+  slotrpc::monitor::Monitor* mon2 = slotrpc::rpc::loop_monitor(loop2);
   REQUIRE(mon2 != nullptr);
   CHECK(&mon2->sampler() == &mon->sampler());
   const uint64_t seq = mon->sampler().reading().sequence;
@@ -304,8 +305,8 @@ TEST_CASE("monitor: off with SLOTRPC_MONITOR_INTERVAL_MS = 0; with it on, the lo
   cfg.monitor_interval_ms = 0;
   {
     slotrpc::reactor::Reactor loop(cfg, "mon-off");
-    REQUIRE(loop.verbs().ok());
-    CHECK(loop.monitor() == nullptr);
+    REQUIRE(slotrpc::rpc::loop_verbs(loop).ok());
+    CHECK(slotrpc::rpc::loop_monitor(loop) == nullptr);
   }
   cfg.monitor_interval_ms = 50;
   slotrpc::reactor::Reactor loop(cfg, "mon-on");
@@ -315,16 +316,16 @@ TEST_CASE("monitor: off with SLOTRPC_MONITOR_INTERVAL_MS = 0; with it on, the lo
     CHECK_FALSE(s.hw_counters.empty());
     ++calls;
   });
-  loop.set_monitor_hook(hook);
-  REQUIRE(loop.verbs().ok());
-  REQUIRE(loop.monitor() != nullptr);
+  slotrpc::rpc::set_monitor_hook(loop, hook);
+  REQUIRE(slotrpc::rpc::loop_verbs(loop).ok());
+  REQUIRE(slotrpc::rpc::loop_monitor(loop) != nullptr);
   CHECK(verbs_test::wait_until(
       [&] {
         loop.run_one_turn();
         return calls >= 3;
       },
       10000ms));
-  CHECK(loop.monitor()->ticks() >= 3);
+  CHECK(slotrpc::rpc::loop_monitor(loop)->ticks() >= 3);
 }
 
 TEST_CASE("monitor: Server and Channel over verbs call on_monitor_sample with counters and pools") {

@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "../env_var.h"
-#include "core/settings.h"
+#include "base/settings.h"
 #include "../ping_payloads.h"
 #include "test_messages_generated.h"
 

@@ -9,7 +9,7 @@
 //   * and 32 queue pairs (16 client + 16 server sessions): the sessions
 //     really are verbs sessions;
 //   * the loops' monitors call every server's and channel's sample hook
-//     (Reactor::add_monitor_hook's fan-out) at every tick: each server's
+//     (rpc::add_monitor_hook's fan-out) at every tick: each server's
 //     from both loops.  (The fan-out once dropped every holder after its
 //     first sample: a hook saw one sample at most.)
 //   * a server's sample callback never runs after ~Server returned, even

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "monitor/hw_counters.h"
+#include "transport/verbs/hw_counters.h"
 
 namespace slotrpc::stat {
 

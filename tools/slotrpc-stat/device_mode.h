@@ -1,5 +1,5 @@
 // slotrpc-stat --device NAME: an RDMA device's hardware counters, read from
-// sysfs (lib/monitor/hw_counters.h), once or every --watch seconds.
+// sysfs (lib/transport/verbs/hw_counters.h), once or every --watch seconds.
 #pragma once
 
 #include <iosfwd>

@@ -1,4 +1,4 @@
-// ShmLink's bulk transfers (issue 12): Link::read / write / expose / revoke
+// ShmLink's bulk transfers: Link::read / write / expose / revoke
 // between two processes of one host, through the staging areas of the two
 // segments (shm_segment.h).  The slot path is in shm_transport.cc.
 //
@@ -43,7 +43,7 @@
 #include <cstring>
 #include <string>
 
-#include "core/logging.h"
+#include "base/logging.h"
 #include "transport/host_bulk.h"
 #include "transport/shm/shm_transport.h"
 
@@ -314,7 +314,7 @@ void ShmLink::pump_bulk() {
       "peer has consumed no bulk data for " +
       std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(idle).count()) +
       " ms with more to send (peer_timeout_ms = " + std::to_string(owner_.peer_timeout_ms_) + ")";
-  core::log().warn("slotrpc: closing {}: {}", description_, reason);
+  base::log().warn("slotrpc: closing {}: {}", description_, reason);
   fail(std::move(reason));
 }
 

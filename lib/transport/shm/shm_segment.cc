@@ -57,7 +57,7 @@ Result<Layout> compute_layout(Geometry g) {
   if (g.slot_count == 0 || g.slot_count > 0x10000u)
     return Status(StatusCode::kInvalidArgument,
                   "shm: slot count " + std::to_string(g.slot_count) + " outside 1..65536");
-  if (g.slot_size < core::kHeaderSize)
+  if (g.slot_size < transport::kHeaderSize)
     return Status(StatusCode::kInvalidArgument,
                   "shm: slot size " + std::to_string(g.slot_size) + " below the 32-byte header");
   Layout l;

@@ -50,7 +50,7 @@
 #include <memory>
 #include <string>
 
-#include "core/wire_format.h"
+#include "transport/frame.h"
 #include "slotrpc/result.h"
 #include "slotrpc/status.h"
 
@@ -98,7 +98,7 @@ inline constexpr uint32_t kOfferVersion = 4;
 // for a waiting message.  The price: large echoes move ~7-13 % less, a
 // turn per 16 KiB on the receiving loop (a sender limited to one chunk a
 // poll cost another ~10 %).  docs/design.md, "Chunk size and pacing";
-// docs/benchmarks.md, eighteenth session.
+// docs/benchmarks.md.
 inline constexpr uint32_t kBulkChunkBytes = 16 * 1024;
 inline constexpr size_t kStagingBytes = size_t{4} << 20;
 inline constexpr uint64_t kBulkPumpBytes = 4 * uint64_t{kBulkChunkBytes};
@@ -171,7 +171,7 @@ struct Descriptor {
   uint32_t offset;
   std::byte payload[kInlineMax];
 };
-static_assert(kInlineMax >= core::kHeaderSize);
+static_assert(kInlineMax >= transport::kHeaderSize);
 static_assert(sizeof(Descriptor) == 64);
 
 struct Layout {

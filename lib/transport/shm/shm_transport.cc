@@ -12,7 +12,7 @@
 #include <cstring>
 #include <utility>
 
-#include "core/logging.h"
+#include "base/logging.h"
 
 namespace slotrpc::transport::shm {
 namespace {
@@ -115,14 +115,14 @@ void ShmLink::post(std::span<const Outgoing> batch) {
       return;
     }
     if (o.lane == Lane::kControl) {
-      if (o.length != core::kHeaderSize) {
+      if (o.length != transport::kHeaderSize) {
         fail("post: control message of " + std::to_string(o.length) + " bytes, expected " +
-             std::to_string(core::kHeaderSize));
+             std::to_string(transport::kHeaderSize));
         return;
       }
-    } else if (core::imm_slot(o.imm) >= slot_count_ || o.length > slot_size_) {
+    } else if (transport::imm_slot(o.imm) >= slot_count_ || o.length > slot_size_) {
       fail("post: message of " + std::to_string(o.length) + " bytes for slot " +
-           std::to_string(core::imm_slot(o.imm)) + " does not fit the ring");
+           std::to_string(transport::imm_slot(o.imm)) + " does not fit the ring");
       return;
     }
     // Order is kept: once anything waits, everything after it waits too.
@@ -142,7 +142,7 @@ void ShmLink::post(std::span<const Outgoing> batch) {
     if (backlog_.empty()) last_drain_ = std::chrono::steady_clock::now();
     Pending& p = backlog_.emplace_back();
     p.o = o;
-    if (o.lane == Lane::kControl) std::memcpy(p.control.data(), o.data, core::kHeaderSize);
+    if (o.lane == Lane::kControl) std::memcpy(p.control.data(), o.data, transport::kHeaderSize);
     ++shm_stats_.backlogged;
   }
   publish();
@@ -160,7 +160,7 @@ bool ShmLink::write_descriptor(const Outgoing& o, const std::byte* source) {
   d.imm = o.imm;
   if (o.lane == Lane::kControl) {
     d.lane = static_cast<uint32_t>(DescLane::kControl);
-    std::memcpy(d.payload, source, core::kHeaderSize);
+    std::memcpy(d.payload, source, transport::kHeaderSize);
   } else if (o.length <= kInlineMax) {
     // Small: in the descriptor's own cache line, the slot is not touched.
     d.lane = static_cast<uint32_t>(DescLane::kInline);
@@ -169,7 +169,7 @@ bool ShmLink::write_descriptor(const Outgoing& o, const std::byte* source) {
     ++stats_.inline_sends;
   } else {
     d.lane = static_cast<uint32_t>(DescLane::kSlot);
-    const uint16_t slot = core::imm_slot(o.imm);
+    const uint16_t slot = transport::imm_slot(o.imm);
     std::byte* const area = own_.map.base() + own_.layout.data_offset;
     std::byte* const base = area + size_t{slot} * slot_size_;
     const size_t ring_bytes = size_t{slot_count_} * slot_size_;
@@ -256,7 +256,7 @@ void ShmLink::check_drain(bool progressed) {
       std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(idle).count()) +
       " ms with " + std::to_string(backlog_.size()) + " messages waiting (peer_timeout_ms = " +
       std::to_string(owner_.peer_timeout_ms_) + ")";
-  core::log().warn("slotrpc: closing {}: {}", description_, reason);
+  base::log().warn("slotrpc: closing {}: {}", description_, reason);
   fail(std::move(reason));
 }
 
@@ -355,19 +355,19 @@ size_t ShmLink::receive(std::span<Completion> out) {
     c.link = this;
     c.imm = d.imm;
     if (d.lane == static_cast<uint32_t>(DescLane::kControl)) {
-      if (d.length != core::kHeaderSize) {
+      if (d.length != transport::kHeaderSize) {
         fail("control descriptor of " + std::to_string(d.length) + " bytes, expected " +
-             std::to_string(core::kHeaderSize));
+             std::to_string(transport::kHeaderSize));
         break;
       }
       c.kind = Completion::Kind::kControl;
       c.slot = 0;
       c.length = d.length;
-      std::memcpy(c.control.data(), d.payload, core::kHeaderSize);
+      std::memcpy(c.control.data(), d.payload, transport::kHeaderSize);
     } else if (d.lane == static_cast<uint32_t>(DescLane::kSlot) ||
                d.lane == static_cast<uint32_t>(DescLane::kInline)) {
       const bool in_line = d.lane == static_cast<uint32_t>(DescLane::kInline);
-      const uint16_t slot = core::imm_slot(d.imm);
+      const uint16_t slot = transport::imm_slot(d.imm);
       // Every index and length against our own record, before a byte moves.
       if (slot >= slot_count_) {
         fail("slot " + std::to_string(slot) + " outside ring of " + std::to_string(slot_count_));
@@ -469,7 +469,7 @@ void ShmLink::fail(std::string reason) {
   if (down_) return;
   down_ = true;
   down_reason_ = std::move(reason);
-  core::log().debug("shm link {} down: {}", description_, down_reason_);
+  base::log().debug("shm link {} down: {}", description_, down_reason_);
   withdraw_sleep();
   if (in_epoll_) {
     ::epoll_ctl(owner_.epoll_fd_.get(), EPOLL_CTL_DEL, own_.wake.get(), nullptr);

@@ -29,7 +29,7 @@
 // link's life; its hang-up (the peer exited or was killed) closes the link
 // after what the peer had published is delivered.
 //
-// Wiring: Reactor::shm() is a loop's transport; Channel connects and Server
+// Wiring: rpc::loop_shm() is a loop's transport; Channel connects and Server
 // listens on a Unix domain socket for it (docs/design.md says how).
 //
 // Hot path: post() and poll() are one virtual call per batch; per message
@@ -230,7 +230,7 @@ class ShmLink final : public Link {
 
   struct Pending {
     Outgoing o;
-    std::array<std::byte, core::kHeaderSize> control{};
+    std::array<std::byte, transport::kHeaderSize> control{};
   };
   std::vector<Pending> backlog_;  // waiting for descriptor room, in order
   size_t backlog_limit_ = 0;      // messages; over it the link fails
@@ -353,7 +353,7 @@ class ShmTransport final : public Transport {
   size_t poll(std::span<Completion> out) override;
   int wait_fd() const override { return epoll_fd_.get(); }
   bool prepare_sleep() override;
-  uint64_t bytes_moved() const { return bulk_bytes_moved_; }
+  uint64_t bytes_moved() const override { return bulk_bytes_moved_; }
 
   // Busy polling checks the sockets and eventfds (epoll_wait, a system call)
   // on one poll in this many; sleeping always checks them first.

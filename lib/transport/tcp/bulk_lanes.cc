@@ -12,8 +12,8 @@
 #include <cstring>
 #include <utility>
 
-#include "core/cpu_list.h"
-#include "core/logging.h"
+#include "base/cpu_list.h"
+#include "base/logging.h"
 #include "transport/tcp/lane_placement.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -79,7 +79,7 @@ void BulkLanes::run() {
   // process's first CPU while small calls go by (lane_placement.h says
   // why).  A list set: the user placed the threads, and the rule stays off.
   const bool listed = !lane_cpus_.empty() || !loop_cpus_.empty();
-  LaneSpare spare(core::process_cpus(), listed ? 0 : spare_rate_, LaneSpare::Clock::now());
+  LaneSpare spare(base::process_cpus(), listed ? 0 : spare_rate_, LaneSpare::Clock::now());
   // SCHED_BATCH (Config::tcp_lane_sched = batch): the kernel treats this
   // thread as the background work it is and lets it preempt no one when it
   // wakes, so an event loop that wakes for a small call runs first.  On 2
@@ -92,19 +92,19 @@ void BulkLanes::run() {
   if (batch_) {
     sched_param param{};
     if (int err = pthread_setschedparam(pthread_self(), SCHED_BATCH, &param); err != 0)
-      core::log().debug("bulk lanes: SCHED_BATCH refused: {}", std::strerror(err));
+      base::log().debug("bulk lanes: SCHED_BATCH refused: {}", std::strerror(err));
   }
   // A refused mask (a cpuset changed under the process) turns the rule
   // off: the thread stays as it is rather than retry every window.
   auto apply = [&spare](LaneSpare::Change change) {
     if (change == LaneSpare::Change::kNone) return;
     const cpu_set_t& mask = change == LaneSpare::Change::kSpare ? spare.spare_mask() : spare.full_mask();
-    core::log().debug("slotrpc: bulk lanes: {}: on CPUs {}",
+    base::log().debug("slotrpc: bulk lanes: {}: on CPUs {}",
                       change == LaneSpare::Change::kSpare ? "small calls go by" : "small calls stopped",
-                      core::format_cpu_list(mask));
-    if (!core::pin_this_thread(mask)) {
-      core::log().warn("slotrpc: bulk lanes: cannot run on CPUs {} (SLOTRPC_TCP_LANE_SPARE_RATE): {}",
-                       core::format_cpu_list(mask), std::strerror(errno));
+                      base::format_cpu_list(mask));
+    if (!base::pin_this_thread(mask)) {
+      base::log().warn("slotrpc: bulk lanes: cannot run on CPUs {} (SLOTRPC_TCP_LANE_SPARE_RATE): {}",
+                       base::format_cpu_list(mask), std::strerror(errno));
       spare = LaneSpare(mask, 0, LaneSpare::Clock::now());
     }
   };
@@ -125,7 +125,7 @@ void BulkLanes::run() {
   // byte, and counting only them sent the receiving lane thread to sleep
   // every 200 us in the middle of a 64 MiB transfer (40 sleeps a call,
   // each paid as a wake-up the sender waited for; docs/benchmarks.md,
-  // sixteenth session, "data that arrives is work").
+  // "data that arrives is work").
   auto last_work = std::chrono::steady_clock::now();
   for (;;) {
     if (spare.enabled())
@@ -172,10 +172,10 @@ void BulkLanes::run() {
 // process off those CPUs) is logged; the lanes work anyway.
 void BulkLanes::place_thread() {
   std::string error;
-  const std::optional<cpu_set_t> set = lane_placement(lane_cpus_, loop_cpus_, core::process_cpus(), &error);
-  if (!error.empty()) core::log().warn("slotrpc: bulk lanes: {}", error);
-  if (set && !core::pin_this_thread(*set))
-    core::log().warn("slotrpc: bulk lanes: cannot run on CPUs {}: {}", core::format_cpu_list(*set),
+  const std::optional<cpu_set_t> set = lane_placement(lane_cpus_, loop_cpus_, base::process_cpus(), &error);
+  if (!error.empty()) base::log().warn("slotrpc: bulk lanes: {}", error);
+  if (set && !base::pin_this_thread(*set))
+    base::log().warn("slotrpc: bulk lanes: cannot run on CPUs {}: {}", base::format_cpu_list(*set),
                      std::strerror(errno));
 }
 

@@ -1,4 +1,4 @@
-// Bulk lanes (issue 12, docs/design.md "TCP: bulk lanes"): a second TCP
+// Bulk lanes (docs/design.md "TCP: bulk lanes"): a second TCP
 // connection per session that carries only large bulk transfers, moved by a
 // thread of its own.
 //

@@ -1,13 +1,13 @@
 #include "transport/tcp/lane_placement.h"
 
-#include "core/cpu_list.h"
+#include "base/cpu_list.h"
 
 namespace slotrpc::transport {
 
 std::optional<cpu_set_t> lane_placement(std::string_view lane_cpus, std::string_view loop_cpus,
                                         const cpu_set_t& process, std::string* error) {
   auto parse = [error](std::string_view setting, std::string_view text) -> std::optional<cpu_set_t> {
-    auto set = core::parse_cpu_list(setting, text);
+    auto set = base::parse_cpu_list(setting, text);
     if (!set.ok()) {
       *error = set.status().message();
       return std::nullopt;

@@ -8,12 +8,13 @@
 //
 // * LaneSpare: with no fixed mask, the lane thread leaves the first CPU of
 //   the process alone while small calls go by beside a transfer
-//   (Config::tcp_lane_spare_rate), and takes it back once they stop.
+//   (Config::tcp_lane_spare_rate), and takes it back once they stop.  Off
+//   unless the rate is set: it was measured on one 2-vCPU host only.
 //
 // Why LaneSpare.  A lane thread's recv or sendmsg copies up to a megabyte,
-// and a kernel without full preemption (this project's test host runs
-// preempt=none) lets nobody else run on that CPU until the system call
-// returns: 0.3 to 0.6 ms there.  Whether a small call
+// and a kernel without full preemption (preempt=none, or voluntary) lets
+// nobody else run on that CPU until the system call returns: 0.3 to 0.6 ms
+// on the 2-vCPU host where the rule was measured.  Whether a small call
 // waits for that depends on where the kernel put five busy threads (two
 // event loops, two lane threads, a caller) on the cores, which changes
 // from run to run: on 2 vCPUs beside a 1 GiB transfer, the 64 B calls' p99

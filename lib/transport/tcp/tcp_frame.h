@@ -1,9 +1,10 @@
-// What the two halves of TcpLink (tcp_transport.cc: framing and slot
-// messages; tcp_bulk.cc: bulk transfers and lanes) share about the wire:
+// What the parts of TcpLink (tcp_link.cc: framing and slot messages;
+// tcp_bulk.cc, tcp_pushes.cc, tcp_link_lanes.cc: bulk transfers, pushes and
+// lanes) share about the wire:
 // the frame prefix and little-endian integers (docs/protocol.md, "TCP
 // framing").  A named namespace with inline functions, not a copy in an
-// anonymous namespace of each file: the unity build compiles both files as
-// one translation unit.
+// anonymous namespace of each file: the unity build compiles several of
+// them as one translation unit.
 #pragma once
 
 #include <cstddef>

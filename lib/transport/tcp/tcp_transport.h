@@ -3,7 +3,7 @@
 //
 // Frame on the wire (little-endian):
 //   u32 word   bit 31 = lane (0 slot, 1 control), bits 0..30 = body length
-//   u32 imm    core::make_imm(slot, generation)
+//   u32 imm    transport::make_imm(slot, generation)
 //   body       `length` bytes: header + payload (slot lane, written straight
 //              into the receive slot) or one 32-byte header (control lane)
 //
@@ -27,9 +27,9 @@
 //     kReadyLimit are queued, so the queue holds at most kReadyLimit plus
 //     one staging buffer's worth of frames.
 //
-// Bulk transfers (issue 12; transport.h "Bulk transfers", docs/protocol.md
-// "TCP bulk frames"; code in tcp_bulk.cc, the framing and the rest of
-// TcpLink in tcp_transport.cc): one-sided reads and writes are emulated on the same
+// Bulk transfers (transport.h "Bulk transfers", docs/protocol.md
+// "TCP bulk frames"; code in tcp_bulk.cc and tcp_pushes.cc, the framing
+// in tcp_link.cc, the lanes in tcp_link_lanes.cc): one-sided reads and writes are emulated on the same
 // socket with more frame types (READ_REQ, READ_DATA, WRITE_DATA, FENCE and
 // PUSH_DATA).  The exposing side keeps a table of
 // exposed ranges (rkey -> range, access) and checks every request against
@@ -249,7 +249,7 @@ class TcpLink final : public Link {
   struct PendingWrite {
     // The 8-byte prefix, followed (control lane) by the 32-byte body, so a
     // control frame is one contiguous iovec.
-    std::array<std::byte, 8 + core::kHeaderSize> head;
+    std::array<std::byte, 8 + transport::kHeaderSize> head;
     uint32_t head_len = 0;             // 8 (slot lane) or 40 (control lane)
     const std::byte* body = nullptr;   // slot lane body, not copied
     uint32_t body_len = 0;
@@ -390,13 +390,13 @@ class TcpLink final : public Link {
   uint32_t bulk_type_ = 0;       // of the bulk frame being received
   uint64_t bulk_read_tag_ = 0;   // kBulkData of a READ_DATA: its read
   uint32_t bulk_write_rkey_ = 0; // kBulkData of a WRITE_DATA: its exposure
-  std::array<std::byte, core::kHeaderSize> bulk_head_{};
+  std::array<std::byte, transport::kHeaderSize> bulk_head_{};
   uint32_t body_len_ = 0;
   uint32_t body_got_ = 0;
   uint32_t body_imm_ = 0;
   bool body_control_ = false;
   std::byte* body_dest_ = nullptr;  // slot memory or control_body_
-  std::array<std::byte, core::kHeaderSize> control_body_{};
+  std::array<std::byte, transport::kHeaderSize> control_body_{};
 
   // Bulk state (see the file comment for its bounds).
   HostExposureTable exposures_;   // a lane's keys are the upper half (kLaneKeyBit and up)
@@ -528,12 +528,12 @@ class TcpTransport final : public Transport {
   // (Reactor::run_turn), since a transfer's data moves without a
   // completion until its end.  (Bytes, not socket events: an event that
   // moves nothing is no work.)
-  uint64_t bytes_moved() const { return bytes_moved_; }
+  uint64_t bytes_moved() const override { return bytes_moved_; }
   // Read requests a link has outstanding at its peer, and serves for it.
   static constexpr size_t kMaxBulkReads = 16;
 
   // Wire bytes of one control frame (8-byte prefix + 32-byte header).
-  static constexpr uint64_t kControlFrameBytes = 8 + core::kHeaderSize;
+  static constexpr uint64_t kControlFrameBytes = 8 + transport::kHeaderSize;
   // Control frames a well-behaved session may have queued besides its
   // slot frames: cancels and stream grants are at most two per slot (one
   // more can only be queued after the peer read the request that follows

@@ -131,7 +131,7 @@ void VerbsLink::deregister_bulk(BulkRegistration& registration) {
     // revoked on a live link); a link that went down has released its
     // windows already (finish_bulk_on_down).
     if (const int rc = ibv_dereg_mr(mr); rc != 0)
-      core::log().error("slotrpc: ibv_dereg_mr of a bulk registration ({} bytes): {} (an exposure "
+      base::log().error("slotrpc: ibv_dereg_mr of a bulk registration ({} bytes): {} (an exposure "
                         "over it not revoked?)", registration.length, std::strerror(rc));
   }
   registration = BulkRegistration{};
@@ -210,7 +210,7 @@ bool VerbsLink::revoke(const RemoteSegment& segment, uint64_t token) {
   if (it == bulk_->by_rkey.end()) return true;  // never exposed here, or revoked already
   BulkState::Window& w = bulk_->windows[it->second];
   if (w.state != BulkState::Window::State::kBound) {
-    core::log().warn("slotrpc: {}: revoke of a segment being revoked already (key 0x{:x})",
+    base::log().warn("slotrpc: {}: revoke of a segment being revoked already (key 0x{:x})",
                      description_, segment.rkey);
     return true;
   }
@@ -416,7 +416,7 @@ void VerbsLink::free_bulk_windows() {
   for (BulkState::Window& w : bulk_->windows) {
     // Deallocating a window unbinds it: nothing reaches its range after.
     if (w.mw != nullptr && ibv_dealloc_mw(w.mw) != 0)
-      core::log().error("slotrpc: ibv_dealloc_mw ({}): {}", description_, std::strerror(errno));
+      base::log().error("slotrpc: ibv_dealloc_mw ({}): {}", description_, std::strerror(errno));
     w.mw = nullptr;
     release_own_mr(w);
   }

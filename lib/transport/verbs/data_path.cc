@@ -30,13 +30,13 @@ void VerbsLink::post(std::span<const Outgoing> batch) {
     Pending& p = backlog_.emplace_back();
     p.out = o;
     if (o.lane == Lane::kControl) {
-      if (o.data == nullptr || o.length != core::kHeaderSize) {
+      if (o.data == nullptr || o.length != transport::kHeaderSize) {
         backlog_.pop_back();
         return fail(fmt::format("post: control message of {} bytes, expected {}", o.length,
-                                core::kHeaderSize));
+                                transport::kHeaderSize));
       }
       // The caller may reuse its 32 bytes once post() returns.
-      std::memcpy(p.control.data(), o.data, core::kHeaderSize);
+      std::memcpy(p.control.data(), o.data, transport::kHeaderSize);
     }
     ++stats_.backlogged;
   }
@@ -66,21 +66,21 @@ bool VerbsLink::prepare(size_t i, const Outgoing& o) {
   s.length = o.length;
   const uint64_t seq = send_seq_++;
   if (o.lane == Lane::kControl) {
-    if (o.length != core::kHeaderSize) {
+    if (o.length != transport::kHeaderSize) {
       fail(fmt::format("post: control message of {} bytes, expected {}", o.length,
-                       core::kHeaderSize));
+                       transport::kHeaderSize));
       return false;
     }
     w.opcode = IBV_WR_SEND;
-    if (core::kHeaderSize <= max_inline_) {
+    if (transport::kHeaderSize <= max_inline_) {
       w.send_flags = IBV_SEND_INLINE;
       s.lkey = 0;
       ++stats_.inline_sends;
     } else {
       // Buffer seq % depth is free: request seq - depth has completed, or
       // the send queue could not have taken this one.
-      std::byte* buf = ctrl_bufs_.data() + (seq % sq_depth_) * core::kHeaderSize;
-      std::memcpy(buf, o.data, core::kHeaderSize);
+      std::byte* buf = ctrl_bufs_.data() + (seq % sq_depth_) * transport::kHeaderSize;
+      std::memcpy(buf, o.data, transport::kHeaderSize);
       s.addr = reinterpret_cast<uintptr_t>(buf);
       s.lkey = ctrl_bufs_.lkey();
       ++stats_.noninline_sends;
@@ -89,7 +89,7 @@ bool VerbsLink::prepare(size_t i, const Outgoing& o) {
     ++stats_.messages;
     ++stats_.packets;
   } else {
-    const uint16_t slot = core::imm_slot(o.imm);
+    const uint16_t slot = transport::imm_slot(o.imm);
     if (slot >= slot_count_ || o.length > slot_size_) {
       fail(fmt::format("post: {} bytes into slot {} of a ring of {} slots of {}", o.length, slot,
                        slot_count_, slot_size_));
@@ -194,7 +194,7 @@ bool VerbsLink::on_receive(const ibv_wc& wc, const std::byte* buffer, Completion
   switch (wc.opcode) {
     case IBV_WC_RECV_RDMA_WITH_IMM: {
       const uint32_t imm = be32toh(wc.imm_data);
-      const uint16_t slot = core::imm_slot(imm);
+      const uint16_t slot = transport::imm_slot(imm);
       // The bytes are already in the ring; these checks keep a misbehaving
       // peer's message from reaching the core.
       if (slot >= slot_count_) {
@@ -218,9 +218,9 @@ bool VerbsLink::on_receive(const ibv_wc& wc, const std::byte* buffer, Completion
       return true;
     }
     case IBV_WC_RECV: {
-      if (wc.byte_len != core::kHeaderSize) {
+      if (wc.byte_len != transport::kHeaderSize) {
         fail(fmt::format("control message of {} bytes, expected {}", wc.byte_len,
-                         core::kHeaderSize));
+                         transport::kHeaderSize));
         return false;
       }
       out->kind = Completion::Kind::kControl;
@@ -229,7 +229,7 @@ bool VerbsLink::on_receive(const ibv_wc& wc, const std::byte* buffer, Completion
       out->imm = (wc.wc_flags & IBV_WC_WITH_IMM) != 0 ? be32toh(wc.imm_data) : 0;
       out->context = context_;
       out->link = this;
-      std::memcpy(out->control.data(), buffer, core::kHeaderSize);
+      std::memcpy(out->control.data(), buffer, transport::kHeaderSize);
       return true;
     }
     default:
@@ -314,7 +314,7 @@ size_t VerbsTransport::process(const ibv_wc* wc, int n, Completion* out) {
   // before the core sees these completions.
   if (srq_ != nullptr) {
     if (const int rc = srq_->post_consumed(); rc != 0) {
-      core::log().error("slotrpc: {}: ibv_post_srq_recv: {}", device_->name(), std::strerror(rc));
+      base::log().error("slotrpc: {}: ibv_post_srq_recv: {}", device_->name(), std::strerror(rc));
       fail_all(errno_text("ibv_post_srq_recv", rc));
     }
   }
@@ -384,7 +384,7 @@ bool VerbsTransport::prepare_sleep() {
   if (ready_head_ < ready_.size()) return false;
   if (!armed_) {
     if (const int rc = ibv_req_notify_cq(cq_, 0); rc != 0) {
-      core::log().warn("slotrpc: ibv_req_notify_cq: {}; not sleeping", std::strerror(rc));
+      base::log().warn("slotrpc: ibv_req_notify_cq: {}; not sleeping", std::strerror(rc));
       return false;
     }
     armed_ = true;

@@ -15,7 +15,7 @@
 
 #include <fmt/format.h>
 
-#include "core/logging.h"
+#include "base/logging.h"
 
 namespace slotrpc::transport::verbs {
 namespace {
@@ -142,7 +142,7 @@ bool relaxed_ordering_detected(ibv_context* context, const std::string& device) 
       if (page != MAP_FAILED) ::munmap(page, 4096);
       if (pd != nullptr) ibv_dealloc_pd(pd);
     }
-    core::log().info("slotrpc: relaxed ordering (auto) on {}: {}", device,
+    base::log().info("slotrpc: relaxed ordering (auto) on {}: {}", device,
                  !pci       ? "off, the device is not on PCI"
                  : accepted ? "on"
                             : "off, the device refused IBV_ACCESS_RELAXED_ORDERING");

@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "core/logging.h"
+#include "base/logging.h"
 
 namespace slotrpc::transport::verbs {
 
@@ -121,7 +121,7 @@ void ExposureMrs::take(size_t i, std::vector<ibv_mr*>& out) {
 void ExposureMrs::deregister(const std::vector<ibv_mr*>& mrs) {
   for (ibv_mr* mr : mrs)
     if (const int rc = ibv_dereg_mr(mr); rc != 0)
-      core::log().error("slotrpc: ibv_dereg_mr of an exposure's MR: {}", std::strerror(rc));
+      base::log().error("slotrpc: ibv_dereg_mr of an exposure's MR: {}", std::strerror(rc));
 }
 
 uint64_t ExposureMrs::registrations() const {

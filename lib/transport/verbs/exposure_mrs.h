@@ -9,7 +9,7 @@
 // Why they are kept: registering one per exposure and deregistering it
 // after the revoke cost two system calls and a page walk per call (in the
 // Soft-RoCE VM the 64 KiB bulk figures moved within their noise without
-// them: docs/benchmarks.md, fourteenth session).  Calls that expose the
+// them: docs/benchmarks.md).  Calls that expose the
 // same range again (a tensor buffer, a registered staging area) now bind
 // over the MR they had.
 //

@@ -66,13 +66,13 @@ void VerbsLink::deregister(MemoryRegion& region) {
     if (w->mr != mr) continue;
     if (w->mw == ring_window_.mw) ring_window_ = Window{};
     if (ibv_dealloc_mw(w->mw) != 0)
-      core::log().error("slotrpc: ibv_dealloc_mw ({}): {}", description_, std::strerror(errno));
+      base::log().error("slotrpc: ibv_dealloc_mw ({}): {}", description_, std::strerror(errno));
     windows_.erase(w);
     break;
   }
   mrs_.erase(it);
   if (ibv_dereg_mr(mr) != 0)
-    core::log().error("slotrpc: ibv_dereg_mr ({}): {}", description_, std::strerror(errno));
+    base::log().error("slotrpc: ibv_dereg_mr ({}): {}", description_, std::strerror(errno));
   region = MemoryRegion{};
 }
 

@@ -25,7 +25,7 @@ VerbsLink::~VerbsLink() {
   // and are dropped by lookup().
   if (qp_ != nullptr) {
     if (ibv_destroy_qp(qp_) != 0)
-      core::log().error("slotrpc: ibv_destroy_qp ({}): {}", description_, std::strerror(errno));
+      base::log().error("slotrpc: ibv_destroy_qp ({}): {}", description_, std::strerror(errno));
     // SRQ completions are matched by queue-pair number, which the device
     // may hand to the next queue pair: ours leave the CQ now (their
     // buffers go back to the SRQ; the messages are dropped).
@@ -35,14 +35,14 @@ VerbsLink::~VerbsLink() {
     if (w.mw != nullptr) ibv_dealloc_mw(w.mw);
   free_bulk_windows();
   if (!mrs_.empty()) {
-    core::log().warn("slotrpc: {} destroyed with {} memory region(s) still registered", description_,
+    base::log().warn("slotrpc: {} destroyed with {} memory region(s) still registered", description_,
                  mrs_.size());
     for (ibv_mr* mr : mrs_) ibv_dereg_mr(mr);
   }
   own_rq_.reset();
   ctrl_bufs_ = RegisteredBuffer{};  // before the PD it is registered in
   if (owns_pd_ && pd_ != nullptr && ibv_dealloc_pd(pd_) != 0)
-    core::log().error("slotrpc: ibv_dealloc_pd ({}): {}", description_, std::strerror(errno));
+    base::log().error("slotrpc: ibv_dealloc_pd ({}): {}", description_, std::strerror(errno));
   owner_.srq_committed_ -= srq_budget_;
   owner_.cq_committed_ -= cq_budget_;
   --owner_.live_links_;
@@ -71,13 +71,13 @@ Status VerbsLink::setup(uint32_t slot_count) {
   } else {
     rq_depth_ = std::min<uint32_t>(want_rq, max_wr);
     if (rq_depth_ < want_rq) {
-      core::log().warn("slotrpc: {} allows {} receive requests per QP; {} slots want {}: a burst of "
+      base::log().warn("slotrpc: {} allows {} receive requests per QP; {} slots want {}: a burst of "
                    "control messages could meet receiver-not-ready",
                    dev.name(), max_wr, slot_count, want_rq);
     }
     if (owner_.srq_ != nullptr && !owner_.srq_full_logged_) {
       owner_.srq_full_logged_ = true;
-      core::log().info("slotrpc: {}: the shared receive queue ({} requests, {} reserved) cannot take "
+      base::log().info("slotrpc: {}: the shared receive queue ({} requests, {} reserved) cannot take "
                    "a session of {} slots more; such sessions get receive queues of their own "
                    "(raise SLOTRPC_SRQ_DEPTH)", dev.name(), owner_.srq_->depth(),
                    owner_.srq_committed_, slot_count);
@@ -155,7 +155,7 @@ Status VerbsLink::setup(uint32_t slot_count) {
     inline_want = inline_want < 16 ? 0 : inline_want / 2;
   }
   if (max_inline_ < cfg.inline_bytes) {
-    core::log().debug("slotrpc: {}: inline_bytes {} not supported, using {}", dev.name(),
+    base::log().debug("slotrpc: {}: inline_bytes {} not supported, using {}", dev.name(),
                   cfg.inline_bytes, max_inline_);
   }
   // An attribute "no more than asked" keeps the documented meaning of
@@ -178,8 +178,8 @@ Status VerbsLink::setup(uint32_t slot_count) {
   psn_ = random_psn();
   if (use_srq) owner_.by_qpn_[qp_->qp_num] = index_;
 
-  if (max_inline_ < core::kHeaderSize) {
-    auto b = RegisteredBuffer::create(pd_, size_t{sq_depth_} * core::kHeaderSize, 0, "control buffers");
+  if (max_inline_ < transport::kHeaderSize) {
+    auto b = RegisteredBuffer::create(pd_, size_t{sq_depth_} * transport::kHeaderSize, 0, "control buffers");
     if (!b.ok()) return b.status();
     ctrl_bufs_ = std::move(b.value());
   }

@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "core/logging.h"
+#include "base/logging.h"
 
 namespace slotrpc::transport::verbs {
 
@@ -42,7 +42,7 @@ Result<std::unique_ptr<ReceiveQueue>> ReceiveQueue::create_private(ibv_pd* pd, u
 
 ReceiveQueue::~ReceiveQueue() {
   if (srq_ != nullptr && ibv_destroy_srq(srq_) != 0)
-    core::log().error("slotrpc: ibv_destroy_srq: {}", std::strerror(errno));
+    base::log().error("slotrpc: ibv_destroy_srq: {}", std::strerror(errno));
 }
 
 int ReceiveQueue::post_consumed() {

@@ -11,7 +11,7 @@
 // batch: the queue is never short of more than one batch.
 //
 // Hot path (consumed, post_consumed): no allocation, no locks.  For the
-// monitor (lib/monitor/), consumed() also decrements the count of posted
+// monitor (lib/transport/verbs/monitor.h), consumed() also decrements the count of posted
 // requests and post_consumed() compares it with the low-water mark, once
 // per batch: nothing more.
 #pragma once

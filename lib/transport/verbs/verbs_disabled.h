@@ -1,6 +1,6 @@
 // The verbs transport's interface in a TCP-only build (-Dverbs=disabled, or
 // -Dverbs=auto on a machine without libibverbs): the names the rest of the
-// library uses (lib/rpc/, lib/reactor/, lib/monitor/), declared without
+// library uses (lib/rpc/, lib/reactor/, lib/transport/verbs/monitor.h), declared without
 // <infiniband/verbs.h>, so those files compile unchanged in both builds.
 //
 // verbs_transport.h and device.h include this instead of their own

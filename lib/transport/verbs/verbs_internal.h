@@ -19,7 +19,7 @@
 #include <utility>
 
 #include <fmt/format.h>
-#include "core/logging.h"
+#include "base/logging.h"
 
 namespace slotrpc::transport::verbs {
 

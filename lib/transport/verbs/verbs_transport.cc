@@ -41,7 +41,7 @@ void VerbsLink::fail(std::string reason) {
   if (down_) return;
   down_ = true;
   down_reason_ = std::move(reason);
-  core::log().debug("slotrpc: {} down: {}", description_, down_reason_);
+  base::log().debug("slotrpc: {} down: {}", description_, down_reason_);
   if (qp_ != nullptr) {
     // Outstanding work flushes (those completions are ignored); the peer
     // learns from the control connection closing.
@@ -147,7 +147,7 @@ Result<std::unique_ptr<VerbsTransport>> VerbsTransport::create(const Config& con
   t->ready_.reserve(kReadyReserve);
   t->repost_list_.reserve(64);
   t->flush_list_.reserve(64);
-  core::log().debug("slotrpc: verbs transport on {} (CQ of {} entries; {})", t->device_->describe(),
+  base::log().debug("slotrpc: verbs transport on {} (CQ of {} entries; {})", t->device_->describe(),
                 t->cq_capacity_,
                 shared ? fmt::format("shared receive queue of {}, rings behind type-2 memory windows",
                                      t->srq_->depth())
@@ -159,9 +159,9 @@ VerbsTransport::~VerbsTransport() {
   assert(live_links_ == 0 && "destroy every VerbsLink before its VerbsTransport");
   srq_.reset();  // after every queue pair, before the PD and the CQ
   if (pd_ != nullptr && ibv_dealloc_pd(pd_) != 0)
-    core::log().error("slotrpc: ibv_dealloc_pd: {}", std::strerror(errno));
+    base::log().error("slotrpc: ibv_dealloc_pd: {}", std::strerror(errno));
   if (cq_ != nullptr && ibv_destroy_cq(cq_) != 0)
-    core::log().error("slotrpc: ibv_destroy_cq: {}", std::strerror(errno));
+    base::log().error("slotrpc: ibv_destroy_cq: {}", std::strerror(errno));
   if (channel_ != nullptr) ibv_destroy_comp_channel(channel_);
   if (epoll_fd_ >= 0) ::close(epoll_fd_);
   device_.reset();
@@ -278,27 +278,27 @@ void VerbsTransport::on_async_event(const ibv_async_event& e) {
     case IBV_EVENT_PATH_MIG_ERR: {
       for (const Entry& entry : table_) {
         if (entry.link != nullptr && entry.link->qp_ == e.element.qp) {
-          core::log().warn("slotrpc: {}: async event: {}", entry.link->description_, what);
+          base::log().warn("slotrpc: {}: async event: {}", entry.link->description_, what);
           entry.link->fail(fmt::format("async event: {}", what));
           return;
         }
       }
-      core::log().warn("slotrpc: {}: async event for an unknown queue pair: {}", device_->name(), what);
+      base::log().warn("slotrpc: {}: async event for an unknown queue pair: {}", device_->name(), what);
       return;
     }
     case IBV_EVENT_CQ_ERR:  // the loop's one CQ, SRQ or device: every link is affected
     case IBV_EVENT_SRQ_ERR:
     case IBV_EVENT_DEVICE_FATAL:
-      core::log().error("slotrpc: {}: async event: {}", device_->name(), what);
+      base::log().error("slotrpc: {}: async event: {}", device_->name(), what);
       return fail_all(fmt::format("async event: {}", what));
     case IBV_EVENT_QP_LAST_WQE_REACHED:  // an SRQ queue pair that failed: expected
-      core::log().debug("slotrpc: {}: async event: {}", device_->name(), what);
+      base::log().debug("slotrpc: {}: async event: {}", device_->name(), what);
       return;
     case IBV_EVENT_PORT_ERR:
-      core::log().warn("slotrpc: {} port {}: async event: {}", device_->name(), e.element.port_num, what);
+      base::log().warn("slotrpc: {} port {}: async event: {}", device_->name(), e.element.port_num, what);
       return;
     default:
-      core::log().info("slotrpc: {}: async event: {}", device_->name(), what);
+      base::log().info("slotrpc: {}: async event: {}", device_->name(), what);
       return;
   }
 }

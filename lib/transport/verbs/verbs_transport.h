@@ -153,7 +153,7 @@ class VerbsLink final : public Link {
 
   struct Pending {
     Outgoing out;
-    std::array<std::byte, core::kHeaderSize> control;  // control lane: the copied header
+    std::array<std::byte, transport::kHeaderSize> control;  // control lane: the copied header
     // A bulk item keeps its place among the messages: a window's bind or
     // invalidation (`bulk` = window), or a write whose chunks are not all
     // posted yet (`bulk` = op; it stays at the head until they are).
@@ -301,7 +301,7 @@ class VerbsTransport final : public Transport {
   uint32_t srq_depth() const { return srq_ ? srq_->depth() : 0; }
   uint32_t srq_committed() const { return srq_committed_; }
 
-  // For the monitor (lib/monitor/), once an interval, loop thread: this
+  // For the monitor (lib/transport/verbs/monitor.h), once an interval, loop thread: this
   // loop's receive queues, the SRQ ("srq") and every live link's own
   // queue (named by the link's description).
   struct ReceiveQueueInfo {

@@ -1,0 +1,73 @@
+// The server's side of a call's bulk attachments: the segments
+// a request offers, and the handler's read_bulk / write_bulk on them.
+//
+// One per call slot of a server session, made at the slot's first bulk
+// request (a session that never sees one allocates nothing).  A transfer
+// runs on the handler's fiber: it resolves the handler's memory through the
+// registration cache, starts one Link::read or Link::write, and suspends
+// the fiber until the link's kBulkDone for it arrives (the session routes
+// it here by the slot in the token's top 16 bits).  The reactor thread
+// never blocks, and other calls of the session go on meanwhile.
+//
+// Nothing here is on the small-call hot path.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+
+#include "core/bulk/descriptors.h"
+#include "core/loop.h"
+#include "slotrpc/service.h"
+#include "transport/transport.h"
+
+namespace slotrpc::bulk {
+
+class ServerCallBulk final : public ::slotrpc::detail::ServerBulk {
+ public:
+  // `closed` is the session's flag: a transfer on a closed session fails
+  // with UNAVAILABLE instead of starting.
+  ServerCallBulk(core::Loop& loop, transport::Link& link, uint16_t slot, const bool* closed)
+      : loop_(loop), link_(link), slot_(slot), closed_(closed) {}
+
+  // A request with this block starts on the slot / its call has ended.
+  void begin(const RequestBlock& block);
+  void end() { active_ = false; }
+  bool active() const { return active_; }
+
+  // The reply's block: bytes written into each of the client's receive
+  // segments (the end of the furthest write).
+  std::span<const uint64_t> written() const { return {written_.data(), block_.writes}; }
+
+  // kBulkDone of a transfer of this slot.
+  void on_done(uint64_t token, uint16_t status);
+  static uint16_t slot_of(uint64_t token) { return static_cast<uint16_t>(token >> 48); }
+
+  size_t count(bool incoming) const override { return incoming ? block_.reads : block_.writes; }
+  uint64_t length(bool incoming, size_t i) const override;
+  Status transfer(bool incoming, size_t i, std::span<const BulkSegment> pieces,
+                  uint64_t offset) override;
+
+ private:
+  // One Link::read or Link::write of `length` bytes at `local_offset` of
+  // `local`, `remote_offset` into segment `seg`; waits for its kBulkDone.
+  uint16_t move(bool incoming, const transport::BulkRegistration& local, size_t local_offset,
+                const transport::RemoteSegment& seg, uint64_t remote_offset, uint64_t length,
+                Status* start_error);
+
+  core::Loop& loop_;
+  transport::Link& link_;
+  const uint16_t slot_;
+  const bool* closed_;
+  RequestBlock block_;
+  std::array<uint64_t, kMaxBulkSegments> written_{};
+  bool active_ = false;
+  uint64_t seq_ = 0;
+  // The transfer in progress (one at a time: the handler's fiber waits).
+  uint64_t token_ = 0;
+  bool pending_ = false;
+  uint16_t status_ = 0;
+  base::Fiber* waiter_ = nullptr;
+};
+
+}  // namespace slotrpc::bulk

@@ -1,0 +1,161 @@
+// Channel::Impl, what a Channel is behind its public header, shared by the
+// files that implement it by concept:
+//   channel.cc         the channel: connect(), reconnects, submit, stats
+//   client_connect.cc  connecting a session (TCP, verbs, shm): the mirror
+//                      of acceptor.cc
+//   channel_lanes.cc   calls held for the TCP bulk lane while it opens
+//   retrying_call.cc   idempotent calls sent again after UNAVAILABLE
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/timer_heap.h"
+#include "core/client_session.h"
+#include "core/loop_counters.h"
+#include "reactor/reactor.h"
+#include "rpc/connector.h"
+#include "rpc/runtime_core.h"
+#include "slotrpc/channel.h"
+#include "slotrpc/fiber.h"
+#include "transport/verbs/monitor.h"
+
+namespace slotrpc::transport {
+class TcpLink;
+}
+
+namespace slotrpc {
+
+namespace rpc {
+struct Established;
+}
+
+struct Channel::Impl : std::enable_shared_from_this<Channel::Impl> {
+  std::string address;
+  Config config;
+  std::string peer;
+  std::atomic<TransportKind> kind{TransportKind::kTcp};
+  // Whether this host may propose verbs (a usable device was found at
+  // connect()), and the device's description or why not.
+  bool verbs_possible = false;
+  std::string verbs_note;
+  // The runtime whose loop this channel's session lives on (keeps the
+  // loops running), the loop and its index there.
+  std::shared_ptr<detail::RuntimeCore> runtime;
+  std::shared_ptr<reactor::Reactor> loop;
+  size_t loop_index = 0;
+  // Calls handed to the loop from another thread: the cross-loop
+  // hand-offs Stats::cross_loop_handoffs reports.
+  std::atomic<uint64_t> handoffs{0};
+  // What this channel's sessions count (loop thread), so a channel on a
+  // shared loop reports only its own calls.
+  std::shared_ptr<core::LoopCounters> counters = std::make_shared<core::LoopCounters>();
+  // on_monitor_sample()'s callback, shared with the loop's monitor.
+  std::shared_ptr<monitor::SampleHook> monitor_hook = std::make_shared<monitor::SampleHook>();
+  std::atomic<uint64_t> last_request_id{0};
+  std::atomic<bool> closing{false};
+
+  // Loop thread only (after connect() returned).
+  std::shared_ptr<core::ClientSession> session;
+  bool reconnecting = false;
+  std::vector<std::function<void(const Status&)>> waiting_for_session;
+  std::thread reconnector;
+
+  // The reconnect policy (docs/design.md, "When the server dies"): after a
+  // failed reconnect the next one waits min(kBackoffMax, kBackoffBase x
+  // 2^(failures-1)), scaled by a random factor in [0.5, 1] so that many
+  // clients of one restarted server do not all come back in step.  The
+  // first attempt after a session dies is not delayed; a success resets it.
+  static constexpr std::chrono::milliseconds kBackoffBase{100};
+  static constexpr std::chrono::milliseconds kBackoffMax{10'000};
+  uint32_t reconnect_failures = 0;  // in a row
+  Clock::time_point next_attempt{};  // no reconnect before this
+  Status last_reconnect_error;
+  uint64_t reconnect_attempts = 0;
+  uint64_t reconnects = 0;
+  std::minstd_rand jitter{std::random_device{}()};
+
+  // Loop thread: runs `then` with OK once a live session exists, starting a
+  // reconnect if the current one is closed and the policy allows one now;
+  // with the error if that fails, or at once with UNAVAILABLE saying when the
+  // next attempt may be made while the policy backs off.
+  void with_session(std::function<void(const Status&)> then);
+  void reconnected(Result<rpc::Established> est);
+
+  // The TCP bulk lane (transport/tcp/bulk_lanes.h) of the current session:
+  // opened by a thread of its own on the first call with a bulk segment of
+  // at least config.tcp_bulk_lane bytes, so a channel that never moves one
+  // costs no second connection and no lane thread.  Calls with such a
+  // segment wait (waiting_for_lane) until the attempt is over, so that
+  // every large transfer runs on the lane, the first one included; small
+  // calls never wait.  Loop thread only.
+  uint64_t lane_token = 0;                  // the session's offer; 0: none, or taken
+  transport::TcpLink* lane_link = nullptr;  // the session's link, while it lives
+  std::thread lane_opener;
+  bool lane_opening = false;
+  std::vector<core::PendingCall*> waiting_for_lane;
+  // While calls wait for the lane, this timer lets them go early: all of
+  // them when the session ends meanwhile (they fail with its reason), and
+  // each one when its deadline passes.  Without it they waited for the
+  // opener, up to connect_timeout_ms, when the server stalled during the
+  // lane's handshake (a call with a 300 ms deadline took the full 5 s).
+  base::TimerHeap::TimerId lane_wait_timer = 0;
+  void install(rpc::Established& e);
+  // True when `pc` waits for the lane (taken over); false: submit it now.
+  bool hold_for_lane(core::PendingCall* pc);
+  void lane_attempt_over();
+  bool cancel_held(uint64_t request_id);
+  void arm_lane_wait();
+  static void on_lane_wait(void* self, uint64_t);
+  void cancel_lane_wait();
+  // Lets every held call go: to the session (a closed one fails it with
+  // its reason), or CANCELLED when the channel is closing.
+  void release_held();
+};
+
+namespace rpc {
+
+// A session that is ready to be installed on the channel's loop.
+struct Established {
+  std::shared_ptr<core::ClientSession> session;
+  std::string peer;
+  TransportKind kind = TransportKind::kTcp;
+  std::string note;  // why this transport, for the log
+  // tcp: the server's bulk lane offer (0: none) and the session's link.
+  uint64_t lane_token = 0;
+  transport::TcpLink* tcp_link = nullptr;
+};
+
+// Blocking (off the loop): TCP connect, handshake, and the session created
+// on the loop, bounded by connect_timeout_ms; shm first where it applies
+// (client_connect.cc).
+Result<Established> establish(Channel::Impl& impl);
+
+// Blocking (off the loop): connects a second socket to the server and
+// presents the lane token of the session's HelloReply; once the server says
+// OK the socket is returned, for the session's link to take as its lane
+// (transport/tcp/bulk_lanes.h).
+Result<int> open_lane(const Endpoint& endpoint, uint64_t token, Deadline deadline);
+
+// Runs blocking `fn` (a connect: TCP, handshake, tasks on the channel's
+// loop) so that no event loop blocks on it: in a handler's fiber on a
+// helper thread while the fiber waits suspended, elsewhere right here.
+template <class Fn>
+auto off_loop(Fn fn) -> decltype(fn()) {
+  if (!this_fiber::in_fiber()) return fn();
+  auto state = std::make_shared<detail::SharedState<decltype(fn())>>();
+  std::thread helper([&fn, state] { state->set(fn()); });
+  state->wait();
+  helper.join();  // it has set the value: only its return is left
+  return std::move(*state->value);
+}
+
+}  // namespace rpc
+
+}  // namespace slotrpc
