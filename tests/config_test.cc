@@ -521,7 +521,7 @@ TEST_CASE("config: valid environment overrides apply") {
     EnvVar lanes("SLOTRPC_TCP_LANE_CPUS", "1-x");
     auto r = base.with_environment();
     REQUIRE_FALSE(r.ok());
-    CHECK(r.status().message().find("SLOTRPC_TCP_LANE_CPUS='1-x'") != std::string::npos);
+    CHECK(r.status().message().find("Config.tcp_lane_cpus (SLOTRPC_TCP_LANE_CPUS)='1-x'") != std::string::npos);
   }
   SUBCASE("SLOTRPC_TCP_LANE_SCHED") {
     for (auto [name_, mode] : {std::pair{"normal", LaneScheduling::kNormal},
@@ -885,4 +885,40 @@ TEST_CASE("a program can refuse the environment overlay, and what it applies is 
   CHECK(count_lines("setting from the environment: SLOTRPC_SLOT_COUNT=77") == 1);
   CHECK(count_lines("setting from the environment: SLOTRPC_SPIN_US=4321") == 1);
   CHECK(count_lines("SLOTRPC_PORT") == 0);  // not set: not logged
+}
+
+TEST_CASE("a SLOTRPC_* variable that names no setting is warned about once, with the nearest setting") {
+  EnvVar typo("SLOTRPC_TRANSPRT", "tcp");
+  EnvVar test_var("SLOTRPC_TEST_SOMETHING", "1");  // the test suite's own: no warning
+  slotrpc::test::LogCapture log;
+  for (int i = 0; i < 3; ++i) {
+    auto c = Config{}.with_environment();
+    REQUIRE_MESSAGE(c.ok(), c.status().to_string());
+    CHECK(c->transport == slotrpc::TransportKind::kAuto);  // ignored
+  }
+  CHECK(log.matching({"SLOTRPC_TRANSPRT is not a slotrpc setting", "the nearest is SLOTRPC_TRANSPORT"}).size() == 1);
+  CHECK(log.matching({"SLOTRPC_TEST_SOMETHING"}).empty());
+}
+
+TEST_CASE("a bad setting reads the same whether it came from the environment or from the Config") {
+  CleanEnv clean;
+  std::string from_env, from_config;
+  {
+    EnvVar v("SLOTRPC_SLOT_SIZE", "64k");
+    auto r = Config{}.with_environment();
+    REQUIRE_FALSE(r.ok());
+    from_env = r.status().message();
+  }
+  Config c;
+  c.slot_size = 1000;
+  from_config = c.validate().message();
+  CHECK_MESSAGE(from_env.rfind("invalid setting Config.slot_size (SLOTRPC_SLOT_SIZE)='64k': allowed ", 0) == 0, from_env);
+  CHECK_MESSAGE(from_config.rfind("invalid setting Config.slot_size (SLOTRPC_SLOT_SIZE)=1000: allowed ", 0) == 0,
+                from_config);
+  // A named setting too.
+  EnvVar p("SLOTRPC_POLL_MODE", "spin");
+  auto r = Config{}.with_environment();
+  REQUIRE_FALSE(r.ok());
+  CHECK_MESSAGE(r.status().message().rfind("invalid setting Config.poll_mode (SLOTRPC_POLL_MODE)='spin': allowed ", 0) == 0,
+                r.status().message());
 }

@@ -2,13 +2,18 @@
 //
 // No atoi: a value must be all digits, fit in 64 bits and lie in its range,
 // otherwise the error says which setting, which value and what is allowed.
+#include <algorithm>
+#include <cctype>
 #include <atomic>
+#include <cstdint>
 #include <charconv>
 #include <mutex>
 #include <set>
 #include <utility>
 #include <vector>
 #include <cstdlib>
+#include <string_view>
+#include <unistd.h>
 #include <string>
 
 #include <fmt/format.h>
@@ -349,6 +354,65 @@ namespace {
 
 std::atomic<bool> g_environment_overlay{true};
 
+// The one label a settings error names a setting by, whether its value
+// came from the environment or from the Config: "Config.slot_size
+// (SLOTRPC_SLOT_SIZE)".  A named setting's field is its variable's suffix
+// in lower case (SLOTRPC_POLL_MODE: poll_mode).
+std::string env_label(std::string_view env) {
+  for (const base::UintSetting& s : base::uint_settings()) {
+    if (s.env == env) return fmt::format("Config.{} ({})", s.field, env);
+  }
+  std::string field(env.substr(std::string_view("SLOTRPC_").size()));
+  for (char& c : field) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return fmt::format("Config.{} ({})", field, env);
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// A SLOTRPC_* variable that names no setting is ignored; a misspelt one
+// (SLOTRPC_TRANSPRT) would otherwise go unnoticed, so each is warned about
+// once per process, with the nearest setting's name.  SLOTRPC_TEST_* are
+// the test suite's own (scripts/test.sh).  Read where a config takes the
+// environment, which is no hot path.
+void warn_unknown_variables() {
+  static std::mutex mu;
+  static std::set<std::string, std::less<>> warned;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    if (!entry.starts_with("SLOTRPC_") || entry.starts_with("SLOTRPC_TEST_")) continue;
+    const std::string_view name = entry.substr(0, entry.find('='));
+    std::string_view nearest;
+    size_t best = SIZE_MAX;
+    auto consider = [&](std::string_view known) {
+      const size_t d = known == name ? 0 : edit_distance(name, known);
+      if (d < best) best = d, nearest = known;
+    };
+    for (const base::UintSetting& s : base::uint_settings()) consider(s.env);
+    for (std::string_view n : base::named_settings()) consider(n);
+    if (best == 0) continue;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!warned.emplace(name).second) continue;
+    }
+    base::log().warn("slotrpc: {} is not a slotrpc setting and is ignored; the nearest is {} "
+                     "(docs/tuning.md lists every setting)",
+                     name, nearest);
+  }
+}
+
 // Each SLOTRPC_* value the environment set, logged once per process (a
 // program makes many Servers and Channels; the operator needs to read it
 // once), at info, unless the resulting log level hides info.
@@ -379,6 +443,7 @@ Result<Config> Config::with_environment() const {
     if (Status st = validate(); !st.ok()) return st;
     return *this;
   }
+  warn_unknown_variables();
   Config out = *this;
   // Every variable that is set, as it was read: logged once validated.
   std::vector<std::pair<std::string, std::string>> set;
@@ -390,71 +455,71 @@ Result<Config> Config::with_environment() const {
   for (const UintSetting& s : uint_settings()) {
     const char* text = env(std::string(s.env).c_str());
     if (text == nullptr) continue;
-    auto v = parse_uint(s.env, text, s.min, s.max);
+    auto v = parse_uint(fmt::format("Config.{} ({})", s.field, s.env), text, s.min, s.max);
     if (!v.ok()) return v.status();
     out.*s.member = static_cast<uint32_t>(v.value());
   }
   if (const char* text = env("SLOTRPC_POLL_MODE")) {
-    auto v = parse_name("SLOTRPC_POLL_MODE", text, kPollModes);
+    auto v = parse_name(env_label("SLOTRPC_POLL_MODE"), text, kPollModes);
     if (!v.ok()) return v.status();
     out.poll_mode = v.value();
   }
   if (const char* text = env("SLOTRPC_TRANSPORT")) {
-    auto v = parse_name("SLOTRPC_TRANSPORT", text, kTransports);
+    auto v = parse_name(env_label("SLOTRPC_TRANSPORT"), text, kTransports);
     if (!v.ok()) return v.status();
     out.transport = v.value();
   }
   if (const char* text = env("SLOTRPC_LOG_LEVEL")) {
-    auto v = parse_name("SLOTRPC_LOG_LEVEL", text, kLogLevels);
+    auto v = parse_name(env_label("SLOTRPC_LOG_LEVEL"), text, kLogLevels);
     if (!v.ok()) return v.status();
     out.log_level = text;
   }
   if (const char* text = env("SLOTRPC_DEVICE")) {
-    if (Status st = check_device_name("SLOTRPC_DEVICE", text); !st.ok()) return st;
+    if (Status st = check_device_name(env_label("SLOTRPC_DEVICE"), text); !st.ok()) return st;
     out.device = text;
   }
   if (const char* text = env("SLOTRPC_GID_INDEX")) {
-    auto v = parse_gid_index("SLOTRPC_GID_INDEX", text);
+    auto v = parse_gid_index(env_label("SLOTRPC_GID_INDEX"), text);
     if (!v.ok()) return v.status();
     out.gid_index = v.value();
   }
   if (const char* text = env("SLOTRPC_TCP_LANE_SCHED")) {
-    auto v = parse_name("SLOTRPC_TCP_LANE_SCHED", text, kLaneScheds);
+    auto v = parse_name(env_label("SLOTRPC_TCP_LANE_SCHED"), text, kLaneScheds);
     if (!v.ok()) return v.status();
     out.tcp_lane_sched = v.value();
   }
   if (const char* text = env("SLOTRPC_RELAXED_ORDERING")) {
-    auto v = parse_name("SLOTRPC_RELAXED_ORDERING", text, kRelaxedOrdering);
+    auto v = parse_name(env_label("SLOTRPC_RELAXED_ORDERING"), text, kRelaxedOrdering);
     if (!v.ok()) return v.status();
     out.relaxed_ordering = v.value();
   }
   if (const char* text = env("SLOTRPC_SRQ")) {
-    auto v = parse_name("SLOTRPC_SRQ", text, kSrqModes);
+    auto v = parse_name(env_label("SLOTRPC_SRQ"), text, kSrqModes);
     if (!v.ok()) return v.status();
     out.srq = v.value();
   }
   if (const char* text = env("SLOTRPC_MAX_RING_MEMORY")) {
-    auto v = parse_ring_memory("SLOTRPC_MAX_RING_MEMORY", text);
+    auto v = parse_ring_memory(env_label("SLOTRPC_MAX_RING_MEMORY"), text);
     if (!v.ok()) return v.status();
     out.max_ring_memory = v.value();
   }
   if (const char* text = env("SLOTRPC_MAX_BULK_BYTES")) {
-    auto v = parse_uint("SLOTRPC_MAX_BULK_BYTES", text, 1, kMaxBulkBytesLimit);
+    auto v = parse_uint(env_label("SLOTRPC_MAX_BULK_BYTES"), text, 1, kMaxBulkBytesLimit);
     if (!v.ok()) return v.status();
     out.max_bulk_bytes = v.value();
   }
   if (const char* text = env("SLOTRPC_METRICS_ADDRESS")) {
-    if (Status st = check_metrics_address("SLOTRPC_METRICS_ADDRESS", text); !st.ok()) return st;
+    if (Status st = check_metrics_address(env_label("SLOTRPC_METRICS_ADDRESS"), text); !st.ok()) return st;
     out.metrics_address = text;
   }
   if (const char* text = env("SLOTRPC_UNIX_PATH")) {
-    if (Status st = check_unix_path("SLOTRPC_UNIX_PATH", text); !st.ok()) return st;
+    if (Status st = check_unix_path(env_label("SLOTRPC_UNIX_PATH"), text); !st.ok()) return st;
     out.unix_path = text;
   }
   for (auto [name, field] : {std::pair{"SLOTRPC_LOOP_CPUS", &Config::loop_cpus},
                              std::pair{"SLOTRPC_TCP_LANE_CPUS", &Config::tcp_lane_cpus}}) {
     if (const char* text = env(name)) {
-      if (Status st = check_cpu_list(name, text); !st.ok()) return st;
+      if (Status st = check_cpu_list(env_label(name), text); !st.ok()) return st;
       out.*field = text;
     }
   }
