@@ -329,6 +329,11 @@ TEST_CASE("a request larger than a slot fails with RESOURCE_EXHAUSTED before any
   CHECK(r.status().code() == StatusCode::kResourceExhausted);
   CHECK_MESSAGE(contains(r.status().message(), "does not fit a slot"), r.status().to_string());
   CHECK_MESSAGE(contains(r.status().message(), "4096"), r.status().to_string());
+  // What to do about it, and how large the request was (at least the
+  // 10,000-byte payload the builder asked room for).
+  CHECK_MESSAGE(contains(r.status().message(), "request of at least 10"), r.status().to_string());
+  CHECK_MESSAGE(contains(r.status().message(), "SLOTRPC_SLOT_SIZE"), r.status().to_string());
+  CHECK_MESSAGE(contains(r.status().message(), "send_bulk"), r.status().to_string());
   const auto after = ch->stats();
   CHECK(after.messages_sent == before.messages_sent);
   CHECK(after.free_slots == 64);
@@ -394,6 +399,10 @@ TEST_CASE("a reply larger than the slot: RESOURCE_EXHAUSTED; the session goes on
   CHECK(r.status().code() == StatusCode::kResourceExhausted);
   CHECK_MESSAGE(contains(r.status().message(), "does not fit a slot"), r.status().to_string());
   CHECK_MESSAGE(contains(r.status().message(), "slotrpc.test.Faults.Inflate"), r.status().to_string());
+  // Said to be the server's message, with its size and the remedies.
+  CHECK_MESSAGE(contains(r.status().message(), "the server's reply"), r.status().to_string());
+  CHECK_MESSAGE(contains(r.status().message(), "at least 10"), r.status().to_string());
+  CHECK_MESSAGE(contains(r.status().message(), "write_bulk"), r.status().to_string());
 
   // One that fits comes back whole.
   auto g = ch->call_typed<Pong>(kInflate, ping(3000, "fits"));

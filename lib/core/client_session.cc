@@ -234,11 +234,12 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
   Status error;
   try {
     if (call->writer) call->writer(b);  // client streams open without a payload
-  } catch (const SlotOverflow&) {
+  } catch (const SlotOverflow& o) {
     error = Status(StatusCode::kResourceExhausted,
-                   fmt::format("request does not fit a slot: payload capacity is {} bytes "
-                               "(slot_size {} minus the {}-byte header)",
-                               b.payload_capacity(), geometry_.slot_size, kHeaderSize));
+                   fmt::format("request of at least {} bytes does not fit a slot: payload capacity is {} "
+                               "bytes (slot_size {} minus the {}-byte header); raise slot_size "
+                               "(SLOTRPC_SLOT_SIZE) or send the data as a bulk segment (CallOptions::send_bulk)",
+                               o.at_least(), b.payload_capacity(), geometry_.slot_size, kHeaderSize));
   } catch (const std::exception& e) {
     error = Status(StatusCode::kInternal, fmt::format("request writer threw: {}", e.what()));
   }

@@ -156,11 +156,11 @@ void out_abandon(OutStreamState& s, std::exception_ptr error, Status* why) {
   Status st;
   try {
     std::rethrow_exception(error);
-  } catch (const core::SlotOverflow&) {
+  } catch (const core::SlotOverflow& overflow) {
     st = Status(StatusCode::kResourceExhausted,
-                fmt::format("stream message does not fit a slot: payload capacity is {} bytes "
-                            "(slot_size minus the {}-byte header)",
-                            b->payload_capacity(), core::kHeaderSize));
+                fmt::format("stream message of at least {} bytes does not fit a slot: payload capacity is "
+                            "{} bytes (slot_size minus the {}-byte header); raise slot_size (SLOTRPC_SLOT_SIZE)",
+                            overflow.at_least(), b->payload_capacity(), core::kHeaderSize));
   } catch (const std::exception& e) {
     st = Status(StatusCode::kInternal, fmt::format("stream message writer threw: {}", e.what()));
   } catch (...) {

@@ -334,11 +334,13 @@ void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
     throw;  // the server is being destroyed while this handler waits
   } catch (const boost::context::detail::forced_unwind&) {
     throw;
-  } catch (const SlotOverflow&) {
+  } catch (const SlotOverflow& o) {
     b.recover();
     status = Status(StatusCode::kResourceExhausted,
-                    fmt::format("reply of {} does not fit a slot ({} bytes of payload)",
-                                s.method->full_name, b.payload_capacity()));
+                    fmt::format("the server's reply of {}, at least {} bytes, does not fit a slot ({} bytes "
+                                "of payload); raise slot_size (SLOTRPC_SLOT_SIZE) or return the data as a "
+                                "bulk segment (ServerCall::write_bulk)",
+                                s.method->full_name, o.at_least(), b.payload_capacity()));
   } catch (const std::exception& e) {
     b.recover();
     status = Status(StatusCode::kInternal,

@@ -98,10 +98,11 @@ bool ServerSession::StreamWriter::write(
   Status failure;
   try {
     build(b);
-  } catch (const SlotOverflow&) {
+  } catch (const SlotOverflow& o) {
     failure = Status(StatusCode::kResourceExhausted,
-                     fmt::format("stream message does not fit a slot ({} bytes of payload)",
-                                 b.payload_capacity()));
+                     fmt::format("the server's stream message, at least {} bytes, does not fit a slot ({} "
+                                 "bytes of payload); raise slot_size (SLOTRPC_SLOT_SIZE)",
+                                 o.at_least(), b.payload_capacity()));
   } catch (...) {
     unuse();  // the handler's exception continues to run_handler
     throw;

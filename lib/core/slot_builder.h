@@ -19,21 +19,34 @@
 
 namespace slotrpc::core {
 
+// Thrown by a slot's builder when the message outgrows the slot.
+// `at_least`: the bytes the message needed when the builder asked for more
+// room (what it had built plus what it asked for, when that is known): a
+// lower bound, for the error message.
 class SlotOverflow : public std::exception {
  public:
+  explicit SlotOverflow(size_t at_least = 0) : at_least_(at_least) {}
   const char* what() const noexcept override { return "message does not fit its slot"; }
+  size_t at_least() const { return at_least_; }
+
+ private:
+  size_t at_least_;
 };
 
 class SlotAllocator final : public flatbuffers::Allocator {
  public:
   SlotAllocator(std::byte* base, size_t capacity) : base_(base), capacity_(capacity) {}
   uint8_t* allocate(size_t size) override {
-    if (size > capacity_) throw SlotOverflow();
+    if (size > capacity_) throw SlotOverflow(size);
     return reinterpret_cast<uint8_t*>(base_);
   }
   void deallocate(uint8_t*, size_t) override {}
-  uint8_t* reallocate_downward(uint8_t*, size_t, size_t, size_t, size_t) override {
-    throw SlotOverflow();
+  // FlatBuffers grows by max(what it needs, half of what it has): a growth
+  // above half is exactly the need, one below says only "more".
+  uint8_t* reallocate_downward(uint8_t*, size_t old_size, size_t new_size, size_t in_use_back,
+                               size_t in_use_front) override {
+    const size_t grow = new_size > old_size ? new_size - old_size : 0;
+    throw SlotOverflow(in_use_back + in_use_front + (grow > old_size / 2 ? grow : 1));
   }
 
  private:
