@@ -305,3 +305,26 @@ TEST_CASE("reconnect backoff: against a dead address, idempotent retries do not 
   CHECK(contains(backoff_message, "failed attempt"));
   CHECK(stats.closed);
 }
+
+TEST_CASE("connect to a listener that never answers the handshake: UNAVAILABLE naming connect_timeout_ms and its value") {
+  // The kernel completes the TCP connect into the backlog; nothing reads it.
+  const int l = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(l >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(l, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(l, 8) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(l, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  Config cfg;
+  cfg.transport = slotrpc::TransportKind::kTcp;
+  cfg.connect_timeout_ms = 300;
+  auto ch = Channel::connect("127.0.0.1:" + std::to_string(ntohs(addr.sin_port)), cfg);
+  ::close(l);
+  REQUIRE_FALSE(ch.ok());
+  CHECK(ch.status().code() == StatusCode::kUnavailable);
+  CHECK_MESSAGE(ch.status().message().find("timed out") != std::string::npos, ch.status().to_string());
+  CHECK_MESSAGE(ch.status().message().find("connect_timeout_ms = 300 ms") != std::string::npos,
+                ch.status().to_string());
+}

@@ -222,7 +222,13 @@ Result<Established> establish_shm(Channel::Impl& impl, const std::string& name,
 Result<Established> establish(Channel::Impl& impl) {
   const Config& cfg = impl.config;
   auto fail = [&](const Status& st) {
-    return Status(st.code(), fmt::format("connect to {}: {}", impl.address, st.message()));
+    // A time-out names the setting that bounds the whole connect.
+    const bool timed_out = st.message().find("timed out") != std::string::npos;
+    return Status(st.code(),
+                  fmt::format("connect to {}: {}{}", impl.address, st.message(),
+                              timed_out ? fmt::format(" (connect_timeout_ms = {} ms, SLOTRPC_CONNECT_TIMEOUT_MS)",
+                                                      cfg.connect_timeout_ms)
+                                        : std::string()));
   };
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(cfg.connect_timeout_ms);
@@ -295,7 +301,7 @@ Result<Established> establish(Channel::Impl& impl) {
   std::array<std::byte, transport::verbs::kQpInfoSize> ext{};
   bool propose = impl.verbs_possible;
   std::string note = cfg.transport == TransportKind::kTcp
-                         ? std::string("transport=tcp")
+                         ? std::string("as requested")
                          : fmt::format("no usable RDMA device here: {}", impl.verbs_note);
   if (propose) {
     Status st = on_loop(loop, [&]() -> Status {
