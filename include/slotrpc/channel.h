@@ -45,6 +45,18 @@ namespace core {
 struct PendingCall;
 }
 
+// What a client interceptor (Channel::add_interceptor) sees of a call
+// before it is sent.
+struct ClientCallInfo {
+  uint32_t method_id = 0;
+  std::string_view target;  // the channel's address, as given to connect()
+  // The call's deadline: an interceptor may set or tighten it.
+  std::optional<Clock::time_point> deadline;
+};
+// Returns OK to let the call go, or the status the call completes with
+// instead (delivered as any failure is: to the future, callback or stream).
+using ClientInterceptor = std::function<Status(ClientCallInfo&)>;
+
 // Cancels a callback-form call.  Cheap to copy; harmless after completion.
 class CallHandle {
  public:
@@ -75,6 +87,13 @@ class SLOTRPC_API Channel {
   ~Channel();
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
+
+  // Before the channel's first call: `check` runs on the calling thread at
+  // the start of every call of the channel (all four kinds), in the order
+  // added: for credentials, default deadlines, client-side policy.  After
+  // the first call: INVALID_ARGUMENT (the list is read without a lock).
+  // A channel with none pays nothing per call.
+  Status add_interceptor(ClientInterceptor check);
 
   // Future form.  Idempotent calls with CallOptions::max_retries > 0 are
   // retried on UNAVAILABLE; the channel reconnects to its address first,
@@ -259,6 +278,8 @@ class SLOTRPC_API Channel {
                                                      std::shared_ptr<detail::RuntimeCore> runtime,
                                                      Config validated);
   CallHandle submit(core::PendingCall* call);
+  // Completes `call` with `why` on the loop, unsent (a refusing interceptor).
+  CallHandle refuse(core::PendingCall* call, const Status& why);
   // Shared with CallHandles and retries, which may outlive the Channel.
   std::shared_ptr<Impl> impl_;
 };

@@ -30,6 +30,15 @@ enum class LaneScheduling : uint8_t {
   kBatch,   // SCHED_BATCH: never preempts an event loop that wakes for a small call
 };
 
+// Who may call the built-in slotrpc.Admin service (docs/design.md, "Trust
+// and security").  Admin tells method names, call counts, latencies and
+// sessions: by default only the server's own user on its own host sees them.
+enum class AdminAccess : uint8_t {
+  kSameUser,  // peers on this host with the server's uid (Unix socket, or TCP from loopback)
+  kAny,       // every peer that opened a session (put mTLS or an interceptor in front)
+  kOff,       // nobody: Admin calls fail with PERMISSION_DENIED
+};
+
 enum class TransportKind : uint8_t {
   kAuto,   // shm on one host, else verbs when both ends have an RDMA device, else TCP
   kTcp,
@@ -198,6 +207,9 @@ struct SLOTRPC_API Config {
   // Server: a second Server of the process with the same address fails in
   // start().
   std::string metrics_address;
+  // SLOTRPC_ADMIN_ACCESS same-user|any|off: who may call slotrpc.Admin
+  // (slotrpc-stat --address); server interceptors run after this rule.
+  AdminAccess admin_access = AdminAccess::kSameUser;
 
   // Checks every field; the error names the first bad setting.
   Status validate() const;
@@ -217,6 +229,7 @@ SLOTRPC_API bool environment_overlay();
 
 SLOTRPC_API std::string_view to_string(PollMode mode);
 SLOTRPC_API std::string_view to_string(TransportKind kind);
+SLOTRPC_API std::string_view to_string(AdminAccess access);
 SLOTRPC_API std::string_view to_string(RelaxedOrdering mode);
 SLOTRPC_API std::string_view to_string(LaneScheduling mode);
 SLOTRPC_API std::string_view to_string(SharedReceiveQueue mode);

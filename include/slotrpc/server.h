@@ -40,6 +40,13 @@ class SLOTRPC_API Server {
   // Before start().  Fails on a method id already registered.
   Status add_service(ServiceDefinition service);
 
+  // Before start(): `check` runs before the handler of every call, in the
+  // order added, on the handler's fiber, with the method, the peer
+  // (ServerCall::peer_info) and the deadline; a non-OK status is the
+  // call's answer and the handler does not run.  For authentication and
+  // authorization (PERMISSION_DENIED, UNAUTHENTICATED), audit logs, quotas.
+  // A server with none pays nothing per call.
+  Status add_interceptor(ServerInterceptor check);
   // Binds "host:port" (port 0 picks a free one) and starts serving; same-
   // host clients can also reach it over shared memory, through the Unix
   // socket SLOTRPC_UNIX_PATH or by default the abstract @slotrpc-<port>

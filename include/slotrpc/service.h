@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "slotrpc/call.h"
+#include "slotrpc/peer.h"
 #include "slotrpc/status.h"
 #include "slotrpc/stream.h"
 #include "slotrpc/typed.h"
@@ -73,7 +74,11 @@ class ServerCall {
   std::optional<std::chrono::steady_clock::time_point> deadline() const { return deadline_; }
   const std::string& method_name() const { return *method_name_; }
   uint32_t method_id() const { return method_id_; }
+  // The client's address, as the server's logs name it.
   const std::string& peer() const { return *peer_; }
+  // Who the client is: transport, address, and what the kernel or TLS
+  // vouches for (uid/gid/pid, certificate subject and names): slotrpc/peer.h.
+  const PeerInfo& peer_info() const { return *peer_info_; }
   // Server-streaming and bidi calls only: where the handler's messages go.
   detail::StreamWriterImpl* stream() const { return stream_; }
   // Client-streaming and bidi calls only: where the client's messages come from.
@@ -150,12 +155,20 @@ class ServerCall {
   const std::string* method_name_ = nullptr;
   uint32_t method_id_ = 0;
   const std::string* peer_ = nullptr;
+  const PeerInfo* peer_info_ = nullptr;
 };
 
 inline bool ServerCall::cancelled() const {
   return *cancelled_ ||
          (deadline_.has_value() && std::chrono::steady_clock::now() >= *deadline_);
 }
+
+// A check that runs before a method's handler on every call of a server
+// (Server::add_interceptor): it reads the method, the peer and the deadline
+// and returns OK to let the call through, or the status the client gets
+// instead (PERMISSION_DENIED, UNAUTHENTICATED, ...); the handler does not
+// run then.  It runs on the handler's fiber: it may wait like a handler.
+using ServerInterceptor = std::function<Status(const ServerCall&)>;
 
 // A handler runs on a fiber of the server's event loop: it may wait for
 // other RPCs (Future::get suspends only the fiber) but should not block the

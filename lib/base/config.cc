@@ -108,7 +108,7 @@ std::span<const std::string_view> named_settings() {
       "SLOTRPC_DEVICE",    "SLOTRPC_GID_INDEX", "SLOTRPC_RELAXED_ORDERING",
       "SLOTRPC_SRQ",       "SLOTRPC_MAX_RING_MEMORY", "SLOTRPC_METRICS_ADDRESS",
       "SLOTRPC_UNIX_PATH", "SLOTRPC_MAX_BULK_BYTES", "SLOTRPC_TCP_LANE_SCHED",
-      "SLOTRPC_LOOP_CPUS", "SLOTRPC_TCP_LANE_CPUS",
+      "SLOTRPC_LOOP_CPUS", "SLOTRPC_TCP_LANE_CPUS", "SLOTRPC_ADMIN_ACCESS",
   };
   return kNames;
 }
@@ -151,6 +151,8 @@ constexpr std::pair<std::string_view, PollMode> kPollModes[] = {
 constexpr std::pair<std::string_view, TransportKind> kTransports[] = {
     {"auto", TransportKind::kAuto}, {"tcp", TransportKind::kTcp}, {"verbs", TransportKind::kVerbs},
     {"shm", TransportKind::kShm}};
+constexpr std::pair<std::string_view, AdminAccess> kAdminAccess[] = {
+    {"same-user", AdminAccess::kSameUser}, {"any", AdminAccess::kAny}, {"off", AdminAccess::kOff}};
 constexpr std::pair<std::string_view, LaneScheduling> kLaneScheds[] = {
     {"normal", LaneScheduling::kNormal}, {"batch", LaneScheduling::kBatch}};
 constexpr std::pair<std::string_view, RelaxedOrdering> kRelaxedOrdering[] = {
@@ -278,6 +280,12 @@ std::string_view to_string(PollMode mode) {
 std::string_view to_string(TransportKind kind) {
   for (const auto& [name, value] : base::kTransports)
     if (value == kind) return name;
+  return "?";
+}
+
+std::string_view to_string(AdminAccess access) {
+  for (const auto& [name, value] : base::kAdminAccess)
+    if (value == access) return name;
   return "?";
 }
 
@@ -468,6 +476,11 @@ Result<Config> Config::with_environment() const {
     auto v = parse_name(env_label("SLOTRPC_TRANSPORT"), text, kTransports);
     if (!v.ok()) return v.status();
     out.transport = v.value();
+  }
+  if (const char* text = env("SLOTRPC_ADMIN_ACCESS")) {
+    auto v = parse_name(env_label("SLOTRPC_ADMIN_ACCESS"), text, kAdminAccess);
+    if (!v.ok()) return v.status();
+    out.admin_access = v.value();
   }
   if (const char* text = env("SLOTRPC_LOG_LEVEL")) {
     auto v = parse_name(env_label("SLOTRPC_LOG_LEVEL"), text, kLogLevels);

@@ -312,14 +312,26 @@ void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
   call.method_name_ = &s.method->full_name;
   call.method_id_ = s.method->id;
   call.peer_ = &self->peer_;
+  call.peer_info_ = &self->peer_info_;
   if (s.streaming) call.stream_ = &self->writers_[slot];
   if (s.client_stream) call.inbound_ = &self->inbound_[slot];
 
   Status status;
   bool mistake = false;  // logged below (log_handler_mistake)
   try {
-    status = s.method->handler(call);
-    if (status.ok() && !s.streaming && !b.is_finished()) {
+    // The server's checks first (Admin's rule, interceptors): a refusal is
+    // the call's answer and the handler never sees the call.
+    const bool refused = self->checks_ != nullptr && !(status = self->checks_->run(call)).ok();
+    if (!refused) status = s.method->handler(call);
+    if (refused && !is_known_status_code(static_cast<uint16_t>(status.code()))) {
+      status = Status(StatusCode::kInternal,
+                      fmt::format("an interceptor refused {} with unknown status code {}: {}",
+                                  s.method->full_name, static_cast<unsigned>(status.code()),
+                                  status.message()));
+      mistake = true;
+    } else if (refused) {
+      // As the interceptor said.
+    } else if (status.ok() && !s.streaming && !b.is_finished()) {
       status = Status(StatusCode::kInternal,
                       fmt::format("{} returned OK without finishing its reply", s.method->full_name));
       mistake = true;

@@ -20,6 +20,7 @@
 
 #include "core/bulk/server_bulk.h"
 #include "core/liveness.h"
+#include "core/call_checks.h"
 #include "core/method_table.h"
 #include "core/outbox.h"
 #include "core/pack.h"
@@ -71,6 +72,13 @@ class ServerSession final : public SessionBase {
   void close(std::string reason);
   bool closed() const { return closed_; }
   const std::string& peer() const { return peer_; }
+  // Before the first call (the server, right after create()): who the
+  // client is (ServerCall::peer_info()), and the checks every call passes
+  // before its handler runs, or null when there are none: the server's,
+  // which outlives its sessions.
+  void set_peer_info(PeerInfo info) { peer_info_ = std::move(info); }
+  const PeerInfo& peer_info() const { return peer_info_; }
+  void set_call_checks(const CallChecks* checks) { checks_ = checks; }
   uint32_t running_handlers() const { return running_; }
   // Loop thread, cold: the link, for its counters (metrics).
   const transport::Link& link() const { return *link_; }
@@ -167,6 +175,8 @@ class ServerSession final : public SessionBase {
   Geometry geometry_;
   const MethodTable& methods_;
   std::string peer_;
+  PeerInfo peer_info_;
+  const CallChecks* checks_ = nullptr;
   ClosedFn on_closed_;
   SlotRing recv_ring_;
   SlotRing send_ring_;

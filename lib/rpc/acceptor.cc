@@ -23,6 +23,7 @@
 #include "base/logging.h"
 #include "rpc/admission.h"
 #include "rpc/connector.h"
+#include "rpc/peer_info.h"
 
 namespace slotrpc::rpc {
 
@@ -78,6 +79,7 @@ struct Pending {
   std::vector<std::byte> extension;
   size_t ext_have = 0;
   std::string host;  // source address, the per-host cap's key
+  PeerInfo info;
   std::string peer;  // address:port, for log lines
   std::list<std::shared_ptr<Pending>>::iterator pos;
   bool done = false;
@@ -308,6 +310,8 @@ void Acceptor::Impl::start(Socket sock, bool local) {
   }
 
   auto p = std::make_shared<Pending>(io, std::move(sock));
+  // Asked now, while the client is surely still connected.
+  p->info = identify_peer(fd, local, local ? "unix:" + unix_name : peer);
   p->peer = std::move(peer);
   p->local = local;
   p->host = std::move(host);
@@ -394,6 +398,7 @@ void Acceptor::Impl::handed_over(const std::shared_ptr<Pending>& p) {
   s.extension = std::move(p->extension);
   s.peer = p->peer;
   s.local = p->local;
+  s.info = std::move(p->info);
   finish(p);  // leaves the socket open: released below
   s.fd = p->sock.release();
   on_hello(std::move(s));

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "core/handshake.h"
+#include "slotrpc/peer.h"
 #include "slotrpc/config.h"
 #include "slotrpc/status.h"
 
@@ -44,6 +45,8 @@ struct PendingSession {
   // Arrived on the server's Unix domain socket: an shm session, whose
   // client offer is readable on `fd` already (the acceptor waited for it).
   bool local = false;
+  // What the kernel says about the client (transport filled in later).
+  PeerInfo info;
 };
 
 // Writes a HelloReply (status, message, extension) with one non-blocking

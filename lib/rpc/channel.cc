@@ -260,8 +260,32 @@ CallHandle Channel::submit(core::PendingCall* pc) {
   });
 }
 
+Status Channel::add_interceptor(ClientInterceptor check) {
+  if (impl_->called.load()) {
+    return Status(StatusCode::kInvalidArgument,
+                  "add_interceptor() after the channel's first call");
+  }
+  if (!check) return Status(StatusCode::kInvalidArgument, "add_interceptor(): an empty function");
+  impl_->interceptors.push_back(std::move(check));
+  return {};
+}
+
+Status Channel::Impl::run_interceptors(uint32_t method_id, std::optional<Clock::time_point>& deadline) {
+  ClientCallInfo info;
+  info.method_id = method_id;
+  info.target = address;
+  info.deadline = deadline;
+  for (const ClientInterceptor& check : interceptors) {
+    Status st = check(info);
+    if (!st.ok()) return st;
+  }
+  deadline = info.deadline;
+  return {};
+}
+
 CallHandle Channel::call_stream(uint32_t method_id, RequestWriter writer, CallOptions options,
                                 ReplySink on_message, std::function<void(Status)> on_end) {
+  const Status refused = impl_->intercept(method_id, options.deadline);
   auto* pc = new core::PendingCall;
   pc->method_id = method_id;
   pc->writer = std::move(writer);
@@ -272,7 +296,14 @@ CallHandle Channel::call_stream(uint32_t method_id, RequestWriter writer, CallOp
   pc->deadline = options.deadline;
   pc->send_bulk = std::move(options.send_segments);  // refused: streams carry no bulk segments
   pc->receive_bulk = std::move(options.receive_segments);
+  if (!refused.ok()) return refuse(pc, refused);
   return submit(pc);
+}
+
+CallHandle Channel::refuse(core::PendingCall* pc, const Status& why) {
+  // Completed on the loop like any early failure: never on this stack.
+  core::ClientSession::fail_later(*impl_->loop, pc, why);
+  return CallHandle();
 }
 
 Future<RawReply> Channel::call(uint32_t method_id, RequestWriter writer, CallOptions options) {
@@ -373,6 +404,7 @@ namespace slotrpc {
 std::shared_ptr<detail::OutStreamState> Channel::open_stream(uint32_t method_id, bool bidi,
                                                              CallOptions options, ReplySink on_reply,
                                                              std::function<void(Status)> on_end) {
+  const Status refused = impl_->intercept(method_id, options.deadline);
   auto* pc = new core::PendingCall;
   pc->method_id = method_id;
   pc->sink = std::move(on_reply);
@@ -385,6 +417,10 @@ std::shared_ptr<detail::OutStreamState> Channel::open_stream(uint32_t method_id,
   pc->receive_bulk = std::move(options.receive_segments);
   auto out = std::make_shared<core::OutStream>(impl_->loop, pc->window);
   pc->out = out;
+  if (!refused.ok()) {
+    refuse(pc, refused);
+    return out;
+  }
   CallHandle handle = submit(pc);
   {
     std::lock_guard<std::mutex> lock(out->mu);

@@ -60,6 +60,17 @@ struct Channel::Impl : std::enable_shared_from_this<Channel::Impl> {
   std::shared_ptr<monitor::SampleHook> monitor_hook = std::make_shared<monitor::SampleHook>();
   std::atomic<uint64_t> last_request_id{0};
   std::atomic<bool> closing{false};
+  // add_interceptor()'s, frozen by the first call (called).
+  std::vector<ClientInterceptor> interceptors;
+  std::atomic<bool> called{false};
+  // Every call entry runs this first: OK, or why the call fails unsent.
+  // Inline and one branch when there are no interceptors.
+  Status intercept(uint32_t method_id, std::optional<Clock::time_point>& deadline) {
+    if (!called.load(std::memory_order_relaxed)) called.store(true, std::memory_order_relaxed);
+    if (interceptors.empty()) return {};
+    return run_interceptors(method_id, deadline);
+  }
+  Status run_interceptors(uint32_t method_id, std::optional<Clock::time_point>& deadline);
 
   // Loop thread only (after connect() returned).
   std::shared_ptr<core::ClientSession> session;

@@ -66,6 +66,13 @@ struct RetryingCall : std::enable_shared_from_this<RetryingCall> {
 
 CallHandle Channel::call(uint32_t method_id, RequestWriter writer, CallOptions options,
                          ReplySink sink) {
+  // Once per call, not per attempt: retries repeat the call as it was let go.
+  if (Status st = impl_->intercept(method_id, options.deadline); !st.ok()) {
+    auto* pc = new core::PendingCall;
+    pc->method_id = method_id;
+    pc->sink = std::move(sink);
+    return refuse(pc, st);
+  }
   if (options.idempotent && options.max_retries > 0) {
     auto r = std::make_shared<RetryingCall>();
     r->channel = impl_;

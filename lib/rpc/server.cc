@@ -27,6 +27,7 @@
 #include "metrics/http_server.h"
 #include "rpc/loop_transports.h"
 #include "rpc/admin/admin.h"
+#include "rpc/peer_info.h"
 #include "transport/verbs/monitor.h"
 #include "reactor/reactor.h"
 #include "rpc/acceptor.h"
@@ -37,6 +38,34 @@
 namespace slotrpc {
 
 
+
+namespace {
+
+// slotrpc.Admin with Config::admin_access checked first in each of its
+// handlers: only Admin calls pay for the rule, and user interceptors still
+// run before it like before any handler.  The config is read per call
+// because start() settles it (environment overlay) after this runs.
+ServiceDefinition guard_admin(ServiceDefinition admin, Server::Impl& impl) {
+  ServiceDefinition guarded(admin.name());
+  const uid_t self = ::getuid();
+  for (const MethodDescriptor& m : admin.methods()) {
+    guarded.add_method(
+        std::string_view(m.full_name).substr(admin.name().size() + 1),
+        [inner = m.handler, impl = &impl, self](ServerCall& call) -> Status {
+          if (Status st = rpc::admin_allows(call.peer_info(), impl->config.admin_access, self);
+              !st.ok()) {
+            impl->refuse_log.warn(fmt::format("slotrpc: refused {} from {}: {}", call.method_name(),
+                                              call.peer_info().describe(), st.message()));
+            return st;
+          }
+          return inner(call);
+        },
+        m.verify, m.kind);
+  }
+  return guarded;
+}
+
+}  // namespace
 
 Server::Server(Config config) : Server(nullptr, std::move(config)) {}
 
@@ -51,7 +80,7 @@ Server::Server(std::shared_ptr<detail::RuntimeCore> runtime, Config config)
   // ordinary RPC port: slotrpc-stat --address reads Admin/Metrics.  Added
   // first, so a user method whose id collides is the one refused.
   impl_->admin = admin::make_service([this] { return metrics(); });
-  Status st = add_service(admin::definition(*impl_->admin));
+  Status st = add_service(guard_admin(admin::definition(*impl_->admin), *impl_));
   (void)st;  // the table is empty: cannot collide
 }
 
@@ -66,6 +95,13 @@ Server::~Server() {
   // handler can delay).
   impl_->monitor_hook->close();
   stop();
+}
+
+Status Server::add_interceptor(ServerInterceptor check) {
+  if (impl_->started) return Status(StatusCode::kInvalidArgument, "add_interceptor() after start()");
+  if (!check) return Status(StatusCode::kInvalidArgument, "add_interceptor(): an empty function");
+  impl_->checks.interceptors.push_back(std::move(check));
+  return {};
 }
 
 Status Server::add_service(ServiceDefinition service) {

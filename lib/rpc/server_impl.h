@@ -30,6 +30,7 @@
 #include "metrics/collect.h"
 #include "metrics/http_server.h"
 #include "rpc/loop_transports.h"
+#include "core/call_checks.h"
 #include "rpc/admin/admin.h"
 #include "transport/verbs/monitor.h"
 #include "reactor/reactor.h"
@@ -49,6 +50,8 @@ struct Server::Impl {
   Config config;
   std::vector<std::unique_ptr<ServiceDefinition>> services;  // stable addresses
   core::MethodTable methods;
+  // add_interceptor()'s, frozen by start(); sessions point at it.
+  core::CallChecks checks;
 
   // The runtime the server's sessions live on: given, or chosen by start()
   // (include/slotrpc/runtime.h); released by stop().  loops are its loops.

@@ -215,6 +215,11 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
                 fmt::format("server cannot set up the session: {}", e.what()));
   }
   session->set_client_takes_all_status_codes((p.hello.features & core::kFeatureStatusCodes) != 0);
+  p.info.transport = transport == core::WireTransport::kShm     ? "shm"
+                     : transport == core::WireTransport::kVerbs ? "verbs"
+                                                                : "tcp";
+  session->set_peer_info(std::move(p.info));
+  if (!checks.interceptors.empty()) session->set_call_checks(&checks);
   if (packing && config.pack_small != 0) {
     session->configure_packing(config.pack_small, (p.hello.features & core::kFeaturePack) != 0);
     features |= core::kFeaturePack;
