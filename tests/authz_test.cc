@@ -3,7 +3,10 @@
 // the built-in Admin service (Config::admin_access).  The environment
 // overlay is off: each case sets what it tests.
 #include <doctest/doctest.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <slotrpc/slotrpc.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -107,6 +110,33 @@ TEST_CASE("a handler sees who its peer is: transport, address and the kernel's c
     const std::string w = who(*ch);
     CHECK(w.rfind("tcp|127.0.0.1:", 0) == 0);
     CHECK(w.find("|local|" + uid + "|-|-") != std::string::npos);
+  }
+  SUBCASE("tcp to one of this host's own addresses: still this host, still the uid") {
+    // Served on every address: the client dials an interface address, not
+    // loopback, as a verbs session's handshake does.
+    Server any_addr;
+    REQUIRE(any_addr.add_service(make_service(&runs)).ok());
+    REQUIRE(any_addr.start("0.0.0.0:0").ok());
+    std::string own;
+    ifaddrs* list = nullptr;
+    REQUIRE(::getifaddrs(&list) == 0);
+    for (ifaddrs* i = list; i != nullptr && own.empty(); i = i->ifa_next) {
+      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+      char text[INET_ADDRSTRLEN] = {};
+      ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof text);
+      if (std::string(text).rfind("127.", 0) != 0) own = text;
+    }
+    ::freeifaddrs(list);
+    if (own.empty()) {
+      WARN_MESSAGE(false, "this host has no IPv4 address but loopback: case not run");
+    } else {
+      auto ch = Channel::connect(own + ":" + std::to_string(any_addr.port()),
+                                 with_transport(TransportKind::kTcp));
+      REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
+      const std::string w = who(*ch.value());
+      CHECK(w.rfind("tcp|" + own + ":", 0) == 0);
+      CHECK(w.find("|local|" + uid + "|-|-") != std::string::npos);
+    }
   }
   SUBCASE("shm over the Unix socket: uid, gid and pid from SO_PEERCRED") {
     auto ch = connect(server, TransportKind::kShm);

@@ -208,7 +208,7 @@ struct SLOTRPC_API Config {
   // start().
   std::string metrics_address;
   // SLOTRPC_ADMIN_ACCESS same-user|any|off: who may call slotrpc.Admin
-  // (slotrpc-stat --address); server interceptors run after this rule.
+  // (slotrpc-stat --address); server interceptors run before it.
   AdminAccess admin_access = AdminAccess::kSameUser;
 
   // Checks every field; the error names the first bad setting.

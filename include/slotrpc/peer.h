@@ -17,11 +17,12 @@ struct SLOTRPC_API PeerInfo {
   // "10.0.0.2:40000", or "unix:@slotrpc-7000" for a session that arrived on
   // the server's Unix socket (shm).
   std::string address;
-  // On this host: the server's Unix socket, or TCP from a loopback address.
+  // On this host: the server's Unix socket, or a TCP connection whose
+  // client socket is in this host's socket table (or from loopback).
   bool same_host = false;
   // The peer process's credentials, when the kernel vouches for them: from
-  // SO_PEERCRED on the Unix socket (uid, gid, pid), or for a loopback TCP
-  // connection the uid owning the client's socket (the kernel's socket
+  // SO_PEERCRED on the Unix socket (uid, gid, pid), or for a TCP connection
+  // from this host the uid owning the client's socket (the kernel's socket
   // table, sock_diag).  Empty for remote peers: an address is no identity.
   std::optional<uint32_t> uid;
   std::optional<uint32_t> gid;

@@ -1,6 +1,6 @@
 // Why a netlink query and not SO_PEERCRED for TCP: SO_PEERCRED exists only
-// for Unix domain sockets.  For a loopback TCP connection the client's
-// socket is in this host's socket table, and sock_diag returns the uid that
+// for Unix domain sockets.  For a TCP connection from this host the
+// client's socket is in this host's socket table, and sock_diag returns the uid that
 // created it for an exact 4-tuple lookup, unprivileged (as `ss -e` shows).
 // No Debian library wraps sock_diag in a form smaller than these lines
 // (libmnl would only replace the send/recv), so they are written here.
@@ -79,9 +79,9 @@ bool tcp_peer_is_loopback(int fd) {
   return endpoints(fd, local, peer) && peer.loopback;
 }
 
-std::optional<uint32_t> loopback_tcp_peer_uid(int fd) {
+std::optional<uint32_t> same_host_tcp_peer_uid(int fd) {
   DiagAddress local, peer;
-  if (!endpoints(fd, local, peer) || !peer.loopback) return std::nullopt;
+  if (!endpoints(fd, local, peer)) return std::nullopt;
   const int nl = ::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
   if (nl < 0) return std::nullopt;
   struct {

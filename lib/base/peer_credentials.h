@@ -23,10 +23,12 @@ std::optional<SocketCredentials> unix_peer_credentials(int fd);
 // (127.0.0.0/8, ::1, or ::ffff:127.x.y.z).
 bool tcp_peer_is_loopback(int fd);
 
-// For a TCP connection from this host (tcp_peer_is_loopback), the uid that
-// owns the client's socket, looked up in the kernel's socket table with one
-// NETLINK_SOCK_DIAG request (the same source `ss -e` reads).  Empty if the
-// peer is not a loopback address or the lookup fails.
-std::optional<uint32_t> loopback_tcp_peer_uid(int fd);
+// For a TCP connection from this host, the uid that owns the client's
+// socket, looked up in the kernel's socket table with one NETLINK_SOCK_DIAG
+// request for the exact address pair (the source `ss -e` reads).  Empty
+// when no socket of this host (network namespace) is the other end: the
+// peer is elsewhere, or the lookup failed.  Works for loopback and for a
+// connection to one of this host's own interface addresses alike.
+std::optional<uint32_t> same_host_tcp_peer_uid(int fd);
 
 }  // namespace slotrpc::base

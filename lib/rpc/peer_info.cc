@@ -27,9 +27,11 @@ PeerInfo identify_peer(int fd, bool local, std::string address) {
       info.gid = c->gid;
       info.pid = c->pid;
     }
-  } else if (base::tcp_peer_is_loopback(fd)) {
-    info.same_host = true;
-    info.uid = base::loopback_tcp_peer_uid(fd);
+  } else {
+    // Found in this host's socket table: the client runs here, whatever
+    // address it used (loopback, or an interface of this host's own).
+    info.uid = base::same_host_tcp_peer_uid(fd);
+    info.same_host = info.uid.has_value() || base::tcp_peer_is_loopback(fd);
   }
   return info;
 }
