@@ -1,7 +1,8 @@
 // ClientSession: client and bidi streams (the writer's slots lent by the
 // server, the out-stream hand-over, STREAM_ACK) and server streams'
-// messages.  The session's other parts: client_session.cc (calls, the
-// receive path, shutdown) and client_bulk.cc (bulk attachments).
+// messages.  The session's other parts: client_session.cc (set-up,
+// shutdown), client_calls.cc (calls and their replies) and client_bulk.cc
+// (bulk attachments).
 #include "core/client_session.h"
 
 #include <fmt/format.h>
