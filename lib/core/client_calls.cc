@@ -213,7 +213,11 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
   std::byte* msg = flatbuffer_len == 0 ? b.slot() : b.message_begin() - block_bytes;
   encode_header(h, msg);
 
-  if (call->counters != nullptr) call->counters->calls.bytes_out += kHeaderSize + h.payload_len;
+  if (call->counters != nullptr) {
+    call->counters->calls.bytes_out += kHeaderSize + h.payload_len;
+    call->method_counters->bytes_out += kHeaderSize + h.payload_len;
+    if (call->exposure) count_bulk_out(*call);
+  }
   link_->arm(slot);  // the reply may now land in our receive slot
   outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), slot,
                            s.generation, /*packable=*/true);
@@ -295,6 +299,7 @@ void ClientSession::on_message(const transport::Completion& c) {
   }
   PendingCall* call = s.call;
   s.call = nullptr;
+  if (call->method_counters != nullptr) call->method_counters->bytes_in += c.length;
   loop_.timers().cancel(call->timer);
   if (h.bulk() && (call->exposure == nullptr || h.kind() != Kind::kReply)) {
     // The session goes first (its link's close makes every exposure
@@ -346,6 +351,7 @@ void ClientSession::on_message(const transport::Completion& c) {
       return complete(call, Status(StatusCode::kUnavailable, "the server sent a malformed reply: " + st.message()));
     }
     received.assign(written.begin(), written.begin() + static_cast<std::ptrdiff_t>(lengths.size()));
+    count_bulk_in(*call, received);
     payload = payload.subspan(block);
   }
   s.state = SlotState::kHeld;  // until the application drops the reply
@@ -400,6 +406,23 @@ void ClientSession::pump_queue() {
     free_.pop_back();
     send_on(slot, call);
   }
+}
+
+// Cold path (calls with bulk segments): the bytes the call offers the
+// server, counted as it is sent, and those the server wrote for it.
+void ClientSession::count_bulk_out(const PendingCall& call) {
+  uint64_t n = 0;
+  for (const BulkSegment& seg : call.send_bulk) n += seg.length;
+  call.counters->calls.bulk_bytes_out += n;
+  call.method_counters->bulk_bytes_out += n;
+}
+
+void ClientSession::count_bulk_in(const PendingCall& call, const std::vector<uint64_t>& received) {
+  if (call.counters == nullptr) return;
+  uint64_t n = 0;
+  for (uint64_t r : received) n += r;
+  call.counters->calls.bulk_bytes_in += n;
+  call.method_counters->bulk_bytes_in += n;
 }
 
 // Hot path: a clock read and a few increments of the loop's counters.

@@ -101,6 +101,8 @@ void ClientSession::send_out(PendingCall* call, uint16_t j) {
   h.generation = s.generation;
   std::byte* msg = b.message_begin();
   encode_header(h, msg);
+  owner_counters().client.calls.bytes_out += kHeaderSize + h.payload_len;
+  if (call->method_counters != nullptr) call->method_counters->bytes_out += kHeaderSize + h.payload_len;
   outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), j,
                            s.generation);
   loop_.request_flush(this);
@@ -173,6 +175,7 @@ void ClientSession::on_stream_message(const Header& h, const std::byte* bytes) {
     return;
   }
   PendingCall* call = slots_[static_cast<size_t>(s.stream_owner)].call;
+  if (call->method_counters != nullptr) call->method_counters->bytes_in += kHeaderSize + h.payload_len;
   s.state = SlotState::kHeld;  // until the application drops the message
   if (call->sink) {
     call->sink(RawReply(Status(), std::span<const std::byte>(bytes + kHeaderSize, h.payload_len),
