@@ -75,11 +75,19 @@ struct CallCounters {
 
   uint64_t started = 0;
   std::array<uint64_t, kCodes> finished{};  // by status code
-  // Slot messages, 32-byte header included: server in = requests, out =
-  // replies and stream messages; client the other way round.  Control
-  // frames (cancels, grants, keepalives) are not counted.
+  // Slot messages, 32-byte header included: server in = requests and
+  // client-stream messages, out = replies and server-stream messages;
+  // client the other way round.  Control frames (cancels, grants,
+  // keepalives, stream acks) are not counted.
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
+  // Bulk segments (CallOptions::send_bulk / receive_bulk), not in the
+  // slot bytes above.  Server: what its handlers read (read_bulk, in) and
+  // wrote (write_bulk, out).  Client: out = the send_bulk bytes its calls
+  // offered, counted when the call is sent (a handler may read less); in =
+  // what servers wrote into its receive_bulk segments (RawReply::bulk_received).
+  uint64_t bulk_bytes_in = 0;
+  uint64_t bulk_bytes_out = 0;
   // Client: calls that found no free credit and waited in the queue.
   uint64_t credit_stalls = 0;
   // Client: calls waiting for a credit at the moment of the snapshot.
@@ -100,6 +108,14 @@ struct MethodMetrics {
   bool server = true;  // false: the calls this process made
   uint64_t started = 0;
   std::array<uint64_t, CallCounters::kCodes> finished{};
+  // This method's share of CallCounters' bytes (slot messages with their
+  // headers, and bulk; same rules).  A request for a method the server does
+  // not have, and a message that arrives after its call ended, count in the
+  // side's totals only.
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+  uint64_t bulk_bytes_in = 0;
+  uint64_t bulk_bytes_out = 0;
   // Server: from the request's arrival to its reply being queued for the
   // wire; client: from the call's submission on its loop (queueing for a
   // credit included) to its completion.  Microseconds.

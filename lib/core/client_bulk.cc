@@ -1,6 +1,7 @@
 // ClientSession: a call's bulk attachments (core/bulk/call_exposure.h):
 // exposing its segments, and holding its end until every exposure is
-// revoked.  The session's other parts: client_session.cc, client_streams.cc.
+// revoked.  The session's other parts: client_session.cc, client_calls.cc,
+// client_streams.cc.
 #include "core/client_session.h"
 
 #include <utility>

@@ -217,6 +217,8 @@ class ClientSession final : public SessionBase,
   void pump_queue();
   static void finish(PendingCall* call, RawReply reply);
   static void count_finished(PendingCall* call, StatusCode code);
+  static void count_bulk_out(const PendingCall& call);
+  static void count_bulk_in(const PendingCall& call, const std::vector<uint64_t>& received);
   void fail(PendingCall* call, Status status);
   void fail_later(PendingCall* call, Status status);
   void send_control(Kind kind, uint16_t slot, uint32_t generation, uint64_t request_id,

@@ -1,7 +1,8 @@
 // ClientSession: client and bidi streams (the writer's slots lent by the
 // server, the out-stream hand-over, STREAM_ACK) and server streams'
-// messages.  The session's other parts: client_session.cc (calls, the
-// receive path, shutdown) and client_bulk.cc (bulk attachments).
+// messages.  The session's other parts: client_session.cc (set-up,
+// shutdown), client_calls.cc (calls and their replies) and client_bulk.cc
+// (bulk attachments).
 #include "core/client_session.h"
 
 #include <fmt/format.h>
@@ -100,6 +101,8 @@ void ClientSession::send_out(PendingCall* call, uint16_t j) {
   h.generation = s.generation;
   std::byte* msg = b.message_begin();
   encode_header(h, msg);
+  owner_counters().client.calls.bytes_out += kHeaderSize + h.payload_len;
+  if (call->method_counters != nullptr) call->method_counters->bytes_out += kHeaderSize + h.payload_len;
   outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), j,
                            s.generation);
   loop_.request_flush(this);
@@ -172,6 +175,7 @@ void ClientSession::on_stream_message(const Header& h, const std::byte* bytes) {
     return;
   }
   PendingCall* call = slots_[static_cast<size_t>(s.stream_owner)].call;
+  if (call->method_counters != nullptr) call->method_counters->bytes_in += kHeaderSize + h.payload_len;
   s.state = SlotState::kHeld;  // until the application drops the message
   if (call->sink) {
     call->sink(RawReply(Status(), std::span<const std::byte>(bytes + kHeaderSize, h.payload_len),

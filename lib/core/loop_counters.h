@@ -31,6 +31,10 @@ inline size_t code_index(StatusCode code) {
 struct MethodCounters {
   uint64_t started = 0;
   std::array<uint64_t, CallCounters::kCodes> finished{};
+  uint64_t bytes_in = 0;  // as MethodMetrics
+  uint64_t bytes_out = 0;
+  uint64_t bulk_bytes_in = 0;
+  uint64_t bulk_bytes_out = 0;
   Histogram latency_us;
 
   void finish(StatusCode code, uint64_t us) {

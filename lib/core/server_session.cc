@@ -205,6 +205,7 @@ void ServerSession::on_message(const transport::Completion& c) {
     if (it != counters.methods.end()) {
       s.counters = &it->second;
       ++s.counters->started;
+      s.counters->bytes_in += c.length;
     }
   }
 
@@ -375,6 +376,7 @@ void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
     // No reply can go out: the call ends here, as the client sees it.
     if (s.bulk) {
       self->bulk_[slot]->end();
+      self->count_bulk(s, *self->bulk_[slot]);
       s.bulk = false;
     }
     self->count_finished(s, StatusCode::kUnavailable);
@@ -405,6 +407,7 @@ void ServerSession::send_reply(uint16_t slot, Status status) {
   size_t block = 0;
   if (s.bulk) {
     bulk_[slot]->end();  // no transfer of this call can start any more
+    count_bulk(s, *bulk_[slot]);
     s.bulk = false;
     block = bulk::reply_block_bytes(bulk_[slot]->written().size());
     if (status.ok() && b.is_finished() && b.GetSize() + block > b.payload_capacity()) {
@@ -439,8 +442,9 @@ void ServerSession::send_reply(uint16_t slot, Status status) {
     h.payload_len = static_cast<uint32_t>(n);
   }
   encode_header(h, msg);
-  count_finished(s, status.code());
   owner_counters().server.calls.bytes_out += kHeaderSize + h.payload_len;
+  if (s.counters != nullptr) s.counters->bytes_out += kHeaderSize + h.payload_len;
+  count_finished(s, status.code());  // drops s.counters
   s.state = SlotState::kIdle;
   s.method = nullptr;
   s.streaming = false;
@@ -450,6 +454,17 @@ void ServerSession::send_reply(uint16_t slot, Status status) {
                            s.generation, /*packable=*/true);
   loop_.request_flush(this);
   if (outbox_.flush_due()) flush();
+}
+
+// Cold path (a call with bulk segments ends): what its handler moved.
+void ServerSession::count_bulk(Slot& s, const bulk::ServerCallBulk& b) {
+  CallCounters& calls = owner_counters().server.calls;
+  calls.bulk_bytes_in += b.bytes_read();
+  calls.bulk_bytes_out += b.bytes_written();
+  if (s.counters != nullptr) {
+    s.counters->bulk_bytes_in += b.bytes_read();
+    s.counters->bulk_bytes_out += b.bytes_written();
+  }
 }
 
 // Hot path: a clock read and a few increments of this loop's counters.

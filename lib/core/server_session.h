@@ -163,6 +163,7 @@ class ServerSession final : public SessionBase {
   void flush();
   void maybe_finished();
   void count_finished(Slot& s, StatusCode code);
+  void count_bulk(Slot& s, const bulk::ServerCallBulk& b);
   friend struct KeepaliveTimer<ServerSession>;
   void arm_keepalive() { KeepaliveTimer<ServerSession>::arm(this); }
   void peer_dead(std::string reason) { close(std::move(reason)); }

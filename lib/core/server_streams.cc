@@ -125,6 +125,7 @@ bool ServerSession::StreamWriter::write(
   std::byte* msg = b.message_begin();
   encode_header(h, msg);
   ss.owner_counters().server.calls.bytes_out += kHeaderSize + h.payload_len;
+  if (s.counters != nullptr) s.counters->bytes_out += kHeaderSize + h.payload_len;
   ss.outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), lent,
                               h.generation);
   ss.loop_.request_flush(&ss);
@@ -156,6 +157,7 @@ void ServerSession::on_client_message(const transport::Completion& c, const Head
   if (slots_[j].state != SlotState::kIdle || granted_to_[j] >= 0 || in_owner_[j] >= 0) {
     return protocol_error(fmt::format("client stream message written into slot {} while it is in use", j));
   }
+  owner_counters().server.calls.bytes_in += c.length;
   Slot& s = slots_[owner];
   if (s.state != SlotState::kRunning || !s.client_stream || s.request_id != h.request_id) {
     // The call ended (its final message crossed this one): the message is
@@ -167,6 +169,7 @@ void ServerSession::on_client_message(const transport::Completion& c, const Head
   if (s.half_closed) {
     return protocol_error(fmt::format("client stream message in slot {} after the half-close", j));
   }
+  if (s.counters != nullptr) s.counters->bytes_in += c.length;
   in_owner_[j] = static_cast<int32_t>(owner);
   in_next_[j] = -1;
   in_generation_[j] = h.generation;

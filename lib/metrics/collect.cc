@@ -62,6 +62,8 @@ void Collector::add(const LoopReading& r) {
     for (size_t i = 0; i < CallCounters::kCodes; ++i) into.finished[i] += c.finished[i];
     into.bytes_in += c.bytes_in;
     into.bytes_out += c.bytes_out;
+    into.bulk_bytes_in += c.bulk_bytes_in;
+    into.bulk_bytes_out += c.bulk_bytes_out;
     into.credit_stalls += c.credit_stalls;
   };
   add_calls(out_.server, r.counters.server.calls);
@@ -73,6 +75,10 @@ void Collector::add(const LoopReading& r) {
       MethodCounters& into = methods_[{side == 1, id}];
       into.started += m.started;
       for (size_t i = 0; i < CallCounters::kCodes; ++i) into.finished[i] += m.finished[i];
+      into.bytes_in += m.bytes_in;
+      into.bytes_out += m.bytes_out;
+      into.bulk_bytes_in += m.bulk_bytes_in;
+      into.bulk_bytes_out += m.bulk_bytes_out;
       into.latency_us.merge(m.latency_us);
     }
   }
@@ -111,6 +117,10 @@ MetricsSnapshot Collector::finish(const Namer& name) {
     mm.name = n.empty() ? fmt::format("0x{:08x}", mm.id) : method_display_name(n);
     mm.started = m.started;
     mm.finished = m.finished;
+    mm.bytes_in = m.bytes_in;
+    mm.bytes_out = m.bytes_out;
+    mm.bulk_bytes_in = m.bulk_bytes_in;
+    mm.bulk_bytes_out = m.bulk_bytes_out;
     mm.latency_us = m.latency_us.snapshot();
     out.methods.push_back(std::move(mm));
   }

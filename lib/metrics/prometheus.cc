@@ -144,6 +144,18 @@ std::string to_prometheus(const MetricsSnapshot& m) {
   w.family("slotrpc_sent_bytes_total", "counter",
            "Bytes of slot messages sent, 32-byte headers included.");
   for (auto [server, c] : sides) w.sample("slotrpc_sent_bytes_total", labels({{"side", side_name(server)}}), c->bytes_out);
+  w.family("slotrpc_bulk_received_bytes_total", "counter",
+           "Bytes of bulk segments received (server: read by handlers; client: written by servers "
+           "into receive_bulk segments).");
+  for (auto [server, c] : sides) {
+    w.sample("slotrpc_bulk_received_bytes_total", labels({{"side", side_name(server)}}), c->bulk_bytes_in);
+  }
+  w.family("slotrpc_bulk_sent_bytes_total", "counter",
+           "Bytes of bulk segments sent (server: written by handlers; client: send_bulk segments of "
+           "calls sent).");
+  for (auto [server, c] : sides) {
+    w.sample("slotrpc_bulk_sent_bytes_total", labels({{"side", side_name(server)}}), c->bulk_bytes_out);
+  }
   w.family("slotrpc_credit_stalls_total", "counter",
            "Client calls that found no free slot (credit) and waited in the queue.");
   w.sample("slotrpc_credit_stalls_total", "", m.client.credit_stalls);
@@ -165,6 +177,27 @@ std::string to_prometheus(const MetricsSnapshot& m) {
                        {"method", mm.name},
                        {"code", std::string(status_code_name(static_cast<StatusCode>(code)))}}),
                mm.finished[code]);
+    }
+  }
+  struct MethodBytes {
+    const char* name;
+    const char* help;
+    uint64_t MethodMetrics::*field;
+  };
+  static const MethodBytes method_bytes[] = {
+      {"slotrpc_method_received_bytes_total",
+       "Bytes of slot messages received, 32-byte headers included, per method.", &MethodMetrics::bytes_in},
+      {"slotrpc_method_sent_bytes_total",
+       "Bytes of slot messages sent, 32-byte headers included, per method.", &MethodMetrics::bytes_out},
+      {"slotrpc_method_bulk_received_bytes_total", "Bytes of bulk segments received, per method.",
+       &MethodMetrics::bulk_bytes_in},
+      {"slotrpc_method_bulk_sent_bytes_total", "Bytes of bulk segments sent, per method.",
+       &MethodMetrics::bulk_bytes_out},
+  };
+  for (const MethodBytes& f : method_bytes) {
+    w.family(f.name, "counter", f.help);
+    for (const MethodMetrics& mm : m.methods) {
+      w.sample(f.name, labels({{"side", side_name(mm.server)}, {"method", mm.name}}), mm.*(f.field));
     }
   }
   w.family("slotrpc_method_latency_seconds", "histogram",

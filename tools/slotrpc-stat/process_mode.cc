@@ -24,6 +24,9 @@ void print_calls(std::ostream& out, const char* side, const CallCounters& c) {
     }
   }
   out << fmt::format("; bytes in {}, out {}", c.bytes_in, c.bytes_out);
+  if (c.bulk_bytes_in != 0 || c.bulk_bytes_out != 0) {
+    out << fmt::format("; bulk bytes in {}, out {}", c.bulk_bytes_in, c.bulk_bytes_out);
+  }
   if (c.credit_stalls != 0 || c.queued != 0) {
     out << fmt::format("; credit stalls {}, queued now {}", c.credit_stalls, c.queued);
   }

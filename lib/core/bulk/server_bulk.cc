@@ -14,6 +14,7 @@ namespace slotrpc::bulk {
 void ServerCallBulk::begin(const RequestBlock& block) {
   block_ = block;
   written_.fill(0);
+  moved_.fill(0);
   active_ = true;
 }
 
@@ -109,6 +110,7 @@ Status ServerCallBulk::transfer(bool incoming, size_t i, std::span<const BulkSeg
   auto flush = [&]() {
     if (run_len == 0) return true;
     code = move(incoming, reg, run_offset, seg, remote, run_len, &start_error);
+    if (code == static_cast<uint16_t>(StatusCode::kOk)) moved_[incoming ? 1 : 0] += run_len;
     remote += run_len;
     run_len = 0;
     return code == static_cast<uint16_t>(StatusCode::kOk);

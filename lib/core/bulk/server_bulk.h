@@ -38,6 +38,10 @@ class ServerCallBulk final : public ::slotrpc::detail::ServerBulk {
   // The reply's block: bytes written into each of the client's receive
   // segments (the end of the furthest write).
   std::span<const uint64_t> written() const { return {written_.data(), block_.writes}; }
+  // Bytes the call's transfers moved so far (metrics): pulled from the
+  // client's send segments, pushed into its receive segments.
+  uint64_t bytes_read() const { return moved_[1]; }
+  uint64_t bytes_written() const { return moved_[0]; }
 
   // kBulkDone of a transfer of this slot.
   void on_done(uint64_t token, uint16_t status);
@@ -62,6 +66,7 @@ class ServerCallBulk final : public ::slotrpc::detail::ServerBulk {
   RequestBlock block_;
   std::array<uint64_t, kMaxBulkSegments> written_{};
   bool active_ = false;
+  std::array<uint64_t, 2> moved_{};  // [incoming]
   uint64_t seq_ = 0;
   // The transfer in progress (one at a time: the handler's fiber waits).
   uint64_t token_ = 0;

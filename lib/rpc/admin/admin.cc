@@ -49,7 +49,8 @@ HistogramSnapshot decode(const AdminHistogram* h) {
 
 fb::Offset<AdminCalls> encode(fb::FlatBufferBuilder& b, const CallCounters& c) {
   return CreateAdminCalls(b, c.started, b.CreateVector(c.finished.data(), c.finished.size()),
-                          c.bytes_in, c.bytes_out, c.credit_stalls, c.queued);
+                          c.bytes_in, c.bytes_out, c.credit_stalls, c.queued, c.bulk_bytes_in,
+                          c.bulk_bytes_out);
 }
 
 template <size_t N>
@@ -67,6 +68,8 @@ CallCounters decode(const AdminCalls* c) {
   out.bytes_out = c->bytes_out();
   out.credit_stalls = c->credit_stalls();
   out.queued = c->queued();
+  out.bulk_bytes_in = c->bulk_bytes_in();
+  out.bulk_bytes_out = c->bulk_bytes_out();
   return out;
 }
 
@@ -82,7 +85,8 @@ Status AdminServiceImpl::Metrics(const AdminMetricsRequest&, ReplyBuilder<AdminM
   for (const MethodMetrics& mm : m.methods) {
     methods.push_back(CreateAdminMethod(b, b.CreateString(mm.name), mm.id, mm.server, mm.started,
                                         b.CreateVector(mm.finished.data(), mm.finished.size()),
-                                        encode(b, mm.latency_us)));
+                                        encode(b, mm.latency_us), mm.bytes_in, mm.bytes_out,
+                                        mm.bulk_bytes_in, mm.bulk_bytes_out));
   }
   std::vector<fb::Offset<AdminTransport>> transports;
   for (const TransportMetrics& t : m.transports) {
@@ -138,6 +142,10 @@ Result<MetricsSnapshot> fetch_metrics(Channel& channel, CallOptions options) {
       mm.started = x->started();
       decode_codes(x->finished(), mm.finished);
       mm.latency_us = decode(x->latency_us());
+      mm.bytes_in = x->bytes_in();
+      mm.bytes_out = x->bytes_out();
+      mm.bulk_bytes_in = x->bulk_bytes_in();
+      mm.bulk_bytes_out = x->bulk_bytes_out();
       m.methods.push_back(std::move(mm));
     }
   }

@@ -617,6 +617,9 @@ LinkStats TcpLink::stats() const {
     s.bulk_lane = true;
     s.lane_bytes_sent = lane_->lane_out_;
     s.lane_bytes_received = lane_->lane_in_.load(std::memory_order_relaxed);
+    // The lane's transfers are this session's (drop_lane keeps them once
+    // the lane is gone).
+    s.bulk_requests += lane_->stats_.bulk_requests;
   }
   return s;
 }

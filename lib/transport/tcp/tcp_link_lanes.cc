@@ -139,6 +139,7 @@ void TcpLink::drop_lane(bool failing) {
     if (failing) lane_->fail("its session's link failed: " + down_reason_);
     lanes.take_for(this, failing ? &events : nullptr);
     if (failing) lanes.drain_lane(lane_.get(), events);
+    stats_.bulk_requests += lane_->stats_.bulk_requests;  // stats() added them while it lived
     lane_.reset();  // closes the socket: nothing reaches user memory after this
   } else {
     lanes.take_for(this, failing ? &events : nullptr);
