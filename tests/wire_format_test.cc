@@ -310,10 +310,13 @@ TEST_CASE("wire_format: validate_header rejects each bad input") {
     CHECK(check(h) == HeaderError::kBadKind);
     h.flags = 0x80;
     CHECK(check(h) == HeaderError::kBadKind);
-    // A valid kind plus an unknown bit is still refused.
-    h.flags = static_cast<uint8_t>(Kind::kRequest) | 0x80;
+    // A valid kind plus a flag it does not take is refused: the metadata
+    // flag (0x80) belongs to requests, replies and errors only.
+    h.flags = static_cast<uint8_t>(Kind::kPing) | 0x80;
     CHECK(check(h) == HeaderError::kBadKind);
-    h.flags = static_cast<uint8_t>(Kind::kReply) | 0x80;
+    h.flags = static_cast<uint8_t>(Kind::kStreamMessage) | 0x80;
+    CHECK(check(h) == HeaderError::kBadKind);
+    h.flags = static_cast<uint8_t>(Kind::kError) | 0x40;
     CHECK(check(h) == HeaderError::kBadKind);
   }
   SUBCASE("the bulk flag on requests and replies only") {

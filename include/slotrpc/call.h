@@ -8,9 +8,11 @@
 #include <functional>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "slotrpc/memory.h"
+#include "slotrpc/metadata.h"
 #include "slotrpc/reply.h"
 
 namespace slotrpc {
@@ -104,6 +106,15 @@ struct CallOptions {
   }
   CallOptions& receive_bulk(std::span<std::byte> memory) {
     receive_segments.push_back(BulkSegment::of(memory));
+    return *this;
+  }
+
+  // Call metadata (slotrpc/metadata.h): sent with the request, read by the
+  // server's interceptors and handler (ServerCall::metadata).  A server
+  // that predates metadata fails such a call with UNIMPLEMENTED.
+  Metadata metadata;
+  CallOptions& add_metadata(std::string key, std::string value) {
+    metadata.emplace_back(std::move(key), std::move(value));
     return *this;
   }
 

@@ -52,6 +52,9 @@ struct ClientCallInfo {
   std::string_view target;  // the channel's address, as given to connect()
   // The call's deadline: an interceptor may set or tighten it.
   std::optional<Clock::time_point> deadline;
+  // The call's metadata (CallOptions::metadata), never null: an
+  // interceptor may add to it (an auth token, a trace id).
+  Metadata* metadata = nullptr;
 };
 // Returns OK to let the call go, or the status the call completes with
 // instead (delivered as any failure is: to the future, callback or stream).

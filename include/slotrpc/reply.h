@@ -13,9 +13,12 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "slotrpc/metadata.h"
 #include "slotrpc/status.h"
 
 namespace slotrpc {
@@ -49,6 +52,7 @@ class RawReply {
       slot_ = o.slot_;
       generation_ = o.generation_;
       bulk_received_ = std::move(o.bulk_received_);
+      trailers_ = std::move(o.trailers_);
       o.payload_ = {};
     }
     return *this;
@@ -69,6 +73,15 @@ class RawReply {
   // for a segment it did not write.  Kept after release().
   uint64_t bulk_received(size_t i) const { return i < bulk_received_.size() ? bulk_received_[i] : 0; }
 
+  // The server's trailers (ServerCall::add_trailer), on success and on
+  // failure alike; kept after release().
+  const Metadata& trailers() const { return trailers_; }
+  // The first trailer named `key`, or null.
+  const std::string* trailer(std::string_view key) const {
+    for (const auto& [k, v] : trailers_)
+      if (k == key) return &v;
+    return nullptr;
+  }
   // Gives the slot back now; payload() is empty afterwards.
   void release() {
     if (owner_) {
@@ -89,6 +102,7 @@ class RawReply {
   uint16_t slot_ = 0;
   uint32_t generation_ = 0;
   std::vector<uint64_t> bulk_received_;  // empty unless the call had receive segments
+  Metadata trailers_;                    // empty unless the server sent some
 };
 
 // A RawReply whose payload passed flatbuffers::Verifier for T.
@@ -115,6 +129,8 @@ class Reply {
   const T& operator*() const { return *message_; }
   const RawReply& raw() const { return raw_; }
   uint64_t bulk_received(size_t i) const { return raw_.bulk_received(i); }
+  const Metadata& trailers() const { return raw_.trailers(); }
+  const std::string* trailer(std::string_view key) const { return raw_.trailer(key); }
   void release() {
     message_ = nullptr;
     raw_.release();

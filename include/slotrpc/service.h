@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "slotrpc/call.h"
+#include "slotrpc/metadata.h"
 #include "slotrpc/peer.h"
 #include "slotrpc/status.h"
 #include "slotrpc/stream.h"
@@ -79,6 +80,20 @@ class ServerCall {
   // Who the client is: transport, address, and what the kernel or TLS
   // vouches for (uid/gid/pid, certificate subject and names): slotrpc/peer.h.
   const PeerInfo& peer_info() const { return *peer_info_; }
+  // The client's call metadata (CallOptions::add_metadata), read in place:
+  // the views last as long as the call.  metadata(key): the first entry
+  // with that key.
+  SLOTRPC_API std::optional<std::string_view> metadata(std::string_view key) const;
+  SLOTRPC_API size_t metadata_count() const;
+  SLOTRPC_API std::pair<std::string_view, std::string_view> metadata_at(size_t i) const;
+  // A trailer for the call's final reply, OK or not (RawReply::trailers):
+  // a handler's or an interceptor's.  Sent only to clients that take them
+  // (all but those predating call metadata); past the 8 KiB of
+  // slotrpc/metadata.h the call fails with RESOURCE_EXHAUSTED instead.
+  void add_trailer(std::string key, std::string value) const {
+    trailers_->emplace_back(std::move(key), std::move(value));
+  }
+
   // Server-streaming and bidi calls only: where the handler's messages go.
   detail::StreamWriterImpl* stream() const { return stream_; }
   // Client-streaming and bidi calls only: where the client's messages come from.
@@ -156,6 +171,8 @@ class ServerCall {
   uint32_t method_id_ = 0;
   const std::string* peer_ = nullptr;
   const PeerInfo* peer_info_ = nullptr;
+  std::span<const std::byte> metadata_;  // the block, empty without metadata
+  Metadata* trailers_ = nullptr;
 };
 
 inline bool ServerCall::cancelled() const {

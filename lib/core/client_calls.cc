@@ -4,10 +4,12 @@
 // client_session.cc (set-up, control messages, released replies, shutdown),
 // client_streams.cc (streams) and client_bulk.cc (bulk attachments).
 #include "core/client_session.h"
+#include "core/metadata.h"
 
 #include <fmt/format.h>
 
 #include <array>
+#include <cstring>
 #include <cassert>
 #include <utility>
 
@@ -19,6 +21,7 @@ struct ReplyAccess {
   static void set_bulk_received(RawReply& reply, std::vector<uint64_t> lengths) {
     reply.set_bulk_received(std::move(lengths));
   }
+  static void set_trailers(RawReply& reply, Metadata trailers) { reply.trailers_ = std::move(trailers); }
 };
 }  // namespace slotrpc::detail
 
@@ -190,6 +193,20 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
     }
   }
 
+  size_t meta_bytes = 0;
+  if (!call->metadata.empty()) {
+    Status st = write_metadata(call, b, block_bytes, &meta_bytes);
+    if (!st.ok()) {
+      b.recover();
+      free_.push_back(slot);
+      loop_.timers().cancel(call->timer);
+      call->timer = 0;
+      RawReply failed(std::move(st));
+      if (hold_for_revoke(call, failed)) return;
+      return fail_later(call, failed.status());
+    }
+  }
+
   ++s.generation;
   s.state = SlotState::kInFlight;
   s.request_id = call->request_id;
@@ -199,18 +216,20 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
 
   Header h;
   h.flags = static_cast<uint8_t>(Kind::kRequest) | (call->stream ? kFlagServerStream : 0) |
-            (call->client_stream ? kFlagClientStream : 0) | (block_bytes != 0 ? kFlagBulk : 0);
+            (call->client_stream ? kFlagClientStream : 0) | (block_bytes != 0 ? kFlagBulk : 0) |
+            (meta_bytes != 0 ? kFlagMetadata : 0);
   h.method_id = call->method_id;
   h.request_id = call->request_id;
   const uint32_t flatbuffer_len = b.is_finished() ? b.GetSize() : 0;
-  h.payload_len = flatbuffer_len + static_cast<uint32_t>(block_bytes);
+  h.payload_len = flatbuffer_len + static_cast<uint32_t>(block_bytes + meta_bytes);
   h.slot = slot;
   h.generation = s.generation;
   h.timeout_us = call->deadline ? remaining_us(call->deadline, Clock::now()) : 0;  // no clock read without one
   // An empty payload may leave the builder without memory: put the header
   // at the start of the slot then.  A bulk block sits between the header
   // and the FlatBuffer (expose_bulk wrote it there).
-  std::byte* msg = flatbuffer_len == 0 ? b.slot() : b.message_begin() - block_bytes;
+  // Call metadata goes first, before the bulk block (write_metadata).
+  std::byte* msg = flatbuffer_len == 0 ? b.slot() : b.message_begin() - block_bytes - meta_bytes;
   encode_header(h, msg);
 
   if (call->counters != nullptr) {
@@ -321,23 +340,44 @@ void ClientSession::on_message(const transport::Completion& c) {
     if (call->exposure) return end_call(call, RawReply(deadline_exceeded(*call)));
     return fail(call, deadline_exceeded(*call));
   }
+  std::span<const std::byte> payload(bytes + kHeaderSize, h.payload_len);
+  Metadata trailers;
+  if (h.metadata()) {
+    // Trailers: copied out, so that they outlive the slot (and come with
+    // errors, which hold none).
+    auto len = check_metadata_block(payload);
+    if (!len.ok()) {
+      protocol_error(fmt::format("reply in slot {}: {}", h.slot, len.status().message()));
+      return complete(call, Status(StatusCode::kUnavailable,
+                                   "the server sent a malformed reply: " + len.status().message()));
+    }
+    const MetadataView view(payload.first(len.value()));
+    trailers.reserve(view.size());
+    for (size_t i = 0; i < view.size(); ++i) {
+      auto [k, v] = view.at(i);
+      trailers.emplace_back(std::string(k), std::string(v));
+    }
+    payload = payload.subspan(len.value());
+  }
   if (call->stream) {
-    // The final status of a stream: no more messages will come.
+    // The final status of a stream: no more messages will come.  (A
+    // stream's end has no reply to carry trailers: they are dropped.)
     Status status;
     if (h.kind() == Kind::kError) {
       status = Status(static_cast<StatusCode>(h.status),
-                      std::string(reinterpret_cast<const char*>(bytes + kHeaderSize), h.payload_len));
+                      std::string(reinterpret_cast<const char*>(payload.data()), payload.size()));
     }
     end_stream(h.slot);
     free_slot(h.slot);
     return fail(call, std::move(status));
   }
-  std::span<const std::byte> payload(bytes + kHeaderSize, h.payload_len);
   if (call->client_stream) end_stream(h.slot);  // the reply ends the client's writes too
   if (h.kind() == Kind::kError) {
     std::string message(reinterpret_cast<const char*>(payload.data()), payload.size());
     free_slot(h.slot);
-    return end_call(call, RawReply(Status(static_cast<StatusCode>(h.status), std::move(message))));
+    RawReply failed(Status(static_cast<StatusCode>(h.status), std::move(message)));
+    if (!trailers.empty()) ::slotrpc::detail::ReplyAccess::set_trailers(failed, std::move(trailers));
+    return end_call(call, std::move(failed));
   }
   std::vector<uint64_t> received;
   if (h.bulk()) {
@@ -357,6 +397,7 @@ void ClientSession::on_message(const transport::Completion& c) {
   s.state = SlotState::kHeld;  // until the application drops the reply
   RawReply reply(Status(), payload, shared_from_this(), h.slot, h.generation);
   if (!received.empty()) ::slotrpc::detail::ReplyAccess::set_bulk_received(reply, std::move(received));
+  if (!trailers.empty()) ::slotrpc::detail::ReplyAccess::set_trailers(reply, std::move(trailers));
   end_call(call, std::move(reply));
 }
 
@@ -490,6 +531,43 @@ void ClientSession::cancel(uint64_t request_id, Status status) {
       return abort_call(i, std::move(status), static_cast<uint16_t>(StatusCode::kCancelled));
     }
   }
+}
+
+}  // namespace slotrpc::core
+
+namespace slotrpc::core {
+
+Status ClientSession::write_metadata(PendingCall* call, SlotBuilder& b, size_t block_bytes,
+                                     size_t* bytes) {
+  if ((peer_features_ & kFeatureMetadata) == 0) {
+    return Status(StatusCode::kUnimplemented,
+                  fmt::format("the server at {} does not take call metadata (it predates the feature)",
+                              peer_));
+  }
+  auto n = metadata_block_bytes(call->metadata, "call metadata");
+  if (!n.ok()) return n.status();
+  const size_t flatbuffer_len = b.is_finished() ? b.GetSize() : 0;
+  if (flatbuffer_len + block_bytes + n.value() > b.payload_capacity()) {
+    return Status(StatusCode::kResourceExhausted,
+                  fmt::format("request of {} bytes plus {} bytes of call metadata{} does not fit a slot "
+                              "({} bytes of payload); raise slot_size (SLOTRPC_SLOT_SIZE)",
+                              flatbuffer_len, n.value(),
+                              block_bytes != 0 ? fmt::format(" and a {}-byte bulk block", block_bytes)
+                                               : std::string(),
+                              b.payload_capacity()));
+  }
+  std::byte* at;
+  if (flatbuffer_len == 0) {
+    // Nothing built: the header sits at the start of the slot, and a bulk
+    // block already written right after it moves behind the metadata.
+    at = b.slot() + kHeaderSize;
+    if (block_bytes != 0) std::memmove(at + n.value(), at, block_bytes);
+  } else {
+    at = reinterpret_cast<std::byte*>(b.GetBufferPointer()) - block_bytes - n.value();
+  }
+  encode_metadata(call->metadata, at, n.value());
+  *bytes = n.value();
+  return {};
 }
 
 }  // namespace slotrpc::core

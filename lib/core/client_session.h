@@ -67,6 +67,9 @@ struct PendingCall {
   std::shared_ptr<OutStream> out;
   std::optional<Clock::time_point> deadline;
   uint64_t request_id = 0;
+  // CallOptions::metadata: encoded after the header when sent (empty: no
+  // block, no cost).
+  Metadata metadata;
   // Bulk attachments (unary calls; lib/core/bulk/call_exposure.h): the
   // segments from CallOptions, their exposure once the call is sent, and
   // the call's outcome while its revokes complete (the caller learns it
@@ -243,6 +246,9 @@ class ClientSession final : public SessionBase,
   void end_call(PendingCall* call, RawReply reply);
   bool hold_for_revoke(PendingCall* call, RawReply& reply);
   Status expose_bulk(PendingCall* call, SlotBuilder& b, size_t* block_bytes);
+  // Writes the call's metadata block between the header and the bulk block
+  // (or the FlatBuffer); `*bytes` is its size.
+  Status write_metadata(PendingCall* call, SlotBuilder& b, size_t block_bytes, size_t* bytes);
   void on_bulk_done(uint64_t token);
   void flush();
   void enqueue(PendingCall* call);

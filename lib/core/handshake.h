@@ -51,6 +51,11 @@ inline constexpr uint16_t kFeatureTcpPush = 0x0010;
 // the others as INTERNAL, the code's name leading the message
 // (docs/protocol.md, "Status codes").
 inline constexpr uint16_t kFeatureStatusCodes = 0x0020;
+// METADATA: announced by a server in its HelloReply (it takes call metadata
+// on requests) and by a client in its Hello (it takes trailers on replies
+// and errors): kFlagMetadata goes only to a peer that announced it
+// (docs/protocol.md, "Call metadata").
+inline constexpr uint16_t kFeatureMetadata = 0x0040;
 // True for the codes every version of the protocol knows.
 inline constexpr bool is_first_version_status(StatusCode c) {
   switch (c) {

@@ -1,5 +1,7 @@
 #include "core/server_session.h"
 
+#include "core/metadata.h"
+
 #include <boost/context/fiber.hpp>
 #include <fmt/format.h>
 
@@ -195,6 +197,8 @@ void ServerSession::on_message(const transport::Completion& c) {
   s.request_id = h.request_id;
   s.payload_len = h.payload_len;
   s.payload_offset = 0;
+  s.meta_len = 0;
+  if (!s.trailers.empty()) s.trailers.clear();
   s.bulk = false;
   s.timeout_us = h.timeout_us;
   s.received = loop_.received_at();
@@ -231,8 +235,17 @@ void ServerSession::on_message(const transport::Completion& c) {
                                                  s.method->full_name, name(s.method->kind),
                                                  name(called))));
   }
+  if (h.metadata()) {
+    // Checked whole before the handler runs (it reads the block in place);
+    // a malformed one fails this call only.
+    auto len = check_metadata_block({bytes + kHeaderSize, h.payload_len});
+    if (!len.ok()) return send_reply(h.slot, len.status());
+    s.meta_len = static_cast<uint32_t>(len.value());
+    s.payload_offset = s.meta_len;
+    s.payload_len = h.payload_len - s.meta_len;
+  }
   if (h.bulk()) {
-    if (Status st = begin_bulk(h.slot, bytes + kHeaderSize, h.payload_len); !st.ok())
+    if (Status st = begin_bulk(h.slot, bytes + kHeaderSize + s.payload_offset, s.payload_len); !st.ok())
       return send_reply(h.slot, std::move(st));
   }
   if (s.method->verify != nullptr &&
@@ -292,8 +305,8 @@ Status ServerSession::begin_bulk(uint16_t slot, const std::byte* payload, uint32
   bulk_[slot]->begin(block.value());
   Slot& s = slots_[slot];
   s.bulk = true;
-  s.payload_offset = static_cast<uint32_t>(block.value().bytes());
-  s.payload_len = payload_len - s.payload_offset;
+  s.payload_offset += static_cast<uint32_t>(block.value().bytes());  // after any metadata
+  s.payload_len = payload_len - static_cast<uint32_t>(block.value().bytes());
   return {};
 }
 
@@ -314,6 +327,8 @@ void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
   call.method_id_ = s.method->id;
   call.peer_ = &self->peer_;
   call.peer_info_ = &self->peer_info_;
+  if (s.meta_len != 0) call.metadata_ = {self->recv_ring_.slot(slot) + kHeaderSize, s.meta_len};
+  call.trailers_ = &s.trailers;
   if (s.streaming) call.stream_ = &self->writers_[slot];
   if (s.client_stream) call.inbound_ = &self->inbound_[slot];
 
@@ -405,41 +420,65 @@ void ServerSession::send_reply(uint16_t slot, Status status) {
   if (s.client_stream) release_inbound(slot);
   std::byte* msg;
   size_t block = 0;
+  // Trailers (ServerCall::add_trailer) go right after the header, to a
+  // client that takes them; one test when there are none.
+  size_t tblock = 0;
+  if (!s.trailers.empty() && client_trailers_) {
+    auto bytes = metadata_block_bytes(s.trailers, fmt::format("trailers of {}", s.method != nullptr ? s.method->full_name : std::string("?")));
+    if (bytes.ok()) {
+      tblock = bytes.value();
+    } else {
+      status = bytes.status();
+      s.trailers.clear();
+    }
+  }
   if (s.bulk) {
     bulk_[slot]->end();  // no transfer of this call can start any more
     count_bulk(s, *bulk_[slot]);
     s.bulk = false;
     block = bulk::reply_block_bytes(bulk_[slot]->written().size());
-    if (status.ok() && b.is_finished() && b.GetSize() + block > b.payload_capacity()) {
+    if (status.ok() && b.is_finished() && b.GetSize() + block + tblock > b.payload_capacity()) {
       status = Status(StatusCode::kResourceExhausted,
                       fmt::format("reply of {} bytes plus its {}-byte bulk block does not fit a "
                                   "slot ({} bytes of payload)",
                                   b.GetSize(), block, b.payload_capacity()));
     }
   }
+  if (tblock != 0 && status.ok() && !s.streaming && b.is_finished() &&
+      b.GetSize() + block + tblock > b.payload_capacity()) {
+    status = Status(StatusCode::kResourceExhausted,
+                    fmt::format("reply of {} bytes plus {} bytes of trailers does not fit a slot ({} "
+                                "bytes of payload)",
+                                b.GetSize(), tblock, b.payload_capacity()));
+  }
   if (status.ok() && !s.streaming && block != 0) {
     // The bulk block goes between the header and the FlatBuffer, which
     // ends at the end of the slot and keeps its alignment (block % 8 == 0).
     h.flags = static_cast<uint8_t>(Kind::kReply) | kFlagBulk;
-    h.payload_len = static_cast<uint32_t>(block + b.GetSize());
-    msg = b.message_begin() - block;
-    bulk::encode_reply_block(bulk_[slot]->written(), msg + kHeaderSize);
+    h.payload_len = static_cast<uint32_t>(tblock + block + b.GetSize());
+    msg = b.message_begin() - block - tblock;
+    bulk::encode_reply_block(bulk_[slot]->written(), msg + kHeaderSize + tblock);
   } else if (status.ok() && !s.streaming) {
     h.flags = static_cast<uint8_t>(Kind::kReply);
-    h.payload_len = b.GetSize();
-    msg = b.message_begin();
+    h.payload_len = static_cast<uint32_t>(tblock + b.GetSize());
+    msg = b.message_begin() - tblock;
   } else {
     // The end of a stream (no payload) or an error (its message as the
     // payload, cut to what fits): written at the start of the slot, without
     // the builder, which may never have been used.
     b.Clear();
     msg = b.slot();
+    if (tblock > b.payload_capacity()) tblock = 0;  // a tiny slot: the status goes alone
     const std::string& text = status.message();
-    const size_t n = status.ok() ? 0 : std::min(text.size(), b.payload_capacity());
-    std::memcpy(msg + kHeaderSize, text.data(), n);
+    const size_t n = status.ok() ? 0 : std::min(text.size(), b.payload_capacity() - tblock);
+    std::memcpy(msg + kHeaderSize + tblock, text.data(), n);
     h.flags = static_cast<uint8_t>(status.ok() ? Kind::kReply : Kind::kError);
     h.status = static_cast<uint16_t>(status.code());
-    h.payload_len = static_cast<uint32_t>(n);
+    h.payload_len = static_cast<uint32_t>(tblock + n);
+  }
+  if (tblock != 0) {
+    h.flags |= kFlagMetadata;
+    encode_metadata(s.trailers, msg + kHeaderSize, tblock);
   }
   encode_header(h, msg);
   owner_counters().server.calls.bytes_out += kHeaderSize + h.payload_len;

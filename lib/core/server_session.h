@@ -79,6 +79,9 @@ class ServerSession final : public SessionBase {
   void set_peer_info(PeerInfo info) { peer_info_ = std::move(info); }
   const PeerInfo& peer_info() const { return peer_info_; }
   void set_call_checks(const CallChecks* checks) { checks_ = checks; }
+  // The client announced kFeatureMetadata: it takes trailers.  Without it
+  // a handler's trailers are dropped (an older client would refuse the flag).
+  void set_client_takes_trailers(bool yes) { client_trailers_ = yes; }
   uint32_t running_handlers() const { return running_; }
   // Loop thread, cold: the link, for its counters (metrics).
   const transport::Link& link() const { return *link_; }
@@ -110,7 +113,9 @@ class ServerSession final : public SessionBase {
     uint32_t generation = 0;
     uint64_t request_id = 0;
     uint32_t payload_len = 0;   // of the FlatBuffer, after the bulk block if any
-    uint32_t payload_offset = 0;  // bytes of bulk descriptors before the FlatBuffer
+    uint32_t payload_offset = 0;  // bytes of metadata and bulk descriptors before the FlatBuffer
+    uint32_t meta_len = 0;        // the request's metadata block, right after the header
+    Metadata trailers;            // ServerCall::add_trailer's, sent with the final reply
     bool bulk = false;            // the request carries bulk segments (bulk_[slot])
     uint32_t timeout_us = 0;
     Clock::time_point received;
@@ -178,6 +183,7 @@ class ServerSession final : public SessionBase {
   std::string peer_;
   PeerInfo peer_info_;
   const CallChecks* checks_ = nullptr;
+  bool client_trailers_ = false;
   ClosedFn on_closed_;
   SlotRing recv_ring_;
   SlotRing send_ring_;

@@ -11,9 +11,13 @@ bool is_valid_kind(uint8_t flags) {
   if (k == 0 || k > kMaxKind) return false;
   if ((f & ~kKnownFlags) != 0) return false;
   // The stream flags belong to requests only; the bulk flag to requests
-  // and replies.
-  if (f == kFlagBulk && static_cast<Kind>(k) == Kind::kReply) return true;
-  return f == 0 || static_cast<Kind>(k) == Kind::kRequest;
+  // and replies; the metadata flag to requests, replies and errors.
+  switch (static_cast<Kind>(k)) {
+    case Kind::kRequest: return true;
+    case Kind::kReply: return (f & ~(kFlagBulk | kFlagMetadata)) == 0;
+    case Kind::kError: return (f & ~kFlagMetadata) == 0;
+    default: return f == 0;
+  }
 }
 
 }  // namespace

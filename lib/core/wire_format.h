@@ -51,7 +51,11 @@ inline constexpr uint8_t kFlagClientStream = 0x20;
 // payload starts with a bulk descriptor block (lib/core/bulk/descriptors.h,
 // docs/protocol.md "Bulk descriptors"), the FlatBuffer follows it.
 inline constexpr uint8_t kFlagBulk = 0x40;
-inline constexpr uint8_t kKnownFlags = kFlagServerStream | kFlagClientStream | kFlagBulk;
+// On a kRequest (call metadata), or a kReply or kError (trailers), sent only
+// to a peer that announced kFeatureMetadata: the payload starts with a
+// metadata block (lib/core/metadata.h), before any bulk block.
+inline constexpr uint8_t kFlagMetadata = 0x80;
+inline constexpr uint8_t kKnownFlags = kFlagServerStream | kFlagClientStream | kFlagBulk | kFlagMetadata;
 
 struct Header {
   uint16_t magic = kWireMagic;
@@ -69,6 +73,7 @@ struct Header {
   bool server_stream() const { return (flags & kFlagServerStream) != 0; }
   bool client_stream() const { return (flags & kFlagClientStream) != 0; }
   bool bulk() const { return (flags & kFlagBulk) != 0; }
+  bool metadata() const { return (flags & kFlagMetadata) != 0; }
 };
 
 // Explicit little-endian stores and loads: the wire order does not depend

@@ -270,24 +270,26 @@ Status Channel::add_interceptor(ClientInterceptor check) {
   return {};
 }
 
-Status Channel::Impl::run_interceptors(uint32_t method_id, std::optional<Clock::time_point>& deadline) {
+Status Channel::Impl::run_interceptors(uint32_t method_id, CallOptions& options) {
   ClientCallInfo info;
   info.method_id = method_id;
   info.target = address;
-  info.deadline = deadline;
+  info.deadline = options.deadline;
+  info.metadata = &options.metadata;
   for (const ClientInterceptor& check : interceptors) {
     Status st = check(info);
     if (!st.ok()) return st;
   }
-  deadline = info.deadline;
+  options.deadline = info.deadline;
   return {};
 }
 
 CallHandle Channel::call_stream(uint32_t method_id, RequestWriter writer, CallOptions options,
                                 ReplySink on_message, std::function<void(Status)> on_end) {
-  const Status refused = impl_->intercept(method_id, options.deadline);
+  const Status refused = impl_->intercept(method_id, options);
   auto* pc = new core::PendingCall;
   pc->method_id = method_id;
+  pc->metadata = std::move(options.metadata);
   pc->writer = std::move(writer);
   pc->sink = std::move(on_message);
   pc->on_end = std::move(on_end);
@@ -404,9 +406,10 @@ namespace slotrpc {
 std::shared_ptr<detail::OutStreamState> Channel::open_stream(uint32_t method_id, bool bidi,
                                                              CallOptions options, ReplySink on_reply,
                                                              std::function<void(Status)> on_end) {
-  const Status refused = impl_->intercept(method_id, options.deadline);
+  const Status refused = impl_->intercept(method_id, options);
   auto* pc = new core::PendingCall;
   pc->method_id = method_id;
+  pc->metadata = std::move(options.metadata);
   pc->sink = std::move(on_reply);
   pc->on_end = std::move(on_end);
   pc->stream = bidi;

@@ -65,12 +65,12 @@ struct Channel::Impl : std::enable_shared_from_this<Channel::Impl> {
   std::atomic<bool> called{false};
   // Every call entry runs this first: OK, or why the call fails unsent.
   // Inline and one branch when there are no interceptors.
-  Status intercept(uint32_t method_id, std::optional<Clock::time_point>& deadline) {
+  Status intercept(uint32_t method_id, CallOptions& options) {
     if (!called.load(std::memory_order_relaxed)) called.store(true, std::memory_order_relaxed);
     if (interceptors.empty()) return {};
-    return run_interceptors(method_id, deadline);
+    return run_interceptors(method_id, options);
   }
-  Status run_interceptors(uint32_t method_id, std::optional<Clock::time_point>& deadline);
+  Status run_interceptors(uint32_t method_id, CallOptions& options);
 
   // Loop thread only (after connect() returned).
   std::shared_ptr<core::ClientSession> session;

@@ -91,7 +91,7 @@ Result<HandshakeResult> client_handshake(int fd, const Config& cfg, core::WireTr
   // PACKs of replies are welcome unless packing is off; never on shm, where
   // a message costs no work request.
   if (cfg.pack_small != 0 && propose != core::WireTransport::kShm) hello.features |= core::kFeaturePack;
-  hello.features |= core::kFeatureStatusCodes;
+  hello.features |= core::kFeatureStatusCodes | core::kFeatureMetadata;
   core::encode_hello(hello, out.data());
   std::copy(extension.begin(), extension.end(), out.begin() + core::kHelloSize);
   Status st = rpc::write_all(fd, out, deadline);

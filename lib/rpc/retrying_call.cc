@@ -67,7 +67,7 @@ struct RetryingCall : std::enable_shared_from_this<RetryingCall> {
 CallHandle Channel::call(uint32_t method_id, RequestWriter writer, CallOptions options,
                          ReplySink sink) {
   // Once per call, not per attempt: retries repeat the call as it was let go.
-  if (Status st = impl_->intercept(method_id, options.deadline); !st.ok()) {
+  if (Status st = impl_->intercept(method_id, options); !st.ok()) {
     auto* pc = new core::PendingCall;
     pc->method_id = method_id;
     pc->sink = std::move(sink);
@@ -92,6 +92,7 @@ CallHandle Channel::call(uint32_t method_id, RequestWriter writer, CallOptions o
       pc->deadline = r->options.deadline;
       pc->send_bulk = r->options.send_segments;
       pc->receive_bulk = r->options.receive_segments;
+      pc->metadata = r->options.metadata;
       pc->request_id = impl->last_request_id.fetch_add(1, std::memory_order_relaxed) + 1;
       r->current_id = pc->request_id;
       auto again = weak_attempt.lock();
@@ -148,6 +149,7 @@ CallHandle Channel::call(uint32_t method_id, RequestWriter writer, CallOptions o
   pc->deadline = options.deadline;
   pc->send_bulk = std::move(options.send_segments);
   pc->receive_bulk = std::move(options.receive_segments);
+  pc->metadata = std::move(options.metadata);
   return submit(pc);
 }
 

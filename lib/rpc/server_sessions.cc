@@ -219,6 +219,8 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
                      : transport == core::WireTransport::kVerbs ? "verbs"
                                                                 : "tcp";
   session->set_peer_info(std::move(p.info));
+  session->set_client_takes_trailers((p.hello.features & core::kFeatureMetadata) != 0);
+  features |= core::kFeatureMetadata;
   if (!checks.interceptors.empty()) session->set_call_checks(&checks);
   if (packing && config.pack_small != 0) {
     session->configure_packing(config.pack_small, (p.hello.features & core::kFeaturePack) != 0);
