@@ -67,7 +67,7 @@ TEST_CASE("an exposure of tcp_bulk_lane bytes or more is made on the lane and mo
   // owner only once every written byte is in place.
   owner->link->arm(2);
   std::vector<std::byte> msg(64, std::byte{0x11});
-  Outgoing o{msg.data(), 64, core::make_imm(2, 1), Lane::kSlot};
+  Outgoing o{msg.data(), 64, core::make_imm(2, 1), Delivery::kSlot};
   peer->link->post({&o, 1});
   REQUIRE(w.pump_until([&] { return owner->find(CKind::kMessage) || owner->down(); }));
   CHECK(back.front() == std::byte{0x5A});
@@ -113,7 +113,7 @@ TEST_CASE("a frame posted after a lane write's kBulkDone waits at the FENCE unti
     REQUIRE(w.pump_until([&] { return writer->find(CKind::kBulkDone, 9) || writer->down(); }));
     ok_done(*writer, 9);
     std::vector<std::byte> msg(64, std::byte{0x22});
-    Outgoing o{msg.data(), 64, core::make_imm(5, 1), Lane::kSlot};
+    Outgoing o{msg.data(), 64, core::make_imm(5, 1), Delivery::kSlot};
     writer->link->post({&o, 1});
     REQUIRE(w.pump_until([&] { return owner->link->fenced() || owner->down(); }));
     CHECK(owner->find(CKind::kMessage) == nullptr);
@@ -240,7 +240,7 @@ TEST_CASE("slot frames on a loop's links move its lane thread off the first CPU;
     const uint32_t slot = n % kSlots;
     b->got.clear();
     b->link->arm(slot);
-    Outgoing o{body.data(), body.size(), core::make_imm(slot, 1), Lane::kSlot};
+    Outgoing o{body.data(), body.size(), core::make_imm(slot, 1), Delivery::kSlot};
     a->link->post({&o, 1});
     ++n;
     if (!w.pump_until([&] { return b->find(CKind::kMessage) || b->down(); }) || b->down()) return true;

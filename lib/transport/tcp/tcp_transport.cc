@@ -257,12 +257,24 @@ Status TcpTransport::accept_lane(uint64_t token, int fd) {
     ::close(fd);
     return Status(StatusCode::kInvalidArgument,
                   "no session of this loop offered that bulk lane token (its session may have "
-                  "ended, or it has its lane)");
+                  "ended, or it has its lane, or the server has lanes off)");
   }
   TcpLink* link = it->second;
   lane_offers_.erase(it);
   link->lane_token_ = 0;
   return link->attach_lane(fd);
+}
+
+Status TcpTransport::accept_attachment(std::span<const std::byte> token, int fd) {
+  // A server with lanes off offered no token, so accept_lane refuses
+  // every one (its sessions' Config decides, not the loop's).
+  if (token.size() != TcpLink::kLaneTokenSize) {
+    ::close(fd);
+    return Status(StatusCode::kInvalidArgument,
+                  fmt::format("a bulk lane hello carries an {}-byte token, not {} bytes",
+                              TcpLink::kLaneTokenSize, token.size()));
+  }
+  return accept_lane(TcpLink::decode_lane_token(token.data()), fd);
 }
 
 std::vector<Completion> TcpTransport::take_completions_of(TcpLink* link) {
