@@ -111,10 +111,6 @@ size_t TcpTransport::poll(std::span<Completion> out) {
   if (!push_watch_.empty()) check_pushes();
   // What the lane thread finished (one atomic load when there is nothing).
   if (lanes_pending()) drain_lane_events();
-  // The lane thread's spare rule (lane_placement.h) reads how many slot
-  // frames went by, up to the last turn: a compare, and a relaxed store
-  // when the count changed.
-  if (lanes_ != nullptr) lanes_->note_slot_frames(slot_frames_);
   size_t got = drain(out);
   // Already-queued work comes first; reading more before the consumer has
   // taken it would only grow the queue.
@@ -207,7 +203,7 @@ void TcpTransport::forget(TcpLink* link) {
 Result<BulkLanes*> TcpTransport::lanes() {
   if (lanes_ == nullptr) {
     if (epoll_fd_ < 0) return Status(StatusCode::kInternal, errno_text("epoll_create1", epoll_errno_));
-    auto started = BulkLanes::start(config_, epoll_fd_, slot_frames_);
+    auto started = BulkLanes::start(config_, epoll_fd_);
     if (!started.ok()) return started.status();
     lanes_ = std::move(started.value());
   }
