@@ -14,9 +14,14 @@
 //     only rpc/ picks transports;
 //   * core/bulk/ does not include the sessions that use it;
 //   * include/slotrpc/ (the public API) includes nothing of lib/.
+// And transports keep their own business: rpc/ and core/ never say "lane"
+// (TCP's bulk lanes live in transport/tcp; the layers above see only the
+// transport interface's attached connections), in code, comments or file
+// names.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -143,7 +148,65 @@ std::vector<Violation> check_tree(const fs::path& root, const std::string& label
   return out;
 }
 
+// Transport-private words that rpc/ and core/ may not use (case-insensitive).
+const std::vector<std::string> kTransportWords = {"lane"};
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+// Every line of `text` (the file `from`) that uses a word of kTransportWords,
+// and the file's name if it does.
+void check_words(const std::string& from, const std::string& text, std::vector<Violation>& out) {
+  for (const std::string& w : kTransportWords) {
+    if (lower(from).find(w) != std::string::npos)
+      out.push_back({from, 0, "", "the file's name says \"" + w + "\" (a transport's business)"});
+  }
+  std::istringstream in(text);
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    const std::string l = lower(line);
+    for (const std::string& w : kTransportWords)
+      if (l.find(w) != std::string::npos)
+        out.push_back({from, number, "", "says \"" + w + "\" (a transport's business): " + line});
+  }
+}
+
+std::vector<Violation> check_words_tree(const fs::path& root, const std::string& label) {
+  std::vector<Violation> out;
+  for (const auto& entry : fs::recursive_directory_iterator(root)) {
+    if (!entry.is_regular_file()) continue;
+    std::ifstream f(entry.path());
+    std::stringstream text;
+    text << f.rdbuf();
+    check_words(label + "/" + fs::relative(entry.path(), root).generic_string(), text.str(), out);
+  }
+  return out;
+}
+
 }  // namespace
+
+TEST_CASE("rpc/ and core/ name no transport's private mechanisms (no \"lane\")") {
+  for (const char* folder : {"rpc", "core"}) {
+    const fs::path dir = fs::path(SLOTRPC_SOURCE_ROOT) / "lib" / folder;
+    REQUIRE(fs::is_directory(dir));
+    const auto v = check_words_tree(dir, folder);
+    INFO(describe(v));
+    CHECK(v.empty());
+  }
+  // The checker itself: it finds the word in code, comments and names.
+  std::vector<Violation> v;
+  check_words("rpc/channel.cc", "int x;\n  uint64_t lane_token = 0;\n// the Bulk Lane\n", v);
+  REQUIRE(v.size() == 2);
+  CHECK(v[0].line == 2);
+  CHECK(v[1].line == 3);
+  v.clear();
+  check_words("rpc/channel_lanes.cc", "int x;\n", v);
+  CHECK(v.size() == 1);
+}
 
 TEST_CASE("every include in lib/ runs down the layers") {
   const fs::path lib = fs::path(SLOTRPC_SOURCE_ROOT) / "lib";

@@ -234,12 +234,6 @@ class SLOTRPC_API Channel {
     // the loop itself, e.g. by handlers sharing it.
     uint64_t cross_loop_handoffs = 0;
     uint32_t loop_index = 0;  // which of its runtime's loops
-    // tcp: whether the session has its bulk lane (docs/design.md, "TCP: bulk
-    // lanes"), and the bytes sent and received on it (bulk data and its
-    // frames), over the session's life.
-    bool bulk_lane = false;
-    uint64_t bulk_lane_bytes_sent = 0;
-    uint64_t bulk_lane_bytes_received = 0;
     // Packing (Config::pack_small; docs/design.md, "Packing"): PACKs of
     // requests sent and the requests inside them; PACKs of replies
     // received.  The link's work requests (verbs) or frames (tcp, shm) and

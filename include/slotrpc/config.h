@@ -23,18 +23,11 @@ enum class PollMode : uint8_t {
   kAdaptive,  // spin for `spin_us`, then sleep (default)
 };
 
-// How the kernel schedules a loop's TCP bulk lane thread (docs/tuning.md,
-// "TCP bulk lanes").
-enum class LaneScheduling : uint8_t {
-  kNormal,  // like any thread: bulk keeps its speed on a busy host
-  kBatch,   // SCHED_BATCH: never preempts an event loop that wakes for a small call
-};
-
 // Who may call the built-in slotrpc.Admin service (docs/design.md, "Trust
 // and security").  Admin tells method names, call counts, latencies and
 // sessions: by default only the server's own user on its own host sees them.
 enum class AdminAccess : uint8_t {
-  kSameUser,  // peers on this host with the server's uid (Unix socket, or TCP from loopback)
+  kSameUser,  // peers on this host with the server's uid (Unix socket, or TCP from this host)
   kAny,       // every peer that opened a session (put mTLS or an interceptor in front)
   kOff,       // nobody: Admin calls fail with PERMISSION_DENIED
 };
@@ -145,7 +138,6 @@ struct SLOTRPC_API Config {
   // that made them, so the peer works on the first ones while this side
   // builds the rest (docs/tuning.md, "Early flush").  0: once per turn.
   uint32_t tcp_flush_every = 16;
-  LaneScheduling tcp_lane_sched = LaneScheduling::kNormal;  // SLOTRPC_TCP_LANE_SCHED normal|batch
   // SLOTRPC_TCP_LANE_SPIN_US: how long a bulk lane thread keeps polling its
   // lanes (yielding the CPU between polls) after it last found work,
   // before it sleeps in epoll_wait.  A transfer's data arrives and drains
@@ -155,17 +147,8 @@ struct SLOTRPC_API Config {
   // SLOTRPC_TCP_LANE_CPUS: the CPUs bulk lane threads run on ("0-3,8").
   // Empty: with loop_cpus set, the process's other CPUs (if it has any),
   // so that bulk copies never share a core with an event loop; else
-  // wherever the kernel puts them (within tcp_lane_spare_rate's rule, if
-  // set).
+  // wherever the kernel puts them.
   std::string tcp_lane_cpus;
-  // SLOTRPC_TCP_LANE_SPARE_RATE: with neither CPU list set, an event loop's
-  // lane thread keeps off the process's first CPU while the loop sends or
-  // receives at least this many slot frames a second (small calls beside a
-  // transfer), so that the loops and the callers have a core no bulk copy
-  // holds (docs/tuning.md, "Thread placement").  0 (default): never.  Off
-  // by default because it was measured on one 2-vCPU host only (800 helped
-  // there).
-  uint32_t tcp_lane_spare_rate = 0;
   // SLOTRPC_PACK_SMALL: requests and replies of at most this many bytes
   // (32-byte header + payload) that are ready in the same event-loop turn
   // travel together in one slot message, one work request or frame
@@ -231,7 +214,6 @@ SLOTRPC_API std::string_view to_string(PollMode mode);
 SLOTRPC_API std::string_view to_string(TransportKind kind);
 SLOTRPC_API std::string_view to_string(AdminAccess access);
 SLOTRPC_API std::string_view to_string(RelaxedOrdering mode);
-SLOTRPC_API std::string_view to_string(LaneScheduling mode);
 SLOTRPC_API std::string_view to_string(SharedReceiveQueue mode);
 
 }  // namespace slotrpc

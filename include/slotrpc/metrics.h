@@ -142,6 +142,12 @@ struct TransportMetrics {
   uint64_t doorbells = 0;       // verbs: ibv_post_send calls; tcp: sendmsg calls
   uint64_t signaled = 0;        // verbs: sends posted IBV_SEND_SIGNALED
   uint64_t backlogged = 0;      // verbs: sends that waited for send-queue room
+  // tcp: open sessions that have their bulk lane (docs/design.md, "TCP: bulk
+  // lanes"), and the bytes sent and received on lanes (bulk data and its
+  // frames).
+  uint64_t bulk_lanes = 0;
+  uint64_t bulk_lane_bytes_sent = 0;
+  uint64_t bulk_lane_bytes_received = 0;
   // Completions returned by each poll that returned any (the loop polls
   // without pause when busy, so empty polls are not recorded).
   HistogramSnapshot completions_per_poll;

@@ -64,8 +64,6 @@ std::span<const UintSetting> uint_settings() {
        "tcp: send_bulk segments up to this many bytes follow their request unasked (0: never)"},
       {"SLOTRPC_TCP_LANE_SPIN_US", "tcp_lane_spin_us", &Config::tcp_lane_spin_us, 0, 10'000'000,
        "tcp: microseconds a bulk lane thread polls on, yielding, after its last work before it sleeps (0: at once)"},
-      {"SLOTRPC_TCP_LANE_SPARE_RATE", "tcp_lane_spare_rate", &Config::tcp_lane_spare_rate, 0, 10'000'000,
-       "tcp: slot frames a second beside a transfer at which a bulk lane thread keeps off the first CPU (0: never)"},
       {"SLOTRPC_TCP_FLUSH_EVERY", "tcp_flush_every", &Config::tcp_flush_every, 0, 65536,
        "tcp: a session sends once this many messages wait, not only at the end of the loop turn (0: end of turn only)"},
       {"SLOTRPC_PACK_SMALL", "pack_small", &Config::pack_small, 0, 16384,
@@ -107,7 +105,7 @@ std::span<const std::string_view> named_settings() {
       "SLOTRPC_POLL_MODE", "SLOTRPC_TRANSPORT",  "SLOTRPC_LOG_LEVEL",
       "SLOTRPC_DEVICE",    "SLOTRPC_GID_INDEX", "SLOTRPC_RELAXED_ORDERING",
       "SLOTRPC_SRQ",       "SLOTRPC_MAX_RING_MEMORY", "SLOTRPC_METRICS_ADDRESS",
-      "SLOTRPC_UNIX_PATH", "SLOTRPC_MAX_BULK_BYTES", "SLOTRPC_TCP_LANE_SCHED",
+      "SLOTRPC_UNIX_PATH", "SLOTRPC_MAX_BULK_BYTES",
       "SLOTRPC_LOOP_CPUS", "SLOTRPC_TCP_LANE_CPUS", "SLOTRPC_ADMIN_ACCESS",
   };
   return kNames;
@@ -153,8 +151,6 @@ constexpr std::pair<std::string_view, TransportKind> kTransports[] = {
     {"shm", TransportKind::kShm}};
 constexpr std::pair<std::string_view, AdminAccess> kAdminAccess[] = {
     {"same-user", AdminAccess::kSameUser}, {"any", AdminAccess::kAny}, {"off", AdminAccess::kOff}};
-constexpr std::pair<std::string_view, LaneScheduling> kLaneScheds[] = {
-    {"normal", LaneScheduling::kNormal}, {"batch", LaneScheduling::kBatch}};
 constexpr std::pair<std::string_view, RelaxedOrdering> kRelaxedOrdering[] = {
     {"off", RelaxedOrdering::kOff}, {"on", RelaxedOrdering::kOn}, {"auto", RelaxedOrdering::kAuto}};
 constexpr std::pair<std::string_view, SharedReceiveQueue> kSrqModes[] = {
@@ -259,12 +255,6 @@ std::string_view to_string(RelaxedOrdering mode) {
   return "?";
 }
 
-std::string_view to_string(LaneScheduling mode) {
-  for (const auto& [name, value] : base::kLaneScheds)
-    if (value == mode) return name;
-  return "?";
-}
-
 std::string_view to_string(SharedReceiveQueue mode) {
   for (const auto& [name, value] : base::kSrqModes)
     if (value == mode) return name;
@@ -325,11 +315,6 @@ Status Config::validate() const {
                   to_string(relaxed_ordering), kRelaxedOrdering).ok()) {
     return out_of_range("Config.relaxed_ordering (SLOTRPC_RELAXED_ORDERING)",
                         std::to_string(static_cast<int>(relaxed_ordering)), "off, on or auto");
-  }
-  if (!parse_name("Config.tcp_lane_sched (SLOTRPC_TCP_LANE_SCHED)", to_string(tcp_lane_sched),
-                  kLaneScheds).ok()) {
-    return out_of_range("Config.tcp_lane_sched (SLOTRPC_TCP_LANE_SCHED)",
-                        std::to_string(static_cast<int>(tcp_lane_sched)), "normal or batch");
   }
   if (!parse_name("Config.srq (SLOTRPC_SRQ)", to_string(srq), kSrqModes).ok()) {
     return out_of_range("Config.srq (SLOTRPC_SRQ)", std::to_string(static_cast<int>(srq)),
@@ -495,11 +480,6 @@ Result<Config> Config::with_environment() const {
     auto v = parse_gid_index(env_label("SLOTRPC_GID_INDEX"), text);
     if (!v.ok()) return v.status();
     out.gid_index = v.value();
-  }
-  if (const char* text = env("SLOTRPC_TCP_LANE_SCHED")) {
-    auto v = parse_name(env_label("SLOTRPC_TCP_LANE_SCHED"), text, kLaneScheds);
-    if (!v.ok()) return v.status();
-    out.tcp_lane_sched = v.value();
   }
   if (const char* text = env("SLOTRPC_RELAXED_ORDERING")) {
     auto v = parse_name(env_label("SLOTRPC_RELAXED_ORDERING"), text, kRelaxedOrdering);

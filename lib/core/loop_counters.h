@@ -97,6 +97,8 @@ struct LoopCounters {
     into.bulk_pushes_dropped += s.bulk_pushes_dropped;
     into.signaled += s.signaled;
     into.backlogged += s.backlogged;
+    into.attached_bytes_sent += s.attached_bytes_sent;
+    into.attached_bytes_received += s.attached_bytes_received;
   }
 };
 

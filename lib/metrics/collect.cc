@@ -26,10 +26,13 @@ LoopReading read_loop(core::Loop& loop, const std::vector<const transport::Link*
         LoopCounters::add(r.shm_live, link->stats());
         ++r.shm_sessions;
         break;
-      case LoopCounters::Kind::kTcp:
-        LoopCounters::add(r.tcp_live, link->stats());
+      case LoopCounters::Kind::kTcp: {
+        const transport::LinkStats s = link->stats();
+        LoopCounters::add(r.tcp_live, s);
         ++r.tcp_sessions;
+        if (s.attached) ++r.tcp_lanes;  // a tcp link's attached connection is its bulk lane
         break;
+      }
     }
   }
   return r;
@@ -89,6 +92,7 @@ void Collector::add(const LoopReading& r) {
   LoopCounters::add(shm_, r.counters.shm.retired);
   LoopCounters::add(shm_, r.shm_live);
   tcp_sessions_ += r.tcp_sessions;
+  tcp_lanes_ += r.tcp_lanes;
   verbs_sessions_ += r.verbs_sessions;
   shm_sessions_ += r.shm_sessions;
   tcp_polls_.merge(r.counters.tcp.completions_per_poll);
@@ -146,10 +150,13 @@ MetricsSnapshot Collector::finish(const Namer& name) {
     t.bulk_pushes_dropped = s.bulk_pushes_dropped;
     t.signaled = s.signaled;
     t.backlogged = s.backlogged;
+    t.bulk_lane_bytes_sent = s.attached_bytes_sent;
+    t.bulk_lane_bytes_received = s.attached_bytes_received;
     t.completions_per_poll = polls.snapshot();
     return t;
   };
   out.transports.push_back(transport("tcp", tcp_, tcp_sessions_, tcp_polls_));
+  out.transports.back().bulk_lanes = tcp_lanes_;
   if (verbs_sessions_ != 0 || verbs_.slot_sends != 0 || verbs_polls_.count() != 0) {
     out.transports.push_back(transport("verbs", verbs_, verbs_sessions_, verbs_polls_));
   }

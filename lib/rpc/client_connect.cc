@@ -114,27 +114,28 @@ Result<HandshakeResult> client_handshake(int fd, const Config& cfg, core::WireTr
   return r;
 }
 
-// --- tcp bulk lane (channel_impl.h).
+// --- attached connections (channel_impl.h).
 }  // namespace
 
-Result<int> open_lane(const Endpoint& endpoint, uint64_t token, Deadline deadline) {
+Result<int> open_attachment(const Endpoint& endpoint, std::span<const std::byte> token,
+                            Deadline deadline) {
   auto connected = rpc::connect_tcp(endpoint, deadline);
   if (!connected.ok()) return connected.status();
   FdGuard fd{connected.value()};
-  std::array<std::byte, core::kHelloSize + core::kLaneTokenSize> hello_buf{};
+  std::vector<std::byte> hello_buf(core::kHelloSize + token.size());
   core::Hello hello;
-  hello.transport = core::WireTransport::kTcpLane;
-  hello.extension_len = core::kLaneTokenSize;
+  hello.transport = core::WireTransport::kAttach;
+  hello.extension_len = static_cast<uint32_t>(token.size());
   core::encode_hello(hello, hello_buf.data());
-  core::encode_lane_token(token, hello_buf.data() + core::kHelloSize);
+  std::copy(token.begin(), token.end(), hello_buf.begin() + core::kHelloSize);
   Status st = rpc::write_all(fd.fd, hello_buf, deadline);
   if (!st.ok()) return st;
   auto reply = read_hello_reply(fd.fd, deadline);
   if (!reply.ok()) return reply.status();
   if (reply->reply.status != 0)
-    return Status(StatusCode::kUnavailable, "server refused the lane: " + reply->message);
-  if (reply->reply.transport != core::WireTransport::kTcpLane)
-    return Status(StatusCode::kUnavailable, "server did not answer the lane hello as a lane");
+    return Status(StatusCode::kUnavailable, "server refused to attach the connection: " + reply->message);
+  if (reply->reply.transport != core::WireTransport::kAttach)
+    return Status(StatusCode::kUnavailable, "server did not answer the attach hello in kind");
   return fd.release();
 }
 
@@ -389,13 +390,14 @@ Result<Established> establish(Channel::Impl& impl) {
   }
   const int tcp_fd = fd.release();
   const std::string description = fmt::format("tcp {} -> {}", local, e.peer);
-  transport::TcpLink* tcp_link = nullptr;  // owned by the session, loop thread only
+  transport::Link* tcp_link = nullptr;  // owned by the session, loop thread only
   auto created = on_loop(loop, [&]() -> Result<std::shared_ptr<core::ClientSession>> {
     auto link = rpc::loop_tcp(loop).adopt(tcp_fd, description);  // takes the fd, even on failure
     if (!link.ok()) return link.status();
     tcp_link = link.value().get();
+    link.value()->configure(impl.config);
     if (impl.config.tcp_bulk_push != 0 && (hs->reply.features & core::kFeatureTcpPush) != 0)
-      tcp_link->set_push_limit(impl.config.tcp_bulk_push);
+      link.value()->set_push_limit(impl.config.tcp_bulk_push);
     auto s = core::ClientSession::create(loop, std::move(link.value()), geometry, e.peer);
     if (!s.ok()) return s.status();
     s.value()->set_loop_handle(impl.loop);
@@ -411,10 +413,9 @@ Result<Established> establish(Channel::Impl& impl) {
   e.session = std::move(created.value());
   e.kind = TransportKind::kTcp;
   e.note = shm_note + note;
-  if (cfg.tcp_bulk_lane != 0 && (hs->reply.features & core::kFeatureTcpLane) != 0 &&
-      hs->extension.size() == core::kLaneTokenSize) {
-    e.lane_token = core::decode_lane_token(hs->extension.data());
-    e.tcp_link = tcp_link;
+  if ((hs->reply.features & core::kFeatureAttach) != 0 && !hs->extension.empty()) {
+    e.attach_token = std::move(hs->extension);
+    e.link = tcp_link;
   }
   return e;
 }

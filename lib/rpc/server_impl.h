@@ -2,7 +2,7 @@
 //   server.cc           the server: start, listening, stop, metrics
 //   server_sessions.cc  answering a Hello: admission, and the session opened
 //                       on the transport it agreed (tcp, verbs, shm), or a
-//                       TCP bulk lane handed to its session's link
+//                       connection attached to a session's link
 #pragma once
 
 #include "slotrpc/server.h"
@@ -122,10 +122,11 @@ struct Server::Impl {
                                                         core::ServerSession::Geometry g,
                                                         const std::string& peer,
                                                         uint64_t ring_bytes,
-                                                        uint64_t* lane_token);
-  // A connection that asks to be a tcp session's bulk lane (Hello of
-  // transport kTcpLane): routed by its token to the session's loop.
-  void on_lane_hello(rpc::PendingSession p);
+                                                        std::vector<std::byte>* attach_token);
+  // A connection to be attached to a session's link (Hello of transport
+  // kAttach): routed by its token to the session's loop, whose transport
+  // hands it to the link (transport.h, "Attached connections").
+  void on_attach_hello(rpc::PendingSession p);
   core::ServerSession::ClosedFn on_closed(size_t index, uint64_t ring_bytes) {
     return [this, index, ring_bytes](core::ServerSession* s) {
       if (sessions[index].erase(s) != 0) {

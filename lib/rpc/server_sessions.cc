@@ -1,6 +1,7 @@
 // Server::Impl: answering a Hello (rpc/acceptor.h hands each one over):
 // admission, then the session opened on the transport the handshake agreed,
-// or a TCP bulk lane handed to its session's link.
+// or a connection attached to an existing session's link (transport.h,
+// "Attached connections").
 #include "rpc/server_impl.h"
 
 #include <fcntl.h>
@@ -63,7 +64,7 @@ void Server::Impl::on_hello(rpc::PendingSession p) {
                   "this server accepts only the shm transport (SLOTRPC_TRANSPORT=shm)");
   }
   // --- end shm
-  if (h.transport == core::WireTransport::kTcpLane) return on_lane_hello(std::move(p));
+  if (h.transport == core::WireTransport::kAttach) return on_attach_hello(std::move(p));
   if (h.transport == core::WireTransport::kTcp && config.transport == TransportKind::kVerbs) {
     return refuse(p, StatusCode::kUnavailable,
                   "this server accepts only the verbs transport (SLOTRPC_TRANSPORT=verbs); the "
@@ -108,35 +109,33 @@ void Server::Impl::on_hello(rpc::PendingSession p) {
   });
 }
 
-void Server::Impl::on_lane_hello(rpc::PendingSession p) {
-  if (config.tcp_bulk_lane == 0)
-    return refuse(p, StatusCode::kUnavailable, "this server has bulk lanes off (tcp_bulk_lane = 0)");
-  if (p.extension.size() != core::kLaneTokenSize)
+void Server::Impl::on_attach_hello(rpc::PendingSession p) {
+  // The token is the transport's; only its route (the loop) is ours.
+  const std::optional<uint16_t> index = transport::attachment_route(p.extension);
+  if (!index || *index >= loops.size())
     return refuse(p, StatusCode::kInvalidArgument,
-                  fmt::format("a bulk lane hello carries an {}-byte token, not {} bytes",
-                              core::kLaneTokenSize, p.extension.size()));
-  const uint64_t token = core::decode_lane_token(p.extension.data());
-  const size_t index = token & 0xffff;
-  if (index >= loops.size())
-    return refuse(p, StatusCode::kInvalidArgument, "bulk lane token of no session");
-  loops[index]->post([this, index, token, p = std::move(p)]() mutable {
+                  fmt::format("an attach hello whose {}-byte token names no event loop of this server",
+                              p.extension.size()));
+  loops[*index]->post([this, index = *index, p = std::move(p)]() mutable {
     if (stopping.load()) return refuse(p, StatusCode::kUnavailable, "server stopping");
-    // As for a session: the lane gets a duplicate, the reply goes out on
-    // the original.  Nothing can go out on the lane before that reply:
-    // only the client's lane exposures make this side use it.
-    const int lane_fd = ::fcntl(p.fd, F_DUPFD_CLOEXEC, 0);
-    if (lane_fd < 0)
+    // As for a session: the link gets a duplicate, the reply goes out on
+    // the original.  Nothing goes out on the attached connection before
+    // that reply: the client decides when it is used.
+    const int attach_fd = ::fcntl(p.fd, F_DUPFD_CLOEXEC, 0);
+    if (attach_fd < 0)
       return refuse(p, StatusCode::kResourceExhausted, fmt::format("dup: {}", std::strerror(errno)));
-    Status st = rpc::loop_tcp(*loops[index]).accept_lane(token, lane_fd);
-    if (!st.ok()) return refuse(p, st.code(), "bulk lane refused: " + st.message());
-    if (!rpc::send_hello_reply(p.fd, 0, p.hello, std::string(), core::WireTransport::kTcpLane)) {
-      // The lane is attached but its client never hears so: it goes on
-      // without one, and this end's lane is idle until the session ends.
-      refuse_log.warn(fmt::format("slotrpc: bulk lane from {}: the HelloReply could not be written "
-                                  "at once", p.peer));
+    // Only tcp links offer tokens.
+    transport::Transport& t = rpc::loop_tcp(*loops[index]);
+    Status st = t.accept_attachment(p.extension, attach_fd);
+    if (!st.ok()) return refuse(p, st.code(), st.message());
+    if (!rpc::send_hello_reply(p.fd, 0, p.hello, std::string(), core::WireTransport::kAttach)) {
+      // Attached, but its client never hears so: it goes on without, and
+      // this end's side stays idle until the session ends.
+      refuse_log.warn(fmt::format("slotrpc: attached connection from {}: the HelloReply could not "
+                                  "be written at once", p.peer));
     }
     ::close(p.fd);
-    base::log().debug("slotrpc: bulk lane from {} on loop {}", p.peer, index);
+    base::log().debug("slotrpc: attached connection from {} on loop {}", p.peer, index);
   });
 }
 
@@ -188,8 +187,8 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
       }
     }
     if (!session) {
-      uint64_t lane_token = 0;
-      auto s = open_tcp(index, p.fd, g, p.peer, ring_bytes, &lane_token);
+      std::vector<std::byte> attach_token;
+      auto s = open_tcp(index, p.fd, g, p.peer, ring_bytes, &attach_token);
       if (!s.ok()) {
         const std::string why = explain_setup_failure(s.status());
         return fail(why != s.status().message() ? StatusCode::kResourceExhausted : s.status().code(),
@@ -197,10 +196,9 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
       }
       session = std::move(s.value());
       packing = true;
-      if (lane_token != 0) {
-        extension.resize(core::kLaneTokenSize);
-        core::encode_lane_token(lane_token, extension.data());
-        features |= core::kFeatureTcpLane;
+      if (!attach_token.empty()) {
+        extension = std::move(attach_token);
+        features |= core::kFeatureAttach;
       }
       if (config.tcp_bulk_push != 0) features |= core::kFeatureTcpPush;
     }
@@ -288,7 +286,7 @@ Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_shm(
 
 Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_tcp(
     size_t index, int fd, core::ServerSession::Geometry g, const std::string& peer,
-    uint64_t ring_bytes, uint64_t* lane_token) {
+    uint64_t ring_bytes, std::vector<std::byte>* attach_token) {
   reactor::Reactor& loop = *loops[index];
   // The link gets a duplicate: the original stays ours for the reply, even
   // when a failure below destroys the link (and closes its fd).
@@ -298,8 +296,9 @@ Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_tcp(
   }
   auto link = rpc::loop_tcp(loop).adopt(link_fd, fmt::format("tcp {} -> {}", rpc::local_name(fd), peer));
   if (!link.ok()) return link.status();  // adopt() has closed link_fd
+  link.value()->configure(config);
   // Loop indexes fit the token's 16 route bits (reactor_threads <= 256).
-  if (config.tcp_bulk_lane != 0) *lane_token = link.value()->offer_lane(static_cast<uint16_t>(index));
+  *attach_token = link.value()->offer_attachment(static_cast<uint16_t>(index));
   link.value()->accept_pushes(config.tcp_bulk_push != 0);  // announced below (kFeatureTcpPush)
   auto session = core::ServerSession::create(loop, std::move(link.value()), g, methods, peer,
                                              on_closed(index, ring_bytes));

@@ -49,11 +49,11 @@ void send_round(End& from, uint64_t& seq, bool in_place) {
                                : from.send.data() + size_t{s} * size;
     std::byte* msg = in_place ? slot + (size - len) : slot;
     fill(msg, len, seq++);
-    batch.push_back(Outgoing{msg, len, core::make_imm(s, 7), Lane::kSlot});
+    batch.push_back(Outgoing{msg, len, core::make_imm(s, 7), Delivery::kSlot});
   }
   const auto ctl = control_bytes(seq++);
   batch.push_back(Outgoing{ctl.data(), static_cast<uint32_t>(ctl.size()), core::make_imm(0, 0),
-                           Lane::kControl});
+                           Delivery::kControl});
   from.link->post(batch);
 }
 
@@ -127,7 +127,7 @@ TEST_CASE("shm: a full descriptor ring backlogs in order and flushes as the peer
   const uint64_t kCount = 2 * uint64_t{compute_layout(kSmall).value().desc_count};
   for (uint64_t i = 0; i < kCount; ++i) {
     const auto h = control_bytes(i);
-    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
+    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Delivery::kControl};
     a.link->post({&o, 1});
   }
   CHECK(a.link->shm_stats().backlogged > 0);
@@ -149,12 +149,12 @@ TEST_CASE("shm: a backlog over its budget (one more ring) fails the link and nam
   const uint64_t ring = compute_layout(kSmall).value().desc_count;
   for (uint64_t i = 0; i < 2 * ring; ++i) {
     const auto h = control_bytes(i);
-    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
+    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Delivery::kControl};
     a.link->post({&o, 1});
   }
   REQUIRE_FALSE(a.link->down());  // exactly at the budget: still fine
   const auto h = control_bytes(2 * ring);
-  const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
+  const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Delivery::kControl};
   a.link->post({&o, 1});
   REQUIRE(a.link->down());
   CHECK_MESSAGE(a.link->down_reason().find("send backlog over budget") != std::string::npos,
@@ -211,7 +211,7 @@ TEST_CASE("shm: a sleeping receiver is woken through its eventfd") {
   for (uint64_t i = 0; i < kRounds; ++i) {
     REQUIRE(test_wait([&] { return asleep.load(); }));
     const auto h = control_bytes(i);
-    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
+    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Delivery::kControl};
     a.link->post({&o, 1});
     REQUIRE(test_wait([&] { return received.load() == i + 1; }));
   }
@@ -222,7 +222,7 @@ TEST_CASE("shm: a sleeping receiver is woken through its eventfd") {
     if (a.link->backlog() >= ring / 2)
       REQUIRE(pump_until({&a}, [&] { return a.link->backlog() < ring / 2; }));
     const auto h = control_bytes(i);
-    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
+    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Delivery::kControl};
     a.link->post({&o, 1});
     a.poll_once();  // flushes a's backlog when b lags
   }
@@ -427,7 +427,7 @@ TEST_CASE("shm: hostile descriptors close only their link") {
 
     // The other link is untouched.
     const auto h = control_bytes(4242);
-    const Outgoing o{h.data(), 32, 0, Lane::kControl};
+    const Outgoing o{h.data(), 32, 0, Delivery::kControl};
     good.link->post({&o, 1});
     const size_t before = hub.got.size();
     REQUIRE(pump_until({&hub}, [&] { return hub.got.size() > before; }));
@@ -444,7 +444,7 @@ TEST_CASE("shm: a peer's consumed count that runs ahead of what we sent closes t
   // Fill our descriptor ring (the raw peer never consumes), then lie.
   const uint32_t ring = raw.own.layout.desc_count;
   const auto h = control_bytes(1);
-  const Outgoing o{h.data(), 32, 0, Lane::kControl};
+  const Outgoing o{h.data(), 32, 0, Delivery::kControl};
   for (uint32_t i = 0; i < ring; ++i) hub.link->post({&o, 1});
   CHECK(hub.link->shm_stats().backlogged == 0);
   std::atomic_ref<uint64_t>(raw.ctl()->tail).store(uint64_t{ring} * 5, std::memory_order_seq_cst);
@@ -462,7 +462,7 @@ TEST_CASE("shm: post refuses what would break the peer, and attach checks the ge
   a.attach(kSmall);
   // A message built in slot 2 of the shared area but sent as slot 3.
   std::byte* slot2 = a.link->send_slots().data() + 2 * 256;
-  const Outgoing o{slot2, 64, core::make_imm(3, 1), Lane::kSlot};
+  const Outgoing o{slot2, 64, core::make_imm(3, 1), Delivery::kSlot};
   a.link->post({&o, 1});
   REQUIRE(pump_until({&a}, [&] { return a.has_link_down(); }));
   CHECK_MESSAGE(a.link->down_reason().find("another slot") != std::string::npos,
@@ -487,7 +487,7 @@ TEST_CASE("shm: announce, re-check, then sleep: no message is left behind a slee
     return ::poll(&p, 1, 0) == 1;
   };
   const auto h = control_bytes(1);
-  const Outgoing o{h.data(), 32, 0, Lane::kControl};
+  const Outgoing o{h.data(), 32, 0, Delivery::kControl};
 
   CHECK(b.poll_once() == 0);
   a.link->post({&o, 1});  // b has not announced: no wake-up is sent
@@ -538,7 +538,7 @@ TEST_CASE("shm: slot messages up to kInlineMax bytes travel in the descriptor, l
     const uint64_t inline_before = a.link->shm_stats().inline_sends;
     std::vector<std::byte> msg(len);
     for (uint32_t i = 0; i < len; ++i) msg[i] = std::byte(uint8_t(len * 7 + i));
-    const Outgoing o{msg.data(), len, core::make_imm(slot, 1), Lane::kSlot};
+    const Outgoing o{msg.data(), len, core::make_imm(slot, 1), Delivery::kSlot};
     a.link->post({&o, 1});
     const size_t before = b.got.size();
     REQUIRE(pump_until({&b}, [&] { return b.got.size() > before; }));
@@ -568,7 +568,7 @@ TEST_CASE("shm: a SlotRing over send_slots() is sent in place and outlives its l
   constexpr uint32_t kLen = 200;  // past kInlineMax: through the slot
   std::byte* msg = ring.slot(3) + kSmall.slot_size - kLen;  // at the slot's end, as FlatBuffers build
   for (uint32_t i = 0; i < kLen; ++i) msg[i] = std::byte(uint8_t(i * 13 + 5));
-  const Outgoing o{msg, kLen, core::make_imm(3, 1), Lane::kSlot};
+  const Outgoing o{msg, kLen, core::make_imm(3, 1), Delivery::kSlot};
   a.link->post({&o, 1});
   REQUIRE(pump_until({&b}, [&] { return !b.got.empty(); }));
   REQUIRE(b.got.back().kind == CKind::kMessage);

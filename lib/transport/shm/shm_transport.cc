@@ -114,7 +114,7 @@ void ShmLink::post(std::span<const Outgoing> batch) {
       fail("post: invalid message of " + std::to_string(o.length) + " bytes");
       return;
     }
-    if (o.lane == Lane::kControl) {
+    if (o.delivery == Delivery::kControl) {
       if (o.length != transport::kHeaderSize) {
         fail("post: control message of " + std::to_string(o.length) + " bytes, expected " +
              std::to_string(transport::kHeaderSize));
@@ -127,7 +127,7 @@ void ShmLink::post(std::span<const Outgoing> batch) {
     }
     // Order is kept: once anything waits, everything after it waits too.
     if (backlog_.empty() && write_descriptor(o, o.data)) {
-      ++(o.lane == Lane::kControl ? stats_.control_sends : stats_.slot_sends);
+      ++(o.delivery == Delivery::kControl ? stats_.control_sends : stats_.slot_sends);
       stats_.messages += o.messages;
       continue;
     }
@@ -142,7 +142,7 @@ void ShmLink::post(std::span<const Outgoing> batch) {
     if (backlog_.empty()) last_drain_ = std::chrono::steady_clock::now();
     Pending& p = backlog_.emplace_back();
     p.o = o;
-    if (o.lane == Lane::kControl) std::memcpy(p.control.data(), o.data, transport::kHeaderSize);
+    if (o.delivery == Delivery::kControl) std::memcpy(p.control.data(), o.data, transport::kHeaderSize);
     ++shm_stats_.backlogged;
   }
   publish();
@@ -158,7 +158,7 @@ bool ShmLink::write_descriptor(const Outgoing& o, const std::byte* source) {
   Descriptor d{};
   d.length = o.length;
   d.imm = o.imm;
-  if (o.lane == Lane::kControl) {
+  if (o.delivery == Delivery::kControl) {
     d.lane = static_cast<uint32_t>(DescLane::kControl);
     std::memcpy(d.payload, source, transport::kHeaderSize);
   } else if (o.length <= kInlineMax) {
@@ -230,9 +230,9 @@ void ShmLink::flush_backlog() {
   size_t i = 0;
   for (; i < backlog_.size(); ++i) {
     Pending& p = backlog_[i];
-    const std::byte* src = p.o.lane == Lane::kControl ? p.control.data() : p.o.data;
+    const std::byte* src = p.o.delivery == Delivery::kControl ? p.control.data() : p.o.data;
     if (!write_descriptor(p.o, src)) break;
-    ++(p.o.lane == Lane::kControl ? stats_.control_sends : stats_.slot_sends);
+    ++(p.o.delivery == Delivery::kControl ? stats_.control_sends : stats_.slot_sends);
     stats_.messages += p.o.messages;
   }
   if (down_) return;

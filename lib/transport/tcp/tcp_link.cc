@@ -105,7 +105,7 @@ void TcpLink::post(std::span<const Outgoing> batch) {
       fail("post: invalid message of " + std::to_string(o.length) + " bytes");
       return;
     }
-    const bool control = o.lane == Lane::kControl;
+    const bool control = o.delivery == Delivery::kControl;
     if (control && o.length != transport::kHeaderSize) {
       fail("post: control message of " + std::to_string(o.length) + " bytes, expected " +
            std::to_string(transport::kHeaderSize));
@@ -614,9 +614,9 @@ LinkStats TcpLink::stats() const {
   LinkStats s = stats_;
   if (lane_ != nullptr) {
     std::lock_guard<std::mutex> lock(owner_.lanes_->mu());
-    s.bulk_lane = true;
-    s.lane_bytes_sent = lane_->lane_out_;
-    s.lane_bytes_received = lane_->lane_in_.load(std::memory_order_relaxed);
+    s.attached = true;
+    s.attached_bytes_sent = lane_->lane_out_;
+    s.attached_bytes_received = lane_->lane_in_.load(std::memory_order_relaxed);
     // The lane's transfers are this session's (drop_lane keeps them once
     // the lane is gone).
     s.bulk_requests += lane_->stats_.bulk_requests;

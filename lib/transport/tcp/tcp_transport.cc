@@ -111,10 +111,6 @@ size_t TcpTransport::poll(std::span<Completion> out) {
   if (!push_watch_.empty()) check_pushes();
   // What the lane thread finished (one atomic load when there is nothing).
   if (lanes_pending()) drain_lane_events();
-  // The lane thread's spare rule (lane_placement.h) reads how many slot
-  // frames went by, up to the last turn: a compare, and a relaxed store
-  // when the count changed.
-  if (lanes_ != nullptr) lanes_->note_slot_frames(slot_frames_);
   size_t got = drain(out);
   // Already-queued work comes first; reading more before the consumer has
   // taken it would only grow the queue.
@@ -207,7 +203,7 @@ void TcpTransport::forget(TcpLink* link) {
 Result<BulkLanes*> TcpTransport::lanes() {
   if (lanes_ == nullptr) {
     if (epoll_fd_ < 0) return Status(StatusCode::kInternal, errno_text("epoll_create1", epoll_errno_));
-    auto started = BulkLanes::start(config_, epoll_fd_, slot_frames_);
+    auto started = BulkLanes::start(config_, epoll_fd_);
     if (!started.ok()) return started.status();
     lanes_ = std::move(started.value());
   }
@@ -257,12 +253,24 @@ Status TcpTransport::accept_lane(uint64_t token, int fd) {
     ::close(fd);
     return Status(StatusCode::kInvalidArgument,
                   "no session of this loop offered that bulk lane token (its session may have "
-                  "ended, or it has its lane)");
+                  "ended, or it has its lane, or the server has lanes off)");
   }
   TcpLink* link = it->second;
   lane_offers_.erase(it);
   link->lane_token_ = 0;
   return link->attach_lane(fd);
+}
+
+Status TcpTransport::accept_attachment(std::span<const std::byte> token, int fd) {
+  // A server with lanes off offered no token, so accept_lane refuses
+  // every one (its sessions' Config decides, not the loop's).
+  if (token.size() != TcpLink::kLaneTokenSize) {
+    ::close(fd);
+    return Status(StatusCode::kInvalidArgument,
+                  fmt::format("a bulk lane hello carries an {}-byte token, not {} bytes",
+                              TcpLink::kLaneTokenSize, token.size()));
+  }
+  return accept_lane(TcpLink::decode_lane_token(token.data()), fd);
 }
 
 std::vector<Completion> TcpTransport::take_completions_of(TcpLink* link) {

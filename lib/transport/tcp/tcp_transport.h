@@ -161,6 +161,20 @@ class TcpLink final : public Link {
   bool push_parked() const { return parked_; }
 
   // ---- Bulk lanes (bulk_lanes.h; not hot path) ----
+  // The lane is this link's attached connection (transport.h, "Attached
+  // connections"): these overrides speak that interface, the methods
+  // after them are the lane's own.
+  // Reads the session's Config::tcp_bulk_lane (0: no lane for this session).
+  void configure(const Config& config) override { lane_threshold_ = config.tcp_bulk_lane; }
+  uint64_t attachment_threshold() const override { return lane_threshold_; }
+  // Attaches the lane, or logs that the session goes on without one.
+  Status attach_connection(Result<int> connection) override;
+  // The lane token (offer_lane), little endian; empty with lanes off.
+  std::vector<std::byte> offer_attachment(uint16_t route) override;
+  static constexpr size_t kLaneTokenSize = 8;
+  static void encode_lane_token(uint64_t token, std::byte* out);
+  static uint64_t decode_lane_token(const std::byte* in);
+
   // Adopts `fd`, a connection whose handshake made it this link's lane
   // (either side), into the loop's lane thread.  Takes the fd even on failure.
   Status attach_lane(int fd);
@@ -457,6 +471,7 @@ class TcpLink final : public Link {
   bool fenced_ = false;
   uint64_t fence_at_ = 0;
   uint64_t lane_token_ = 0;           // server: offered, not yet claimed
+  uint64_t lane_threshold_ = 0;       // configure(): the session's tcp_bulk_lane
   uint64_t lane_out_ = 0;             // lane mode: bytes handed to the kernel
   std::atomic<uint64_t> lane_in_{0};  // lane mode: bytes received and in place
   std::atomic<uint64_t> fence_watch_{0};  // lane mode: 0, or what a FENCE waits for
@@ -586,6 +601,8 @@ class TcpTransport final : public Transport {
   // Server loop: the connection `fd` presented `token` (TcpLink::offer_lane)
   // in its lane Hello; it becomes that link's lane.  Takes the fd.
   Status accept_lane(uint64_t token, int fd);
+  // The same for a token as the handshake carried it (its size checked).
+  Status accept_attachment(std::span<const std::byte> token, int fd) override;
   // The lane transport's completions for `link`, removed from its queue.
   std::vector<Completion> take_completions_of(TcpLink* link);
   // For tests: the lane thread's lock (null before the first lane), to
