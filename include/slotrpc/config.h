@@ -83,6 +83,11 @@ struct SLOTRPC_API Config {
   uint32_t connect_timeout_ms = 5000;  // SLOTRPC_CONNECT_TIMEOUT_MS
   uint32_t keepalive_ms = 1000;        // SLOTRPC_KEEPALIVE_MS: ping an idle peer this often
   uint32_t peer_timeout_ms = 5000;     // SLOTRPC_PEER_TIMEOUT_MS: silent peer is dead after
+  // SLOTRPC_BULK_TIMEOUT_MS: server, a handler's read_bulk / write_bulk of
+  // a call without a deadline fails with DEADLINE_EXCEEDED, and the session
+  // is closed, when the client has not completed it within this long (a
+  // call with a deadline: its deadline plus 1 s).
+  uint32_t bulk_timeout_ms = 60'000;
 
   uint32_t fiber_stack_kb = 256;     // SLOTRPC_FIBER_STACK_KB: handler fiber stack
   uint32_t reactor_threads = 1;      // SLOTRPC_REACTOR_THREADS: loops of a Runtime (the default one too)

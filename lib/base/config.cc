@@ -48,6 +48,9 @@ std::span<const UintSetting> uint_settings() {
        "a session silent this long sends a ping"},
       {"SLOTRPC_PEER_TIMEOUT_MS", "peer_timeout_ms", &Config::peer_timeout_ms, 20, 3'600'000,
        "a peer silent this long is dead: its calls fail with UNAVAILABLE"},
+      {"SLOTRPC_BULK_TIMEOUT_MS", "bulk_timeout_ms", &Config::bulk_timeout_ms, 10, 86'400'000,
+       "server: a handler's bulk transfer of a call without a deadline that the client has not "
+       "completed this long fails, and its session is closed"},
       {"SLOTRPC_FIBER_STACK_KB", "fiber_stack_kb", &Config::fiber_stack_kb, 16, 65536,
        "stack of each handler fiber"},
       {"SLOTRPC_REACTOR_THREADS", "reactor_threads", &Config::reactor_threads, 1, 256,
