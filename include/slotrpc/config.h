@@ -199,9 +199,10 @@ struct SLOTRPC_API Config {
 
   // SLOTRPC_METRICS_ADDRESS HOST:PORT: a Server serves its metrics in the
   // Prometheus text format at http://HOST:PORT/metrics.  Empty (default):
-  // off.  Port 0 picks a free one (Server::metrics_port()).  One port per
-  // Server: a second Server of the process with the same address fails in
-  // start().
+  // off.  A port alone (PORT or :PORT) serves on 127.0.0.1 only; any other
+  // interface has to be named.  Port 0 picks a free one
+  // (Server::metrics_port()).  One port per Server: a second Server of the
+  // process with the same address fails in start().
   std::string metrics_address;
 
   // Checks every field; the error names the first bad setting.
