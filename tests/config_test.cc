@@ -119,6 +119,7 @@ TEST_CASE("config: the settings table covers every whole-number field") {
       {"connect_timeout_ms", "SLOTRPC_CONNECT_TIMEOUT_MS", &Config::connect_timeout_ms, 1, 600'000},
       {"keepalive_ms", "SLOTRPC_KEEPALIVE_MS", &Config::keepalive_ms, 10, 600'000},
       {"peer_timeout_ms", "SLOTRPC_PEER_TIMEOUT_MS", &Config::peer_timeout_ms, 20, 3'600'000},
+      {"bulk_timeout_ms", "SLOTRPC_BULK_TIMEOUT_MS", &Config::bulk_timeout_ms, 10, 86'400'000},
       {"fiber_stack_kb", "SLOTRPC_FIBER_STACK_KB", &Config::fiber_stack_kb, 16, 65536},
       {"reactor_threads", "SLOTRPC_REACTOR_THREADS", &Config::reactor_threads, 1, 256},
       {"max_queued_calls", "SLOTRPC_MAX_QUEUED_CALLS", &Config::max_queued_calls, 0, 1u << 24},

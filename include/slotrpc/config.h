@@ -85,6 +85,11 @@ struct SLOTRPC_API Config {
   uint32_t connect_timeout_ms = 5000;  // SLOTRPC_CONNECT_TIMEOUT_MS
   uint32_t keepalive_ms = 1000;        // SLOTRPC_KEEPALIVE_MS: ping an idle peer this often
   uint32_t peer_timeout_ms = 5000;     // SLOTRPC_PEER_TIMEOUT_MS: silent peer is dead after
+  // SLOTRPC_BULK_TIMEOUT_MS: server, a handler's read_bulk / write_bulk of
+  // a call without a deadline fails with DEADLINE_EXCEEDED, and the session
+  // is closed, when the client has not completed it within this long (a
+  // call with a deadline: its deadline plus 1 s).
+  uint32_t bulk_timeout_ms = 60'000;
 
   uint32_t fiber_stack_kb = 256;     // SLOTRPC_FIBER_STACK_KB: handler fiber stack
   uint32_t reactor_threads = 1;      // SLOTRPC_REACTOR_THREADS: loops of a Runtime (the default one too)
@@ -186,9 +191,10 @@ struct SLOTRPC_API Config {
 
   // SLOTRPC_METRICS_ADDRESS HOST:PORT: a Server serves its metrics in the
   // Prometheus text format at http://HOST:PORT/metrics.  Empty (default):
-  // off.  Port 0 picks a free one (Server::metrics_port()).  One port per
-  // Server: a second Server of the process with the same address fails in
-  // start().
+  // off.  A port alone (PORT or :PORT) serves on 127.0.0.1 only; any other
+  // interface has to be named.  Port 0 picks a free one
+  // (Server::metrics_port()).  One port per Server: a second Server of the
+  // process with the same address fails in start().
   std::string metrics_address;
   // SLOTRPC_ADMIN_ACCESS same-user|any|off: who may call slotrpc.Admin
   // (slotrpc-stat --address); server interceptors run before it.

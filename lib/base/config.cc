@@ -48,6 +48,9 @@ std::span<const UintSetting> uint_settings() {
        "a session silent this long sends a ping"},
       {"SLOTRPC_PEER_TIMEOUT_MS", "peer_timeout_ms", &Config::peer_timeout_ms, 20, 3'600'000,
        "a peer silent this long is dead: its calls fail with UNAVAILABLE"},
+      {"SLOTRPC_BULK_TIMEOUT_MS", "bulk_timeout_ms", &Config::bulk_timeout_ms, 10, 86'400'000,
+       "server: a handler's bulk transfer of a call without a deadline that the client has not "
+       "completed this long fails, and its session is closed"},
       {"SLOTRPC_FIBER_STACK_KB", "fiber_stack_kb", &Config::fiber_stack_kb, 16, 65536,
        "stack of each handler fiber"},
       {"SLOTRPC_REACTOR_THREADS", "reactor_threads", &Config::reactor_threads, 1, 256,
@@ -204,18 +207,21 @@ Result<uint64_t> parse_ring_memory(std::string_view setting, std::string_view te
 }
 
 // SLOTRPC_METRICS_ADDRESS: empty, or HOST:PORT with an IPv4 address, a
-// bracketed IPv6 address or a host name, and a port from 0 to 65535.  The
-// address itself is resolved and bound by Server::start().
+// bracketed IPv6 address or a host name, and a port from 0 to 65535, or the
+// port alone (PORT or :PORT), which serves on 127.0.0.1.  The address itself
+// is resolved and bound by Server::start().
 constexpr std::string_view kMetricsAddressAllowed =
-    "empty (off) or HOST:PORT (an IPv4 address, [IPv6] or a host name, and a port from 0 to 65535)";
+    "empty (off), PORT or :PORT (127.0.0.1), or HOST:PORT (an IPv4 address, [IPv6] or a host "
+    "name, and a port from 0 to 65535)";
 
 Status check_metrics_address(std::string_view setting, std::string_view text) {
   if (text.empty()) return {};
   const size_t colon = text.rfind(':');
   auto bad = [&] { return out_of_range(setting, fmt::format("'{}'", text), kMetricsAddressAllowed); };
-  if (colon == std::string_view::npos || colon == 0 || colon + 1 == text.size()) return bad();
-  std::string_view host = text.substr(0, colon);
-  const std::string_view port = text.substr(colon + 1);
+  if (colon + 1 == text.size()) return bad();
+  const bool port_only = colon == std::string_view::npos || colon == 0;
+  std::string_view host = port_only ? std::string_view("127.0.0.1") : text.substr(0, colon);
+  const std::string_view port = colon == std::string_view::npos ? text : text.substr(colon + 1);
   uint32_t value = 0;
   auto [ptr, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
   if (ec != std::errc() || ptr != port.data() + port.size() || value > 65535) return bad();

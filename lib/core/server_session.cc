@@ -301,7 +301,13 @@ Status ServerSession::begin_bulk(uint16_t slot, const std::byte* payload, uint32
     return Status(StatusCode::kInvalidArgument, "bulk segments are for unary calls");
   auto block = bulk::decode_request_block({payload, payload_len}, max_bulk_bytes_);
   if (!block.ok()) return block.status();
-  if (!bulk_[slot]) bulk_[slot] = std::make_unique<bulk::ServerCallBulk>(loop_, *link_, slot, &closed_);
+  if (!bulk_[slot]) {
+    auto close = [](void* self, std::string reason) {
+      static_cast<ServerSession*>(self)->close(std::move(reason));
+    };
+    bulk_[slot] = std::make_unique<bulk::ServerCallBulk>(loop_, *link_, slot, &closed_, close, this,
+                                                         bulk_timeout_ms_);
+  }
   bulk_[slot]->begin(block.value());
   Slot& s = slots_[slot];
   s.bulk = true;
@@ -319,10 +325,13 @@ void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
 
   ServerCall call;
   call.request_ = {self->recv_ring_.slot(slot) + kHeaderSize + s.payload_offset, s.payload_len};
-  if (s.bulk) call.bulk_ = self->bulk_[slot].get();
   call.reply_ = &b;
   call.cancelled_ = &s.cancelled;
   if (s.timeout_us != 0) call.deadline_ = s.received + std::chrono::microseconds(s.timeout_us);
+  if (s.bulk) {
+    call.bulk_ = self->bulk_[slot].get();
+    self->bulk_[slot]->set_deadline(call.deadline_);
+  }
   call.method_name_ = &s.method->full_name;
   call.method_id_ = s.method->id;
   call.peer_ = &self->peer_;

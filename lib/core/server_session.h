@@ -40,6 +40,9 @@ class ServerSession final : public SessionBase {
   void set_counters(std::shared_ptr<core::LoopCounters> counters) { owner_counters_ = std::move(counters); }
   // Loop thread, right after create(): the owner's Config::max_bulk_bytes.
   void set_max_bulk_bytes(uint64_t bytes) { max_bulk_bytes_ = bytes; }
+  // Loop thread, right after create(): the owner's Config::bulk_timeout_ms,
+  // the bound of a handler's bulk transfer when its call has no deadline.
+  void set_bulk_timeout_ms(uint32_t ms) { bulk_timeout_ms_ = ms; }
   // Loop thread, right after create(), when this server announces PACK
   // (Config::pack_small != 0, not shm): accepts PACKs of requests, and
   // sends PACKs of replies of at most `pack_small` bytes when the client's
@@ -212,6 +215,7 @@ class ServerSession final : public SessionBase {
   std::unique_ptr<PackReceiver> pack_;
   uint32_t running_ = 0;
   uint64_t max_bulk_bytes_ = 4ull << 30;
+  uint32_t bulk_timeout_ms_ = 60'000;
   bool closed_ = false;
   bool close_reported_ = false;
   Liveness liveness_;

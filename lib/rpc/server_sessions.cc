@@ -280,6 +280,7 @@ Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_shm(
   }
   session.value()->set_counters(counters[index]);
   session.value()->set_max_bulk_bytes(config.max_bulk_bytes);
+  session.value()->set_bulk_timeout_ms(config.bulk_timeout_ms);
   base::log().info("slotrpc: shm session with {} on loop {}", peer, index);
   return session;
 }
@@ -305,6 +306,7 @@ Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_tcp(
   if (session.ok()) {
     session.value()->set_counters(counters[index]);
     session.value()->set_max_bulk_bytes(config.max_bulk_bytes);
+    session.value()->set_bulk_timeout_ms(config.bulk_timeout_ms);
     session.value()->set_flush_every(config.tcp_flush_every);
   }
   return session;
@@ -333,6 +335,7 @@ Result<std::vector<std::byte>> Server::Impl::open_verbs(size_t index, int fd,
   if (!session.ok()) return session.status();
   session.value()->set_counters(counters[index]);
   session.value()->set_max_bulk_bytes(config.max_bulk_bytes);
+  session.value()->set_bulk_timeout_ms(config.bulk_timeout_ms);
   // Never registered, never closed: a failure below just destroys it.
   Status st = raw_link->connect(remote, closer.fd, peer);
   if (!st.ok()) return st;
