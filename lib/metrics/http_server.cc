@@ -48,6 +48,7 @@ struct HttpServer::Impl {
   tcp::acceptor acceptor{io};
   asio::steady_timer fd_timer{io};  // accepting paused at the descriptor limit
   Render render;
+  Authorize authorize;
   uint16_t port = 0;
   std::thread thread;
   size_t max_connections = kMaxConnections;
@@ -76,6 +77,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void start(std::list<std::shared_ptr<Connection>>::iterator pos) {
     pos_ = pos;
+    if (owner_.authorize) {
+      allowed_ = owner_.authorize(stream_.socket().native_handle());
+    }
     // The whole exchange, idle time included: a socket that sends nothing
     // is closed after this, and holds one of max_connections till then.
     stream_.expires_after(kConnectionTimeout);
@@ -114,6 +118,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
       res_.result(http::status::not_found);
       res_.set(http::field::content_type, "text/plain; charset=utf-8");
       res_.body() = "not found: this port serves /metrics only\n";
+    } else if (!allowed_.ok()) {
+      res_.result(http::status::forbidden);
+      res_.set(http::field::content_type, "text/plain; charset=utf-8");
+      res_.body() = allowed_.message() + "\n";
     } else {
       res_.result(http::status::ok);
       res_.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
@@ -141,6 +149,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   HttpServer::Impl& owner_;
   std::list<std::shared_ptr<Connection>>::iterator pos_;
   bool closed_ = false;
+  Status allowed_;  // owner_.authorize's answer for this connection
   beast::flat_buffer buffer_;
   http::request_parser<http::string_body> parser_;
   http::response<http::string_body> res_;
@@ -223,7 +232,8 @@ void HttpServer::Impl::on_fd_limit(const beast::error_code& ec) {
   });
 }
 
-Result<std::unique_ptr<HttpServer>> HttpServer::start(const std::string& address, Render render) {
+Result<std::unique_ptr<HttpServer>> HttpServer::start(const std::string& address, Render render,
+                                                      Authorize authorize) {
   auto fail = [&](const std::string& why) {
     return Status(StatusCode::kUnavailable,
                   fmt::format("cannot serve metrics on {} (SLOTRPC_METRICS_ADDRESS / "
@@ -239,6 +249,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::start(const std::string& address
   if (!endpoint.ok()) return fail(endpoint.status().message());
   auto impl = std::make_unique<Impl>();
   impl->render = std::move(render);
+  impl->authorize = std::move(authorize);
   beast::error_code ec;
   tcp::resolver resolver(impl->io);
   auto results = resolver.resolve(endpoint->host, std::to_string(endpoint->port),

@@ -32,16 +32,22 @@
 #include <string>
 
 #include "slotrpc/result.h"
+#include "slotrpc/status.h"
 
 namespace slotrpc::metrics {
 
 class HttpServer {
  public:
   using Render = std::function<std::string()>;
+  // Who may read the metrics: called once per connection with its socket
+  // (on the port's thread); a non-OK status is answered with 403 and its
+  // message.  Empty: everyone.
+  using Authorize = std::function<Status(int fd)>;
 
   // Binds `address` (HOST:PORT; port 0 picks one) and starts the thread.
   // The error names the address and why (e.g. already in use).
-  static Result<std::unique_ptr<HttpServer>> start(const std::string& address, Render render);
+  static Result<std::unique_ptr<HttpServer>> start(const std::string& address, Render render,
+                                                   Authorize authorize = {});
   ~HttpServer();  // stops and joins
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;

@@ -269,8 +269,20 @@ Status Server::start_listening(int tcp_fd, int unix_fd, const std::string& unix_
   if (!impl_->config.metrics_address.empty()) {
     // Once the loops exist (a scrape reads them), before the first session:
     // a port that cannot be bound fails start() and undoes it.
-    auto http = metrics::HttpServer::start(impl_->config.metrics_address,
-                                           [this] { return to_prometheus(metrics()); });
+    // The same rule as slotrpc.Admin (Config::admin_access): the counters
+    // tell the same things.
+    auto http = metrics::HttpServer::start(
+        impl_->config.metrics_address, [this] { return to_prometheus(metrics()); },
+        [impl = impl_.get(), self = ::getuid()](int fd) {
+          if (impl->config.admin_access == AdminAccess::kAny) return Status();
+          const PeerInfo peer = rpc::identify_peer(fd, false, rpc::peer_name(fd));
+          Status st = rpc::admin_allows(peer, impl->config.admin_access, self);
+          if (!st.ok()) {
+            impl->refuse_log.warn(fmt::format("slotrpc: metrics port refused {}: {}", peer.describe(),
+                                              st.message()));
+          }
+          return st;
+        });
     if (!http.ok()) {
       stop();
       return http.status();
