@@ -6,6 +6,7 @@
 #include "slotrpc/config.h"
 #include "slotrpc/fiber.h"
 #include "slotrpc/future.h"
+#include "slotrpc/health.h"
 #include "slotrpc/histogram.h"
 #include "slotrpc/memory.h"
 #include "slotrpc/metrics.h"

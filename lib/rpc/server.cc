@@ -82,6 +82,11 @@ Server::Server(std::shared_ptr<detail::RuntimeCore> runtime, Config config)
   impl_->admin = admin::make_service([this] { return metrics(); });
   Status st = add_service(guard_admin(admin::definition(*impl_->admin), *impl_));
   (void)st;  // the table is empty: cannot collide
+  // slotrpc.Health (lib/rpc/health/health.fbs): open to every peer, as
+  // load balancers and orchestrators ask it.
+  impl_->health_service = health::make_service(impl_->health);
+  st = add_service(health::definition(*impl_->health_service));
+  (void)st;
 }
 
 void Server::on_monitor_sample(std::function<void(const MetricsSnapshot&)> callback) {
@@ -112,6 +117,7 @@ Status Server::add_service(ServiceDefinition service) {
   Status st = impl_->methods.add(*owned);
   if (!st.ok()) return st;
   for (const MethodDescriptor& m : owned->methods()) metrics::remember_method_name(m.id, m.full_name);
+  impl_->health->add(owned->name());
   impl_->services.push_back(std::move(owned));
   return {};
 }
@@ -262,6 +268,7 @@ Status Server::start_listening(int tcp_fd, int unix_fd, const std::string& unix_
     impl_->counters.push_back(std::move(counters));
     rpc::add_monitor_hook(*loop, impl_->monitor_hook);
   }
+  impl_->health->add("");  // the server as a whole
   {
     std::lock_guard<std::mutex> lock(impl_->state_mu);
     impl_->started = true;
@@ -302,6 +309,34 @@ Status Server::start_listening(int tcp_fd, int unix_fd, const std::string& unix_
                impl_->config.slot_size, impl_->config.max_sessions,
                impl_->admission->budget().rule);
   return {};
+}
+
+Status Server::set_serving(const std::string& service, bool serving) {
+  if (!impl_->health->set(service, serving)) {
+    return Status(StatusCode::kNotFound,
+                  fmt::format("set_serving: this server runs no service '{}'", service));
+  }
+  return {};
+}
+
+void Server::shutdown(std::chrono::milliseconds grace) {
+  Impl& d = *impl_;
+  if (!d.started) return;
+  // Health watchers hear NOT_SERVING (and their watches end) first, so
+  // balancers stop sending while the calls in flight finish.
+  d.health->drain();
+  const auto give_up = std::chrono::steady_clock::now() + grace;
+  for (;;) {
+    const MetricsSnapshot m = metrics();
+    if (m.server.started <= m.server.finished_total()) break;
+    if (std::chrono::steady_clock::now() >= give_up) {
+      base::log().warn("slotrpc: server drained for {} ms with {} call(s) still running: stopping",
+                       grace.count(), m.server.started - m.server.finished_total());
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a drain, polled: no event to wait on
+  }
+  stop();
 }
 
 void Server::stop() {

@@ -32,6 +32,7 @@
 #include "rpc/loop_transports.h"
 #include "core/call_checks.h"
 #include "rpc/admin/admin.h"
+#include "rpc/health/health.h"
 #include "transport/verbs/monitor.h"
 #include "reactor/reactor.h"
 #include "rpc/acceptor.h"
@@ -79,6 +80,8 @@ struct Server::Impl {
   std::unique_ptr<rpc::Acceptor> acceptor;
   std::unique_ptr<metrics::HttpServer> metrics_port;  // SLOTRPC_METRICS_ADDRESS
   std::shared_ptr<admin::AdminServiceImpl> admin;     // slotrpc.Admin, on every server
+  std::shared_ptr<health::Registry> health = std::make_shared<health::Registry>();
+  std::shared_ptr<health::HealthServiceImpl> health_service;  // slotrpc.Health, on every server
   std::thread accept_thread;
   std::atomic<bool> stopping{false};
   // Written by start() and stop() under state_mu; read under it by
