@@ -8,6 +8,11 @@
 //     server serves another client all along and stops on request;
 //   * a hostile server cannot freeze a Channel the same way: the call fails
 //     with a status within its deadline, and the channel closes;
+//   * the peer-uid policy (SLOTRPC_SHM_PEER_UIDS): an impostor bound to a
+//     server's default shm name first gets no client (its uid is refused:
+//     the tests run as one uid, so the policies here list another one),
+//     the client reaches the server over TCP or fails with
+//     PERMISSION_DENIED; a server refuses a client of a uid it leaves out.
 //
 // Every wait is bounded.  A loop that did block (the bug) is released at
 // the end by the test itself, which holds the hostile eventfd: the failure
@@ -20,6 +25,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <array>
@@ -36,6 +42,7 @@
 #include "../env_var.h"
 #include "../ping_payloads.h"
 #include "../process_util.h"
+#include "base/uid_policy.h"
 #include "core/handshake.h"
 #include "transport/shm/shm_segment.h"
 #include "test_messages_generated.h"
@@ -438,3 +445,186 @@ TEST_CASE("a hostile shm server cannot freeze a Channel: the call fails in time,
   }
 }
 
+
+// ---------------------------------------------------------------- uids
+
+namespace {
+
+// A uid that is not this process's: the tests cannot change uid, so a
+// policy that lists only this one leaves the test's own processes out.
+std::string other_uid() { return std::to_string(::geteuid() == 4242 ? 4243 : 4242); }
+
+// A TCP port free a moment ago.
+uint16_t free_port() {
+  Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(s.get(), reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(::getsockname(s.get(), reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  return ntohs(a.sin_port);
+}
+
+// What arrived at a listener that must not have been talked to: every
+// connection waiting there is taken, and each must be closed without a
+// byte.  Returns the bytes received in all (0 is right).
+size_t bytes_received_by(const Fd& listener, size_t* connections) {
+  *connections = 0;
+  size_t bytes = 0;
+  for (;;) {
+    pollfd lp{listener.get(), POLLIN, 0};
+    if (::poll(&lp, 1, 0) != 1) break;
+    Fd c(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (c.get() < 0) break;
+    ++*connections;
+    std::array<char, 256> buf;
+    for (;;) {
+      pollfd pfd{c.get(), POLLIN, 0};
+      if (::poll(&pfd, 1, 2000) != 1) break;
+      const ssize_t n = ::recv(c.get(), buf.data(), buf.size(), MSG_DONTWAIT);
+      if (n <= 0) break;
+      bytes += static_cast<size_t>(n);
+    }
+  }
+  return bytes;
+}
+
+void check_echo(Channel& ch) {
+  auto f = ch.call_typed<Pong>(kEcho, ping_bytes(1, 100), CallOptions::with_timeout(5s));
+  REQUIRE(f.wait_for(10s));
+  const std::string err = pong_error(f.get(), 1, 100);
+  CHECK_MESSAGE(err.empty(), err);
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("SLOTRPC_SHM_PEER_UIDS: self by default, uid lists, any; a bad value names the setting") {
+  using slotrpc::base::allows;
+  using slotrpc::base::parse_uid_policy;
+  const uint32_t me = ::geteuid();
+  const uint32_t other = static_cast<uint32_t>(std::stoul(other_uid()));
+  for (const char* self : {"", "self"}) {
+    auto p = parse_uid_policy("S", self);
+    REQUIRE(p.ok());
+    CHECK(allows(p.value(), me));
+    CHECK_FALSE(allows(p.value(), other));
+  }
+  auto any = parse_uid_policy("S", "any");
+  REQUIRE(any.ok());
+  CHECK(allows(any.value(), me));
+  CHECK(allows(any.value(), other));
+  auto list = parse_uid_policy("S", other_uid() + ",self");
+  REQUIRE(list.ok());
+  CHECK(allows(list.value(), me));
+  CHECK(allows(list.value(), other));
+  CHECK_FALSE(allows(list.value(), other + 1 == me ? other + 2 : other + 1));
+  auto only = parse_uid_policy("S", other_uid());
+  REQUIRE(only.ok());
+  CHECK_FALSE(allows(only.value(), me));
+  CHECK(contains(slotrpc::base::describe(only.value()), "SLOTRPC_SHM_PEER_UIDS"));
+
+  for (const char* bad : {"me", "1,,2", "-1", "4294967295", " 1", "1,", ",", "any,1", "0x10"}) {
+    CAPTURE(bad);
+    auto r = parse_uid_policy("Config.shm_peer_uids (SLOTRPC_SHM_PEER_UIDS)", bad);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kInvalidArgument);
+    CHECK_MESSAGE(contains(r.status().message(), std::string("invalid setting Config.shm_peer_uids "
+                                                             "(SLOTRPC_SHM_PEER_UIDS)='") + bad + "'"),
+                  r.status().message());
+    CHECK_MESSAGE(contains(r.status().message(), "self,1001"), r.status().message());
+  }
+  // Through Config and the environment.
+  DefaultTransportEnv env;
+  Config c;
+  c.shm_peer_uids = "nobody";
+  CHECK(contains(c.validate().message(), "Config.shm_peer_uids (SLOTRPC_SHM_PEER_UIDS)='nobody'"));
+  {
+    EnvVar v("SLOTRPC_SHM_PEER_UIDS", std::string("nobody"));
+    auto r = Config{}.with_environment();
+    REQUIRE_FALSE(r.ok());
+    CHECK_MESSAGE(contains(r.status().message(), "SLOTRPC_SHM_PEER_UIDS"), r.status().message());
+  }
+  {
+    EnvVar v("SLOTRPC_SHM_PEER_UIDS", "self," + other_uid());
+    auto r = Config{}.with_environment();
+    REQUIRE(r.ok());
+    CHECK(r.value().shm_peer_uids == "self," + other_uid());
+  }
+}
+
+TEST_CASE("an impostor bound to a server's shm name first gets no client: its uid is refused") {
+  DefaultTransportEnv env;
+  const uint16_t port = free_port();
+  const std::string name = "@slotrpc-" + std::to_string(port);
+  Fd impostor = listen_abstract(name);
+  Server server;
+  REQUIRE(server.add_service(echo_service()).ok());
+  const slotrpc::Status st = server.start("127.0.0.1:" + std::to_string(port));
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  // The impostor runs as this test's uid; the client trusts another one
+  // only, as a client of the default policy trusts only its own user and
+  // the impostor is someone else.
+  Config cfg;
+  cfg.shm_peer_uids = other_uid();
+  const std::string me = "uid " + std::to_string(::geteuid());
+
+  SUBCASE("transport auto: the client reaches the real server over TCP") {
+    auto ch = Channel::connect(address, cfg);
+    REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
+    CHECK((*ch)->transport() == TransportKind::kTcp);
+    check_echo(**ch);
+  }
+  SUBCASE("transport shm: PERMISSION_DENIED naming the uid and the setting") {
+    cfg.transport = TransportKind::kShm;
+    auto ch = Channel::connect(address, cfg);
+    REQUIRE_FALSE(ch.ok());
+    CHECK(ch.status().code() == StatusCode::kPermissionDenied);
+    const std::string m = ch.status().message();
+    CHECK_MESSAGE(contains(m, me), m);
+    CHECK_MESSAGE(contains(m, "SLOTRPC_SHM_PEER_UIDS"), m);
+    CHECK_MESSAGE(contains(m, "unix:" + name), m);
+  }
+  size_t connections = 0;
+  CHECK(bytes_received_by(impostor, &connections) == 0);
+  CHECK(connections == 1);  // it was reached, and told nothing
+  server.stop();
+}
+
+TEST_CASE("a server refuses an shm client of a uid its SLOTRPC_SHM_PEER_UIDS leaves out") {
+  DefaultTransportEnv env;
+  Config scfg;
+  scfg.shm_peer_uids = other_uid();
+  Server server(scfg);
+  REQUIRE(server.add_service(echo_service()).ok());
+  const slotrpc::Status st = server.start("127.0.0.1:0");
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  const std::string address = "127.0.0.1:" + std::to_string(server.port());
+  const std::string me = "uid " + std::to_string(::geteuid());
+  Config cfg;
+  SUBCASE("transport shm: PERMISSION_DENIED from the server, naming the uid and the setting") {
+    cfg.transport = TransportKind::kShm;
+    auto ch = Channel::connect(address, cfg);
+    REQUIRE_FALSE(ch.ok());
+    CHECK(ch.status().code() == StatusCode::kPermissionDenied);
+    const std::string m = ch.status().message();
+    CHECK_MESSAGE(contains(m, "server refused the session"), m);
+    CHECK_MESSAGE(contains(m, me), m);
+    CHECK_MESSAGE(contains(m, "this server's Config.shm_peer_uids (SLOTRPC_SHM_PEER_UIDS)"), m);
+  }
+  SUBCASE("transport auto: the client goes on to TCP") {
+    auto ch = Channel::connect(address, cfg);
+    REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
+    CHECK((*ch)->transport() == TransportKind::kTcp);
+    check_echo(**ch);
+  }
+  SUBCASE("a unix: address: PERMISSION_DENIED") {
+    auto ch = Channel::connect("unix:@slotrpc-" + std::to_string(server.port()), cfg);
+    REQUIRE_FALSE(ch.ok());
+    CHECK(ch.status().code() == StatusCode::kPermissionDenied);
+  }
+  server.stop();
+}
