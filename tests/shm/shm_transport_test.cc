@@ -330,21 +330,28 @@ TEST_CASE("shm: a peer that never drains its wake-ups costs the waker a refused 
   auto* ctl = reinterpret_cast<ControlBlock*>(raw.own.map.base());
   std::atomic_ref<uint32_t>(ctl->sleeping).store(1, std::memory_order_seq_cst);
   const auto* a_ctl = reinterpret_cast<const ControlBlock*>(raw.peer.map.base());
-  // Each post wakes the "sleeping" peer, which consumes every descriptor
-  // (so the ring never fills) and never reads its socket.
-  const auto until = Clock::now() + 10s;
-  uint64_t i = 0;
-  for (; i < 200000 && Clock::now() < until; ++i) {
+  // The peer consumes every descriptor (so the ring never fills) and never
+  // reads its socket.
+  auto post_and_consume = [&](uint64_t i) {
     const auto h = control_bytes(i);
     const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
     a.link->post({&o, 1});
-    std::atomic_ref<uint64_t>(ctl->tail).store(
-        load_peer(a_ctl->head, std::memory_order_acquire),
-        std::memory_order_release);
+    std::atomic_ref<uint64_t>(ctl->tail).store(load_peer(a_ctl->head, std::memory_order_acquire),
+                                               std::memory_order_release);
+  };
+  // One announced sleep: one wake-up, however many batches follow.
+  for (uint64_t i = 0; i < 1000; ++i) post_and_consume(i);
+  CHECK(a.link->shm_stats().wakeups_sent == 1);
+  // A new announcement before each post: each post wakes the peer.
+  const auto until = Clock::now() + 10s;
+  uint64_t i = 0;
+  for (; i < 200000 && Clock::now() < until; ++i) {
+    std::atomic_ref<uint32_t>(ctl->sleeping).store(static_cast<uint32_t>(i + 2), std::memory_order_seq_cst);
+    post_and_consume(i);
   }
   CHECK(i == 200000);
   CHECK_FALSE(a.link->down());
-  CHECK(a.link->shm_stats().wakeups_sent == 200000);
+  CHECK(a.link->shm_stats().wakeups_sent == 200001);
   // The socket filled long before: most wake-ups found it full, which is
   // as good as delivered (the peer has a readable socket).
   CHECK(a.link->shm_stats().wakeups_already_pending > 0);

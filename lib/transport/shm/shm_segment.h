@@ -10,9 +10,10 @@
 //                        each descriptor's own sequence word instead)
 //              tail      descriptors of the PEER's ring this side consumed
 //                        (the peer's flow control)
-//              sleeping  1 while this side's event loop sleeps: the peer
-//                        then sends a wake-up byte on the link's socket
-//                        after publishing
+//              sleeping  non-zero while this side's event loop sleeps, a
+//                        new number for each sleep: the peer then sends
+//                        one wake-up byte on the link's socket after
+//                        publishing (one per number)
 //              bulk_head, bulk_tail   the same two for the bulk rings
 //   descs    desc_count x 64-byte Descriptor (power of two), a ring; each
 //            carries its sequence word and up to kInlineMax payload bytes

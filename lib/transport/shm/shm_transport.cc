@@ -269,7 +269,13 @@ void ShmLink::publish() {
 }
 
 void ShmLink::wake_peer_if_sleeping() {
-  if (load_peer(peer_ctl()->sleeping, std::memory_order_seq_cst) == 0 || sock_.get() < 0) return;
+  // One wake-up per announced sleep: each announcement carries a new
+  // number, and a byte already sent for this one stays readable until the
+  // peer is awake (it drains only before announcing again).  So a burst of
+  // batches towards a sleeping peer costs one send, not one each.
+  const uint32_t sleep = load_peer(peer_ctl()->sleeping, std::memory_order_seq_cst);
+  if (sleep == 0 || sleep == woken_sleep_ || sock_.get() < 0) return;
+  woken_sleep_ = sleep;
   // On our own end of the connection, which no other process holds, and
   // MSG_DONTWAIT whatever its flags: a peer can refuse the byte (a full
   // socket), never make this wait.  Not an eventfd the peer also holds:
@@ -439,7 +445,10 @@ bool ShmLink::announce_sleep() {
     if (now < bulk_spin_until_) return false;
     bulk_spin_until_ = {};
   }
-  store_own(own_ctl()->sleeping, uint32_t{1}, std::memory_order_seq_cst);
+  // A new number for each announcement (never 0): the peer sends one
+  // wake-up per number (wake_peer_if_sleeping).
+  if (++sleep_number_ == 0) sleep_number_ = 1;
+  store_own(own_ctl()->sleeping, sleep_number_, std::memory_order_seq_cst);
   sleep_announced_ = true;
   return !peer_has_more();
 }

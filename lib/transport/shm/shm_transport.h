@@ -220,6 +220,8 @@ class ShmLink final : public Link {
   bool down_ = false;
   bool peer_gone_ = false;  // the socket hung up; fail once the ring is drained
   bool sleep_announced_ = false;
+  uint32_t sleep_number_ = 0;  // of our last announcement (our `sleeping` word)
+  uint32_t woken_sleep_ = 0;   // the peer's announcement we last sent a wake-up for
   bool in_epoll_ = false;
   LinkStats stats_;
   ShmLinkStats shm_stats_;
