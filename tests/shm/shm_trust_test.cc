@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "../env_var.h"
+#include "../log_capture.h"
 #include "../ping_payloads.h"
 #include "../process_util.h"
 #include "base/uid_policy.h"
@@ -560,10 +561,15 @@ TEST_CASE("an impostor bound to a server's shm name first gets no client: its ui
   const uint16_t port = free_port();
   const std::string name = "@slotrpc-" + std::to_string(port);
   Fd impostor = listen_abstract(name);
+  slotrpc::test::LogCapture log;
   Server server;
   REQUIRE(server.add_service(echo_service()).ok());
   const slotrpc::Status st = server.start("127.0.0.1:" + std::to_string(port));
   REQUIRE_MESSAGE(st.ok(), st.to_string());
+  // The server names who holds its name.
+  CHECK(log.matching({"serves no shm sessions", "held by pid " + std::to_string(::getpid()) +
+                                                    " uid " + std::to_string(::geteuid())})
+            .size() == 1);
   const std::string address = "127.0.0.1:" + std::to_string(port);
   // The impostor runs as this test's uid; the client trusts another one
   // only, as a client of the default policy trusts only its own user and
@@ -590,7 +596,7 @@ TEST_CASE("an impostor bound to a server's shm name first gets no client: its ui
   }
   size_t connections = 0;
   CHECK(bytes_received_by(impostor, &connections) == 0);
-  CHECK(connections == 1);  // it was reached, and told nothing
+  CHECK(connections == 2);  // the server's probe and the client: told nothing
   server.stop();
 }
 
