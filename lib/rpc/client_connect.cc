@@ -284,7 +284,8 @@ Result<Established> establish(Channel::Impl& impl) {
     // A uid refused, by either end: the shm socket is not for this pair
     // of users (or not the server's at all), TCP is.
     const bool denied = est.status().code() == StatusCode::kPermissionDenied;
-    if (refused && !denied) return fail(est.status());  // the server's answer (a limit), not a reason to fall back
+    // The server's answer (a limit) is not a reason to fall back.
+    if (refused && !denied) return fail(est.status());
     if (cfg.transport == TransportKind::kShm) {
       return fail(Status(denied ? StatusCode::kPermissionDenied : StatusCode::kUnavailable,
                          fmt::format("transport 'shm' was requested (Config.transport / "

@@ -194,7 +194,8 @@ Status Server::start(const std::string& listen_address) {
       // it; docs/design.md, "Trust and security").  The probe connects and
       // closes, sending nothing.
       std::string holder;
-      auto probe = rpc::connect_unix(unix_name, std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
+      auto probe = rpc::connect_unix(unix_name,
+                                     std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
       if (probe.ok()) {
         holder = fmt::format(" (held by {}: a client on this host uses shm with it only if its "
                              "SLOTRPC_SHM_PEER_UIDS allows that uid, TCP otherwise)",

@@ -386,7 +386,8 @@ TEST_CASE("a hostile shm server cannot freeze a Channel: the call fails in time,
     r.features = core::kKnownFeatures;
     std::array<std::byte, core::kHelloSize> reply{};
     core::encode_hello_reply(r, reply.data());
-    if (::send(c.get(), reply.data(), reply.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(reply.size())) return;
+    if (::send(c.get(), reply.data(), reply.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(reply.size()))
+      return;
     // The segment must match the client's geometry.
     HostileSegment own(Geometry{hello->slot_count, hello->slot_size});
     send_raw_offer(c.get(), own, hostility == Hostility::kBlockingEventfd ? evfd.get() : -1);
