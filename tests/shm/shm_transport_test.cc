@@ -342,14 +342,30 @@ TEST_CASE("shm: a peer that never drains its wake-ups costs the waker a refused 
   // One announced sleep: one wake-up, however many batches follow.
   for (uint64_t i = 0; i < 1000; ++i) post_and_consume(i);
   CHECK(a.link->shm_stats().wakeups_sent == 1);
-  // A new announcement before each post: each post wakes the peer.
-  const auto until = Clock::now() + 10s;
-  uint64_t i = 0;
-  for (; i < 200000 && Clock::now() < until; ++i) {
-    std::atomic_ref<uint32_t>(ctl->sleeping).store(static_cast<uint32_t>(i + 2), std::memory_order_seq_cst);
-    post_and_consume(i);
+  // A new announcement before each post: each post wakes the peer.  On a
+  // thread of its own, so that a send that waited (the bug) fails the
+  // test after 20 s instead of hanging it; the test then drains the
+  // peer's socket to free it.
+  std::atomic<uint64_t> posted{0};
+  std::atomic<bool> finished{false};
+  std::thread poster([&] {
+    for (uint64_t i = 0; i < 200000; ++i) {
+      std::atomic_ref<uint32_t>(ctl->sleeping)
+          .store(static_cast<uint32_t>(i + 2), std::memory_order_seq_cst);
+      post_and_consume(i);
+      posted.store(i + 1, std::memory_order_relaxed);
+    }
+    finished.store(true);
+  });
+  const bool in_time = test_wait([&] { return finished.load(); }, 20s);
+  CHECK_MESSAGE(in_time, "a wake-up send waited on the peer: " << posted.load()
+                                                                << " of 200000 posted in 20 s");
+  while (!finished.load()) {
+    std::array<char, 4096> sink;
+    [[maybe_unused]] const ssize_t n = ::recv(raw.sock.get(), sink.data(), sink.size(), MSG_DONTWAIT);
   }
-  CHECK(i == 200000);
+  poster.join();
+  CHECK(posted.load() == 200000);
   CHECK_FALSE(a.link->down());
   CHECK(a.link->shm_stats().wakeups_sent == 200001);
   // The socket filled long before: most wake-ups found it full, which is
