@@ -103,6 +103,16 @@ struct SLOTRPC_API Config {
   // the abstract name @slotrpc-<TCP port>.  "off": no Unix socket, and auto
   // never tries shm.
   std::string unix_path;
+  // SLOTRPC_SHM_PEER_UIDS: which users may be at the other end of an shm
+  // session's Unix socket, checked on both ends by the uid the kernel
+  // records for the peer (SO_PEERCRED).  Empty or "self" (default): this
+  // process's own effective uid only; a comma-separated list of uids and
+  // "self" ("self,1001"); or "any".  A Channel refuses a server outside it
+  // before sending anything, a Server refuses such a client, both with
+  // PERMISSION_DENIED naming the uid and this setting; transport auto then
+  // uses TCP.  Why: any local process can bind a server's default name
+  // @slotrpc-<port> first (docs/design.md, "Trust and security").
+  std::string shm_peer_uids;
 
   // Server admission (docs/design.md, "Limits and abuse").  A session
   // beyond a limit is refused in its HelloReply with RESOURCE_EXHAUSTED

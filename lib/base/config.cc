@@ -21,6 +21,7 @@
 #include "base/cpu_list.h"
 #include "base/logging.h"
 #include "base/settings.h"
+#include "base/uid_policy.h"
 #include "slotrpc/config.h"
 
 namespace slotrpc {
@@ -108,7 +109,7 @@ std::span<const std::string_view> named_settings() {
       "SLOTRPC_POLL_MODE", "SLOTRPC_TRANSPORT",  "SLOTRPC_LOG_LEVEL",
       "SLOTRPC_DEVICE",    "SLOTRPC_GID_INDEX", "SLOTRPC_RELAXED_ORDERING",
       "SLOTRPC_SRQ",       "SLOTRPC_MAX_RING_MEMORY", "SLOTRPC_METRICS_ADDRESS",
-      "SLOTRPC_UNIX_PATH", "SLOTRPC_MAX_BULK_BYTES",
+      "SLOTRPC_UNIX_PATH", "SLOTRPC_SHM_PEER_UIDS", "SLOTRPC_MAX_BULK_BYTES",
       "SLOTRPC_LOOP_CPUS", "SLOTRPC_TCP_LANE_CPUS", "SLOTRPC_ADMIN_ACCESS",
   };
   return kNames;
@@ -332,6 +333,8 @@ Status Config::validate() const {
     return st;
   }
   if (Status st = check_unix_path("Config.unix_path (SLOTRPC_UNIX_PATH)", unix_path); !st.ok()) return st;
+  if (auto p = parse_uid_policy("Config.shm_peer_uids (SLOTRPC_SHM_PEER_UIDS)", shm_peer_uids); !p.ok())
+    return p.status();
   if (Status st = check_cpu_list("Config.loop_cpus (SLOTRPC_LOOP_CPUS)", loop_cpus); !st.ok()) return st;
   if (Status st = check_cpu_list("Config.tcp_lane_cpus (SLOTRPC_TCP_LANE_CPUS)", tcp_lane_cpus); !st.ok())
     return st;
@@ -514,6 +517,10 @@ Result<Config> Config::with_environment() const {
   if (const char* text = env("SLOTRPC_UNIX_PATH")) {
     if (Status st = check_unix_path(env_label("SLOTRPC_UNIX_PATH"), text); !st.ok()) return st;
     out.unix_path = text;
+  }
+  if (const char* text = env("SLOTRPC_SHM_PEER_UIDS")) {
+    if (auto p = parse_uid_policy(env_label("SLOTRPC_SHM_PEER_UIDS"), text); !p.ok()) return p.status();
+    out.shm_peer_uids = text;
   }
   for (auto [name, field] : {std::pair{"SLOTRPC_LOOP_CPUS", &Config::loop_cpus},
                              std::pair{"SLOTRPC_TCP_LANE_CPUS", &Config::tcp_lane_cpus}}) {

@@ -109,6 +109,9 @@ struct Acceptor::Impl {
   Impl(const Config& c, int listen_fd, OnHello cb, int unix_fd, std::string unix_name_)
       : config(c), acceptor(io), unix_acceptor(io), unix_name(std::move(unix_name_)), fd_timer(io),
         on_hello(std::move(cb)), prefix(hello_prefix()) {
+    auto peers = base::parse_uid_policy("Config.shm_peer_uids", config.shm_peer_uids);
+    if (!peers.ok()) throw std::runtime_error("slotrpc acceptor: " + peers.status().message());
+    shm_peers = std::move(peers).value();
     boost::system::error_code ec;
     if (unix_fd >= 0) {
       unix_acceptor.assign(asio::local::stream_protocol(), unix_fd, ec);
@@ -133,6 +136,8 @@ struct Acceptor::Impl {
   tcp::acceptor acceptor;
   asio::local::stream_protocol::acceptor unix_acceptor;  // shm sessions, if open
   std::string unix_name;
+  // Who may connect there (SLOTRPC_SHM_PEER_UIDS; the Config is valid).
+  base::UidPolicy shm_peers;
   asio::steady_timer fd_timer;  // paused accepting at the fd limit
   OnHello on_hello;
   const std::array<std::byte, 6> prefix;
@@ -381,6 +386,15 @@ void Acceptor::Impl::on_read(const std::shared_ptr<Pending>& p, size_t n) {
         if (ec) {
           if (ec != asio::error::operation_aborted) finish(p);
           return;
+        }
+        // A client of a user SLOTRPC_SHM_PEER_UIDS leaves out is refused
+        // before anything of it is taken (docs/design.md, "Trust and
+        // security").  Here, with its Hello and offer read, so that the
+        // refusal reaches it as a HelloReply, not a broken pipe.
+        if (Status st = check_shm_peer(p->sock.native_handle(), shm_peers, "the shm client",
+                                       "this server's");
+            !st.ok()) {
+          return refuse(p, st);
         }
         handed_over(p);
       });

@@ -146,7 +146,9 @@ namespace {
 // server's offer, and creates the session on the loop.  `*reached` says
 // whether a server answered there (false: nobody listens, ENOENT or
 // ECONNREFUSED, so auto falls back quietly); `*refused` whether it refused
-// the session in its HelloReply (a limit: that is the answer, no fallback).
+// the session in its HelloReply (a limit: that is the answer, no fallback;
+// but PERMISSION_DENIED, our uid outside its SLOTRPC_SHM_PEER_UIDS, lets
+// auto go on to TCP, as our own refusal of its uid does).
 Result<Established> establish_shm(Channel::Impl& impl, const std::string& name,
                                   rpc::Deadline deadline, bool* reached, bool* refused) {
   *refused = false;
@@ -160,6 +162,15 @@ Result<Established> establish_shm(Channel::Impl& impl, const std::string& name,
   }
   *reached = true;
   FdGuard fd{connected.value()};
+  // Whoever listens there is checked before a byte goes out: any local
+  // process can bind a server's default name first (docs/design.md,
+  // "Trust and security").  A refused one sees a connection close, no
+  // Hello, no offer.
+  auto policy = base::parse_uid_policy("Config.shm_peer_uids (SLOTRPC_SHM_PEER_UIDS)", cfg.shm_peer_uids);
+  if (!policy.ok()) return policy.status();
+  if (Status st = rpc::check_shm_peer(fd.fd, policy.value(), "the shm server at unix:" + name,
+                                     "this client's"); !st.ok())
+    return st;
   reactor::Reactor& loop = *impl.loop;
   auto t = on_loop(loop, [&] { return rpc::loop_shm(loop); });
   if (!t.ok()) return t.status();
@@ -271,9 +282,13 @@ Result<Established> establish(Channel::Impl& impl) {
       est.value().note = fmt::format("{} is on this host; {}", endpoint->host, est.value().note);
       return est;
     }
-    if (refused) return fail(est.status());  // the server's answer (a limit), not a reason to fall back
+    // A uid refused, by either end: the shm socket is not for this pair
+    // of users (or not the server's at all), TCP is.
+    const bool denied = est.status().code() == StatusCode::kPermissionDenied;
+    // The server's answer (a limit) is not a reason to fall back.
+    if (refused && !denied) return fail(est.status());
     if (cfg.transport == TransportKind::kShm) {
-      return fail(Status(StatusCode::kUnavailable,
+      return fail(Status(denied ? StatusCode::kPermissionDenied : StatusCode::kUnavailable,
                          fmt::format("transport 'shm' was requested (Config.transport / "
                                      "SLOTRPC_TRANSPORT) but the server's Unix socket unix:{} "
                                      "cannot be used: {}", name, est.status().message())));

@@ -239,6 +239,21 @@ std::string peer_credentials(int fd) {
   return fmt::format("pid {} uid {}", c.pid, c.uid);
 }
 
+Status check_shm_peer(int fd, const base::UidPolicy& policy, std::string_view who,
+                      std::string_view whose) {
+  ucred c{};
+  socklen_t len = sizeof c;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c, &len) != 0)
+    return Status(StatusCode::kPermissionDenied,
+                  fmt::format("{}: its credentials cannot be read (SO_PEERCRED: {}), so {} {} "
+                              "cannot be checked", who, std::strerror(errno), whose,
+                              base::describe(policy)));
+  if (base::allows(policy, c.uid)) return {};
+  return Status(StatusCode::kPermissionDenied,
+                fmt::format("{} is pid {} uid {}, which {} {} does not allow (list uid {} there to "
+                            "trust it)", who, c.pid, c.uid, whose, base::describe(policy), c.uid));
+}
+
 bool is_local_host(const std::string& host) {
   namespace asio = boost::asio;
   asio::io_context io;

@@ -12,6 +12,7 @@
 #include <cstddef>
 
 #include "base/address.h"
+#include "base/uid_policy.h"
 #include "slotrpc/result.h"
 
 namespace slotrpc::rpc {
@@ -51,6 +52,13 @@ Result<int> connect_unix(const std::string& name, Deadline deadline, int* err = 
 Result<int> listen_unix(const std::string& name);
 // "pid 1234 uid 1000" of the process at the other end (SO_PEERCRED).
 std::string peer_credentials(int fd);
+// Whether the process at the other end of the Unix socket `fd` runs as a
+// uid `policy` allows (SO_PEERCRED, recorded by the kernel when the peer
+// connected or listened): ok, or PERMISSION_DENIED naming `who` ("the shm
+// server at unix:@slotrpc-5000"), its pid and uid, and the setting of
+// `whose` side ("this client's").
+Status check_shm_peer(int fd, const base::UidPolicy& policy, std::string_view who,
+                      std::string_view whose);
 // True when `host` resolves to a loopback address or an address of one of
 // this host's interfaces (in this network namespace): a server reached
 // there may be on this host.

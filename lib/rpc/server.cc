@@ -230,8 +230,22 @@ Status Server::start(const std::string& listen_address) {
                                                  ? std::string(" (transport=shm)")
                                                  : std::string(" (SLOTRPC_UNIX_PATH)")));
     } else {
-      base::log().warn("slotrpc: server on port {} serves no shm sessions: {}", impl_->port,
-                       fd.status().message());
+      // Name who holds it: another server of this port, or a process that
+      // took the name first to catch this server's shm clients (only
+      // clients whose SLOTRPC_SHM_PEER_UIDS allows its uid would talk to
+      // it; docs/design.md, "Trust and security").  The probe connects and
+      // closes, sending nothing.
+      std::string holder;
+      auto probe = rpc::connect_unix(unix_name,
+                                     std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
+      if (probe.ok()) {
+        holder = fmt::format(" (held by {}: a client on this host uses shm with it only if its "
+                             "SLOTRPC_SHM_PEER_UIDS allows that uid, TCP otherwise)",
+                             rpc::peer_credentials(probe.value()));
+        ::close(probe.value());
+      }
+      base::log().warn("slotrpc: server on port {} serves no shm sessions: {}{}", impl_->port,
+                       fd.status().message(), holder);
       unix_name.clear();
     }
   }
