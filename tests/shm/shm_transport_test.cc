@@ -334,7 +334,7 @@ TEST_CASE("shm: a peer that never drains its wake-ups costs the waker a refused 
   // reads its socket.
   auto post_and_consume = [&](uint64_t i) {
     const auto h = control_bytes(i);
-    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
+    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Delivery::kControl};
     a.link->post({&o, 1});
     std::atomic_ref<uint64_t>(ctl->tail).store(load_peer(a_ctl->head, std::memory_order_acquire),
                                                std::memory_order_release);
