@@ -264,6 +264,7 @@ CallHandle Channel::call_stream(uint32_t method_id, RequestWriter writer, CallOp
                                 ReplySink on_message, std::function<void(Status)> on_end) {
   auto* pc = new core::PendingCall;
   pc->method_id = method_id;
+  pc->method_name = options.method_name;
   pc->writer = std::move(writer);
   pc->sink = std::move(on_message);
   pc->on_end = std::move(on_end);
@@ -375,6 +376,7 @@ std::shared_ptr<detail::OutStreamState> Channel::open_stream(uint32_t method_id,
                                                              std::function<void(Status)> on_end) {
   auto* pc = new core::PendingCall;
   pc->method_id = method_id;
+  pc->method_name = options.method_name;
   pc->sink = std::move(on_reply);
   pc->on_end = std::move(on_end);
   pc->stream = bidi;
