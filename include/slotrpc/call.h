@@ -78,6 +78,13 @@ struct CallOptions {
   uint32_t max_retries = 0;
   bool idempotent = false;
 
+  // The method's full name ("pkg.Service.Method"), a string that outlives
+  // the call (a literal).  Generated clients set it from their descriptor;
+  // the client's own statuses then name the method ("call to
+  // pkg.Service/Method exceeded its deadline of 10 ms ..."), as do its
+  // per-method metrics.  Null (raw calls): they name the method id.
+  const char* method_name = nullptr;
+
   // Bulk attachments of a unary call.  `send_bulk` offers
   // request data the handler pulls with ServerCall::read_bulk(i);
   // `receive_bulk` offers destinations the handler fills with

@@ -36,6 +36,10 @@ struct MethodCounters {
   uint64_t bulk_bytes_in = 0;
   uint64_t bulk_bytes_out = 0;
   Histogram latency_us;
+  // Client: the method's full name when a generated client called it
+  // (CallOptions::method_name, a static string), so metrics name methods
+  // that no server in this process has.
+  const char* name = nullptr;
 
   void finish(StatusCode code, uint64_t us) {
     ++finished[code_index(code)];

@@ -82,6 +82,7 @@ void Collector::add(const LoopReading& r) {
       into.bytes_out += m.bytes_out;
       into.bulk_bytes_in += m.bulk_bytes_in;
       into.bulk_bytes_out += m.bulk_bytes_out;
+      if (into.name == nullptr) into.name = m.name;
       into.latency_us.merge(m.latency_us);
     }
   }
@@ -118,6 +119,7 @@ MetricsSnapshot Collector::finish(const Namer& name) {
     mm.server = !key.first;
     mm.id = key.second;
     std::string n = name ? name(mm.id, mm.server) : std::string();
+    if (n.empty() && m.name != nullptr) n = m.name;  // a generated client's
     mm.name = n.empty() ? fmt::format("0x{:08x}", mm.id) : method_display_name(n);
     mm.started = m.started;
     mm.finished = m.finished;

@@ -291,6 +291,7 @@ CallHandle Channel::call_stream(uint32_t method_id, RequestWriter writer, CallOp
   auto* pc = new core::PendingCall;
   pc->method_id = method_id;
   pc->metadata = std::move(options.metadata);
+  pc->method_name = options.method_name;
   pc->writer = std::move(writer);
   pc->sink = std::move(on_message);
   pc->on_end = std::move(on_end);
@@ -408,6 +409,7 @@ std::shared_ptr<detail::OutStreamState> Channel::open_stream(uint32_t method_id,
   auto* pc = new core::PendingCall;
   pc->method_id = method_id;
   pc->metadata = std::move(options.metadata);
+  pc->method_name = options.method_name;
   pc->sink = std::move(on_reply);
   pc->on_end = std::move(on_end);
   pc->stream = bidi;
