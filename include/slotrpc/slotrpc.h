@@ -9,6 +9,7 @@
 #include "slotrpc/histogram.h"
 #include "slotrpc/memory.h"
 #include "slotrpc/metrics.h"
+#include "slotrpc/raw.h"
 #include "slotrpc/reply.h"
 #include "slotrpc/result.h"
 #include "slotrpc/runtime.h"
