@@ -13,23 +13,15 @@
 
 #include "slotrpc/memory.h"
 #include "slotrpc/metadata.h"
+#include "slotrpc/raw.h"
 #include "slotrpc/reply.h"
 
 namespace slotrpc {
 
 using Clock = std::chrono::steady_clock;
 
-// Builds the request FlatBuffer and calls Finish().  It runs on the
-// channel's event loop as soon as a slot is free, writing straight into the
-// registered send slot (zero copy) - possibly after call() returned, so
-// capture by value what it needs.  A request larger than the slot throws
-// inside the builder; the call then fails with RESOURCE_EXHAUSTED and
-// nothing is sent.
-using RequestWriter = std::function<void(flatbuffers::FlatBufferBuilder&)>;
-
-// Receives the outcome of a call on the channel's event loop.  Keep the
-// RawReply (move it) to read it later; drop it to free its slot at once.
-using ReplySink = std::function<void(RawReply&&)>;
+// RequestWriter and ReplySink, what every call is made of underneath, are
+// the raw call's types (raw.h).
 
 // One bulk attachment (docs/design.md, "Bulk payloads"):
 // `length` bytes at `offset` of a registered region, or of memory not

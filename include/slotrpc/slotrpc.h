@@ -11,6 +11,7 @@
 #include "slotrpc/memory.h"
 #include "slotrpc/metrics.h"
 #include "slotrpc/peer.h"
+#include "slotrpc/raw.h"
 #include "slotrpc/reply.h"
 #include "slotrpc/result.h"
 #include "slotrpc/runtime.h"

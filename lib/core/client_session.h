@@ -219,8 +219,10 @@ class ClientSession final : public SessionBase,
   ClientSession(core::Loop& loop, std::unique_ptr<transport::Link> link, Geometry g,
                 std::string peer);
 
-  static void on_completion_thunk(SessionBase* s, const transport::Completion& c);
-  static void flush_thunk(SessionBase* s);
+  friend struct SessionDispatch<ClientSession>;
+  bool ignores(const transport::Completion&) const { return closed_; }
+  void on_link_down(const transport::Completion& c);
+  void on_bulk_completion(const transport::Completion& c) { on_bulk_done(c.bulk_token); }  // a revoke
   static void on_deadline(void* self, uint64_t call);
   Status deadline_exceeded(const PendingCall& call) const;
 

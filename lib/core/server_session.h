@@ -149,8 +149,14 @@ class ServerSession final : public SessionBase {
   ServerSession(core::Loop& loop, std::unique_ptr<transport::Link> link, Geometry g,
                 const MethodTable& methods, std::string peer, ClosedFn on_closed);
 
-  static void on_completion_thunk(SessionBase* s, const transport::Completion& c);
-  static void flush_thunk(SessionBase* s);
+  friend struct SessionDispatch<ServerSession>;
+  // Nothing is dropped unseen: a handler's fiber waits for its kBulkDone
+  // even on a closed session, and on_message checks for itself.
+  bool ignores(const transport::Completion&) const { return false; }
+  void on_link_down(const transport::Completion& c) {
+    close(c.link != nullptr ? c.link->down_reason() : "link down");
+  }
+  void on_bulk_completion(const transport::Completion& c);
   static void run_handler(void* self, uint64_t slot);
 
   void on_message(const transport::Completion& c);

@@ -18,10 +18,15 @@ LoopReading read_loop(core::Loop& loop, const std::vector<const transport::Link*
   for (const transport::Link* link : links) {
     if (link == nullptr) continue;
     switch (LoopCounters::kind_of(*link)) {
-      case LoopCounters::Kind::kVerbs:
-        LoopCounters::add(r.verbs_live, link->stats());
+      case LoopCounters::Kind::kVerbs: {
+        const transport::LinkStats s = link->stats();
+        LoopCounters::add(r.verbs_live, s);
         ++r.verbs_sessions;
+        r.verbs_max_inline = std::max(r.verbs_max_inline, s.max_inline);
+        r.verbs_srq += s.shared_receive_queue ? 1 : 0;
+        r.verbs_memory_window += s.memory_window ? 1 : 0;
         break;
+      }
       case LoopCounters::Kind::kShm:
         LoopCounters::add(r.shm_live, link->stats());
         ++r.shm_sessions;
@@ -94,6 +99,9 @@ void Collector::add(const LoopReading& r) {
   LoopCounters::add(shm_, r.shm_live);
   tcp_sessions_ += r.tcp_sessions;
   tcp_lanes_ += r.tcp_lanes;
+  verbs_max_inline_ = std::max(verbs_max_inline_, r.verbs_max_inline);
+  verbs_srq_ += r.verbs_srq;
+  verbs_memory_window_ += r.verbs_memory_window;
   verbs_sessions_ += r.verbs_sessions;
   shm_sessions_ += r.shm_sessions;
   tcp_polls_.merge(r.counters.tcp.completions_per_poll);
@@ -161,6 +169,9 @@ MetricsSnapshot Collector::finish(const Namer& name) {
   out.transports.back().bulk_lanes = tcp_lanes_;
   if (verbs_sessions_ != 0 || verbs_.slot_sends != 0 || verbs_polls_.count() != 0) {
     out.transports.push_back(transport("verbs", verbs_, verbs_sessions_, verbs_polls_));
+    out.transports.back().max_inline = verbs_max_inline_;
+    out.transports.back().srq_sessions = verbs_srq_;
+    out.transports.back().memory_window_sessions = verbs_memory_window_;
   }
   // Like verbs, only once it was used: a TCP-only process shows tcp alone.
   if (shm_sessions_ != 0 || shm_.slot_sends != 0 || shm_polls_.count() != 0) {

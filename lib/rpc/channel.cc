@@ -274,6 +274,7 @@ Status Channel::add_interceptor(ClientInterceptor check) {
 Status Channel::Impl::run_interceptors(uint32_t method_id, CallOptions& options) {
   ClientCallInfo info;
   info.method_id = method_id;
+  info.method_name = options.method_name;
   info.target = address;
   info.deadline = options.deadline;
   info.metadata = &options.metadata;
@@ -374,18 +375,11 @@ Channel::Stats Channel::stats() const {
     out.lent = c.lent;
     out.late_replies_dropped = c.late_replies_dropped;
     out.messages_sent = c.messages_sent;
-    out.inline_sends = c.link.inline_sends;
-    out.noninline_sends = c.link.noninline_sends;
-    out.doorbells = c.link.doorbells;
-    out.max_inline = c.link.max_inline;
-    out.shared_receive_queue = c.link.shared_receive_queue;
-    out.memory_window = c.link.memory_window;
     out.packs_sent = c.packs_sent;
     out.packed_requests = c.packed_messages;
     out.packs_received = c.packs_received;
     out.work_requests = c.link.slot_sends + c.link.control_sends;
     out.link_messages = c.link.messages;
-    out.link_packets = c.link.packets;
     out.closed = impl->session->closed();
     out.reconnect_attempts = impl->reconnect_attempts;
     out.reconnects = impl->reconnects;

@@ -101,13 +101,10 @@ Status TcpLink::attach_lane(int fd) {
 
 Status TcpLink::attach_connection(Result<int> connection) {
   Status st = connection.ok() ? attach_lane(connection.value()) : connection.status();
-  if (st.ok()) {
-    base::log().debug("slotrpc: {}: bulk lane open", description_);
-  } else {
-    // A session without its lane still works: bulk data shares its connection.
+  // A session without its lane still works: bulk data shares its connection.
+  if (!st.ok())
     base::log().warn("slotrpc: {}: no bulk lane, bulk data shares the connection: {}",
                      description_, st.message());
-  }
   return st;
 }
 
