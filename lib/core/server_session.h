@@ -71,6 +71,17 @@ class ServerSession final : public SessionBase {
   void close(std::string reason);
   bool closed() const { return closed_; }
   const std::string& peer() const { return peer_; }
+  // TLS (Config::tls): the client certificate's subject and subject
+  // alternative names, set once before the session serves (mTLS); tls()
+  // false on a plain session.  Loop thread, like peer().
+  void set_tls_identity(std::string subject, std::vector<std::string> sans) {
+    tls_ = true;
+    tls_subject_ = std::move(subject);
+    tls_sans_ = std::move(sans);
+  }
+  bool tls() const { return tls_; }
+  const std::string& tls_subject() const { return tls_subject_; }
+  const std::vector<std::string>& tls_sans() const { return tls_sans_; }
   uint32_t running_handlers() const { return running_; }
   // Loop thread, cold: the link, for its counters (metrics).
   const transport::Link& link() const { return *link_; }
@@ -167,6 +178,9 @@ class ServerSession final : public SessionBase {
   Geometry geometry_;
   const MethodTable& methods_;
   std::string peer_;
+  bool tls_ = false;
+  std::string tls_subject_;
+  std::vector<std::string> tls_sans_;
   ClosedFn on_closed_;
   SlotRing recv_ring_;
   SlotRing send_ring_;

@@ -45,7 +45,7 @@ std::string explain_setup_failure(const Status& st) {
 
 void Server::Impl::refuse(rpc::PendingSession& p, StatusCode code, const std::string& why) {
   refuse_log.warn(fmt::format("slotrpc: refused session from {}: {}", p.peer, why));
-  (void)rpc::send_hello_reply(p.fd, static_cast<uint16_t>(code), p.hello, why);
+  (void)rpc::send_hello_reply(p, static_cast<uint16_t>(code), why);
   ::close(p.fd);
   p.fd = -1;
 }
@@ -111,6 +111,8 @@ void Server::Impl::on_hello(rpc::PendingSession p) {
 void Server::Impl::on_lane_hello(rpc::PendingSession p) {
   if (config.tcp_bulk_lane == 0)
     return refuse(p, StatusCode::kUnavailable, "this server has bulk lanes off (tcp_bulk_lane = 0)");
+  if (config.tls)
+    return refuse(p, StatusCode::kUnavailable, "this server has bulk lanes off: they are off with TLS");
   if (p.extension.size() != core::kLaneTokenSize)
     return refuse(p, StatusCode::kInvalidArgument,
                   fmt::format("a bulk lane hello carries an {}-byte token, not {} bytes",
@@ -129,7 +131,7 @@ void Server::Impl::on_lane_hello(rpc::PendingSession p) {
       return refuse(p, StatusCode::kResourceExhausted, fmt::format("dup: {}", std::strerror(errno)));
     Status st = rpc::loop_tcp(*loops[index]).accept_lane(token, lane_fd);
     if (!st.ok()) return refuse(p, st.code(), "bulk lane refused: " + st.message());
-    if (!rpc::send_hello_reply(p.fd, 0, p.hello, std::string(), core::WireTransport::kTcpLane)) {
+    if (!rpc::send_hello_reply(p, 0, std::string(), core::WireTransport::kTcpLane)) {
       // The lane is attached but its client never hears so: it goes on
       // without one, and this end's lane is idle until the session ends.
       refuse_log.warn(fmt::format("slotrpc: bulk lane from {}: the HelloReply could not be written "
@@ -189,7 +191,7 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
     }
     if (!session) {
       uint64_t lane_token = 0;
-      auto s = open_tcp(index, p.fd, g, p.peer, ring_bytes, &lane_token);
+      auto s = open_tcp(index, p, g, ring_bytes, &lane_token);
       if (!s.ok()) {
         const std::string why = explain_setup_failure(s.status());
         return fail(why != s.status().message() ? StatusCode::kResourceExhausted : s.status().code(),
@@ -215,6 +217,7 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
                 fmt::format("server cannot set up the session: {}", e.what()));
   }
   session->set_client_takes_all_status_codes((p.hello.features & core::kFeatureStatusCodes) != 0);
+  if (p.tls) session->set_tls_identity(p.tls_subject, p.tls_sans);
   if (packing && config.pack_small != 0) {
     session->configure_packing(config.pack_small, (p.hello.features & core::kFeaturePack) != 0);
     features |= core::kFeaturePack;
@@ -226,8 +229,7 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
   // counted first: a client that has its reply must find it in
   // session_count().
   ++session_count;
-  if (!rpc::send_hello_reply(p.fd, 0, p.hello,
-                             transport == core::WireTransport::kVerbs ? std::string() : tcp_note,
+  if (!rpc::send_hello_reply(p, 0, transport == core::WireTransport::kVerbs ? std::string() : tcp_note,
                              transport, extension, features)) {
     refuse_log.warn(fmt::format("slotrpc: handshake with {} failed: the HelloReply could not be "
                                 "written at once", p.peer));
@@ -248,6 +250,14 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
   ::close(p.fd);  // the link works on its own duplicate
   base::log().debug("slotrpc: session with {} on loop {}", p.peer, index);
   core::ServerSession* raw = session.get();
+  if (raw->tls()) {
+    // Who the client is, as its certificate says (what the session holds).
+    std::string who = raw->tls_subject().empty() ? std::string("no client certificate")
+                                                 : "client certificate " + raw->tls_subject();
+    for (size_t i = 0; i < raw->tls_sans().size(); ++i) who += (i == 0 ? " [" : ", ") + raw->tls_sans()[i];
+    if (!raw->tls_sans().empty()) who += "]";
+    base::log().info("slotrpc: TLS session with {} on loop {}: {}", p.peer, index, who);
+  }
   sessions[index].emplace(raw, std::move(session));
 }
 
@@ -280,8 +290,10 @@ Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_shm(
 }
 
 Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_tcp(
-    size_t index, int fd, core::ServerSession::Geometry g, const std::string& peer,
-    uint64_t ring_bytes, uint64_t* lane_token) {
+    size_t index, const rpc::PendingSession& p, core::ServerSession::Geometry g, uint64_t ring_bytes,
+    uint64_t* lane_token) {
+  const int fd = p.fd;
+  const std::string& peer = p.peer;
   reactor::Reactor& loop = *loops[index];
   // The link gets a duplicate: the original stays ours for the reply, even
   // when a failure below destroys the link (and closes its fd).
@@ -289,10 +301,14 @@ Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_tcp(
   if (link_fd < 0) {
     return Status(StatusCode::kResourceExhausted, fmt::format("dup: {}", std::strerror(errno)));
   }
-  auto link = rpc::loop_tcp(loop).adopt(link_fd, fmt::format("tcp {} -> {}", rpc::local_name(fd), peer));
+  // A TLS link reads and writes through the handshake's stream, which the
+  // HelloReply is written through before any frame (open_session).
+  auto link = rpc::loop_tcp(loop).adopt(
+      link_fd, fmt::format("tcp{} {} -> {}", p.tls ? "+tls" : "", rpc::local_name(fd), peer), p.tls_stream);
   if (!link.ok()) return link.status();  // adopt() has closed link_fd
   // Loop indexes fit the token's 16 route bits (reactor_threads <= 256).
-  if (config.tcp_bulk_lane != 0) *lane_token = link.value()->offer_lane(static_cast<uint16_t>(index));
+  // No lanes with TLS: a lane would be a second, unprotected connection.
+  if (config.tcp_bulk_lane != 0 && !p.tls) *lane_token = link.value()->offer_lane(static_cast<uint16_t>(index));
   link.value()->accept_pushes(config.tcp_bulk_push != 0);  // announced below (kFeatureTcpPush)
   auto session = core::ServerSession::create(loop, std::move(link.value()), g, methods, peer,
                                              on_closed(index, ring_bytes));

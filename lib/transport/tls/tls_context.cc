@@ -58,8 +58,11 @@ void common_setup(SSL_CTX* ctx) {
 Status load_pair(SSL_CTX* ctx, const Config& c) {
   if (SSL_CTX_use_certificate_chain_file(ctx, c.tls_cert.c_str()) != 1)
     return file_error("Config.tls_cert (SLOTRPC_TLS_CERT)", c.tls_cert, "certificate chain");
-  if (SSL_CTX_use_PrivateKey_file(ctx, c.tls_key.c_str(), SSL_FILETYPE_PEM) != 1)
-    return file_error("Config.tls_key (SLOTRPC_TLS_KEY)", c.tls_key, "private key");
+  if (SSL_CTX_use_PrivateKey_file(ctx, c.tls_key.c_str(), SSL_FILETYPE_PEM) != 1) {
+    if (ERR_GET_REASON(ERR_peek_last_error()) != X509_R_KEY_VALUES_MISMATCH)
+      return file_error("Config.tls_key (SLOTRPC_TLS_KEY)", c.tls_key, "private key");
+    ERR_clear_error();  // a key, but another certificate's: said below
+  }
   if (SSL_CTX_check_private_key(ctx) != 1) {
     return Status(StatusCode::kInvalidArgument,
                   fmt::format("Config.tls_key (SLOTRPC_TLS_KEY) '{}' does not belong to the certificate "

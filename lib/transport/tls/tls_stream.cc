@@ -23,7 +23,8 @@ namespace {
 constexpr size_t kRecord = 16 * 1024;
 // Plaintext handed to one SSL_write straight from a large frame's memory.
 constexpr size_t kDirectChunk = 64 * 1024;
-constexpr size_t kFirstBytes = 64;
+// A plain HelloReply with its message fits (kHelloSize + kMaxHandshakeMessage).
+constexpr size_t kFirstBytes = 32 + 1024;
 
 BIO_METHOD* stream_bio_method();
 

@@ -63,7 +63,7 @@ class Stream {
   // this side, or an alert from the peer that refused ours (a client's
   // connect then fails with UNAUTHENTICATED).
   bool auth_failure() const { return auth_failure_; }
-  // The first bytes the peer sent (up to 64): a peer that does not speak
+  // The first bytes the peer sent (up to 1056): a peer that does not speak
   // TLS is recognised by them (a plain slotrpc HelloReply, say).
   const std::vector<std::byte>& first_bytes() const { return first_; }
 
