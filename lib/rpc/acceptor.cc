@@ -79,8 +79,17 @@ bool send_hello_reply(int fd, uint16_t status, const core::Hello& hello, const s
 bool send_hello_reply(const PendingSession& p, uint16_t status, const std::string& message,
                       core::WireTransport transport, std::span<const std::byte> extension,
                       uint16_t features) {
-  return write_hello_reply(p.fd, p.tls_stream.get(), status, p.hello, message, transport, extension,
-                           features);
+  if (p.tls_stream == nullptr)
+    return write_hello_reply(p.fd, nullptr, status, p.hello, message, transport, extension, features);
+  // Through p.fd, which the caller still holds: the stream may have moved
+  // to a link's duplicate that a failed setup has closed already.  A link
+  // that lives on gets its own fd back.
+  const int link_fd = p.tls_stream->fd();
+  p.tls_stream->set_fd(p.fd);
+  const bool ok =
+      write_hello_reply(p.fd, p.tls_stream.get(), status, p.hello, message, transport, extension, features);
+  p.tls_stream->set_fd(link_fd);
+  return ok;
 }
 
 namespace {

@@ -411,7 +411,9 @@ void TcpLink::on_readable(bool drain_all) {
     // Fewer bytes than asked: the socket is drained; skip the EAGAIN call
     // (unless more of a bulk frame is on its way to a quiet link: above;
     // a short read never completes the frame).
-    if (static_cast<size_t>(n) < room && !drain_all && !read_on && short_read_drains_) return;
+    // (TLS: a read returns a record at most; the stream knows whether the
+    // socket came back short.)
+    if (!drain_all && !read_on && (tls_ == nullptr ? static_cast<size_t>(n) < room : tls_->drained())) return;
   }
 }
 

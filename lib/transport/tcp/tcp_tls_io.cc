@@ -37,7 +37,6 @@ void TcpLink::use_tls(std::shared_ptr<tls::Stream> stream) {
   tls_ = std::move(stream);
   send_fn_ = &tls_send;
   recv_fn_ = &tls_recv;
-  short_read_drains_ = false;
   // A record is at most 16 KiB: about what a plain link's reads take per
   // event, in records.
   read_budget_ = tcp_limits::kReadBudget * 16;

@@ -361,11 +361,10 @@ class TcpLink final : public Link {
   SendFn send_fn_ = &plain_send;
   RecvFn recv_fn_ = &plain_recv;
   // TLS: the Stream, and how reading differs.  A record is at most 16 KiB,
-  // so a short read does not mean the socket is drained, and an event may
-  // read more times; bytes OpenSSL read ahead are invisible to epoll, so
-  // the transport comes back for them (tls_watch_).
+  // so a short read does not mean the socket is drained (Stream::drained
+  // does), and an event may read more times; bytes OpenSSL read ahead are
+  // invisible to epoll, so the transport comes back for them (tls_watch_).
   std::shared_ptr<tls::Stream> tls_;
-  bool short_read_drains_ = true;
   int read_budget_ = 0;  // reads per event: tcp_limits::kReadBudget, more on TLS
   bool tls_watched_ = false;
   std::string description_;

@@ -78,6 +78,7 @@ int Stream::bio_read(BIO* bio, char* data, int len) {
   do {
     n = ::recv(s->fd_, data, static_cast<size_t>(len), MSG_DONTWAIT);
   } while (n < 0 && errno == EINTR);
+  s->rx_short_ = n < len;
   if (n < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK) BIO_set_retry_read(bio);
     return -1;

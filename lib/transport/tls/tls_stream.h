@@ -52,6 +52,7 @@ class Stream {
   // The socket the Stream reads and writes (a TCP link works on a
   // duplicate of the handshake's fd).  Not owned.
   void set_fd(int fd) { fd_ = fd; }
+  int fd() const { return fd_; }
 
   // One step of the handshake, non-blocking.
   enum class Step : uint8_t { kDone, kWantRead, kWantWrite, kFailed };
@@ -78,6 +79,10 @@ class Stream {
   // Bytes decrypted or read ahead but not yet returned by read(): epoll
   // will not report them, the reader must come back on its own.
   bool pending_in() const;
+  // Nothing left to read now: the socket's last recv() came back short (or
+  // empty) and OpenSSL holds nothing: a reader need not call again until
+  // epoll says so (a plain socket's short read means the same).
+  bool drained() const { return rx_short_ && !pending_in(); }
   // Ciphertext not yet taken by the socket: wait for EPOLLOUT.
   bool pending_out() const { return out_head_ < out_.size(); }
 
@@ -103,6 +108,7 @@ class Stream {
   SSL* ssl_ = nullptr;
   int fd_ = -1;
   bool corked_ = false;
+  bool rx_short_ = false;  // the last recv() took less than asked
   int send_errno_ = 0;  // a hard send() error, reported by the next write()
   std::vector<std::byte> out_;  // ciphertext; [out_head_, size) unsent
   size_t out_head_ = 0;
