@@ -28,6 +28,7 @@
 #include "env_var.h"
 #include "log_capture.h"
 #include "process_util.h"
+#include "raw_tcp_client.h"
 #include "rpc/connector.h"
 #include "test_messages_generated.h"
 #include "tls_util.h"
@@ -463,4 +464,51 @@ TEST_CASE("TLS adversaries: idle sockets, slowloris ClientHellos and junk are cl
   CHECK(steady.progresses());
   CHECK(steady.failures().empty());
   CHECK(wait_until([&] { return ts.server.session_count() == 1; }, 5000ms));
+}
+
+TEST_CASE("TLS: what the acceptor's stream read ahead reaches the session (a PING right behind the Hello is answered)") {
+  // The Hello and a PING go in one TLS record: the acceptor's read of the
+  // 32-byte Hello leaves the PING decrypted inside OpenSSL, where epoll
+  // cannot see it.  The server's link must read it anyway.
+  tls_test::Pki pki;
+  tls_test::make_pki(pki);
+  Config sc = server_config(pki);
+  sc.keepalive_ms = 20'000;  // the server sends no PING of its own meanwhile
+  sc.peer_timeout_ms = 60'000;
+  TlsServer ts(sc);
+  const int fd = tcp_to(ts.server.port());
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  auto tls = slotrpc::rpc::tls_connect(fd, client_config(pki), "127.0.0.1", deadline);
+  REQUIRE_MESSAGE(tls.ok(), tls.status().to_string());
+  slotrpc::core::Hello hello;
+  hello.transport = slotrpc::core::WireTransport::kTcp;
+  hello.slot_count = 4;
+  hello.slot_size = 4096;
+  std::vector<std::byte> out(slotrpc::core::kHelloSize);
+  slotrpc::core::encode_hello(hello, out.data());
+  const auto ping = raw_tcp::frame(
+      true, 0, raw_tcp::body_of(raw_tcp::control_header(slotrpc::core::Kind::kPing, 0, 0, 0), {}));
+  out.insert(out.end(), ping.begin(), ping.end());
+  REQUIRE(slotrpc::rpc::write_all(fd, out, deadline, tls.value().get()).ok());
+  std::array<std::byte, slotrpc::core::kHelloSize> head{};
+  REQUIRE(slotrpc::rpc::read_exact(fd, head, deadline, tls.value().get()).ok());
+  auto reply = slotrpc::core::decode_hello_reply(head.data());
+  REQUIRE(reply.ok());
+  REQUIRE(reply->status == 0);
+  std::vector<std::byte> rest(reply->message_len + reply->extension_len);
+  REQUIRE(slotrpc::rpc::read_exact(fd, rest, deadline, tls.value().get()).ok());
+  // The PONG, within 3 s (well before any keepalive).
+  const auto until = std::chrono::steady_clock::now() + 3s;
+  bool pong = false;
+  while (!pong) {
+    std::array<std::byte, 8 + slotrpc::core::kHeaderSize> f{};
+    Status st = slotrpc::rpc::read_exact(fd, std::span(f).first(8), until, tls.value().get());
+    if (!st.ok()) break;
+    const uint32_t len = raw_tcp::load_u32(f.data()) & ~raw_tcp::kControlLane;
+    REQUIRE(len == slotrpc::core::kHeaderSize);
+    REQUIRE(slotrpc::rpc::read_exact(fd, std::span(f).subspan(8), until, tls.value().get()).ok());
+    pong = slotrpc::core::decode_header(f.data() + 8).kind() == slotrpc::core::Kind::kPong;
+  }
+  CHECK_MESSAGE(pong, "no PONG: the PING stayed in the acceptor's TLS buffer");
+  ::close(fd);
 }
