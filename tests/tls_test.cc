@@ -514,3 +514,24 @@ TEST_CASE("TLS: what the acceptor's stream read ahead reaches the session (a PIN
   CHECK_MESSAGE(pong, "no PONG: the PING stayed in the acceptor's TLS buffer");
   ::close(fd);
 }
+
+TEST_CASE("TLS: neither end uses shm unless SLOTRPC_UNIX_PATH is set explicitly") {
+  tls_test::Pki pki;
+  tls_test::make_pki(pki);
+  Config sc = server_config(pki);
+  sc.transport = TransportKind::kAuto;  // would serve shm on @slotrpc-<port> without TLS
+  TlsServer ts(sc);
+  Config cc = client_config(pki);
+  cc.transport = TransportKind::kAuto;  // would try shm first towards 127.0.0.1
+  auto ch = connect_ok(ts.address(), cc);
+  CHECK(ch->transport() == TransportKind::kTcp);
+  echo(*ch, 1);
+  // The server opened no Unix socket: an explicit shm client finds none.
+  Config shm;
+  shm.transport = TransportKind::kShm;
+  shm.connect_timeout_ms = 2000;
+  auto direct = Channel::connect(ts.address(), shm);
+  REQUIRE_FALSE(direct.ok());
+  CHECK_MESSAGE(contains(direct.status().message(), "unix:@slotrpc-" + std::to_string(ts.server.port())),
+                direct.status().message());
+}
