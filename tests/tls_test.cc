@@ -534,4 +534,16 @@ TEST_CASE("TLS: neither end uses shm unless SLOTRPC_UNIX_PATH is set explicitly"
   REQUIRE_FALSE(direct.ok());
   CHECK_MESSAGE(contains(direct.status().message(), "unix:@slotrpc-" + std::to_string(ts.server.port())),
                 direct.status().message());
+
+  // An explicit SLOTRPC_UNIX_PATH opts back in: shm there, outside TLS.
+  Config sc2 = server_config(pki);
+  sc2.transport = TransportKind::kAuto;
+  sc2.unix_path = "@slotrpc-tls-test-" + std::to_string(::getpid());
+  TlsServer ts2(sc2);
+  Config cc2 = client_config(pki);
+  cc2.transport = TransportKind::kAuto;
+  cc2.unix_path = sc2.unix_path;
+  auto local = connect_ok(ts2.address(), cc2);
+  CHECK(local->transport() == TransportKind::kShm);
+  echo(*local, 2);
 }
