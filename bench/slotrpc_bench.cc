@@ -6,7 +6,8 @@
 //                 --warmup 1000 --calls 20000 --json out.json
 //
 // Systems (--transports): slotrpc over tcp, shm or verbs; tls (slotrpc over
-// TCP with TLS: --tls-cert, --tls-key, --tls-ca); grpc (gRPC 1.51 +
+// TCP with TLS: --tls-cert, --tls-key, --tls-ca; grpc-tls the same for
+// gRPC, the certificate naming localhost); grpc (gRPC 1.51 +
 // FlatBuffers, built from the same examples/echo/echo.fbs); socket (a
 // busy-polling TCP ping-pong of the same payloads: the limit a TCP RPC can
 // approach on this host; latency only).  Every system echoes the same
@@ -1020,8 +1021,8 @@ int main(int argc, char** argv) {
                  "Systems: tcp, shm, verbs (slotrpc), grpc, socket (the limit; in modes bulk, bulk-read and "
                  "bulk-write a ping-pong or one-way transfer of the same sizes); bulk-tcp, bulk-shm, bulk-verbs (slotrpc "
                  "bulk payloads: modes bulk, bulk-read, bulk-write and bulk-load only)")
-      ->delimiter(',')->check(CLI::IsMember({"tcp", "tls", "shm", "verbs", "grpc", "socket", "bulk-tcp", "bulk-tls", "bulk-shm",
-                              "bulk-verbs"}))
+      ->delimiter(',')->check(CLI::IsMember({"tcp", "tls", "shm", "verbs", "grpc", "grpc-tls", "socket", "bulk-tcp", "bulk-tls",
+                              "bulk-shm", "bulk-verbs"}))
       ->capture_default_str();
   app.add_option("--bulk-sizes", bulk_sizes, "Mode bulk: payload bytes")->delimiter(',')
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 31))->capture_default_str();
@@ -1086,7 +1087,7 @@ int main(int argc, char** argv) {
     // wait_for_termination() receives them.
     block_termination_signals();
     if (serve == "slotrpc") return serve_slotrpc(host, port_file, slot_size, tls);
-    if (serve == "grpc") return serve_grpc(host + ":0", port_file, max_message);
+    if (serve == "grpc") return serve_grpc(host + ":0", port_file, max_message, tls.cert, tls.key);
     if (serve == "socket") return serve_socket(host, port_file);
     std::fprintf(stderr, "slotrpc-bench: unknown --serve %s\n", serve.c_str());
     return 2;
@@ -1120,7 +1121,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (max_message == 0) max_message = std::max<uint64_t>(uint64_t{slot_size} * 2, 4u << 20);
-  if (std::find(systems.begin(), systems.end(), "grpc") != systems.end() && !grpc_available()) {
+  if ((std::find(systems.begin(), systems.end(), "grpc") != systems.end() ||
+       std::find(systems.begin(), systems.end(), "grpc-tls") != systems.end()) &&
+      !grpc_available()) {
     std::fprintf(stderr, "slotrpc-bench: this build has no gRPC (grpc++ was not found at meson setup)\n");
     return 2;
   }
@@ -1131,9 +1134,10 @@ int main(int argc, char** argv) {
     ::unsetenv("SLOTRPC_TRANSPORT");
   }
   const bool wants_tls = std::find(systems.begin(), systems.end(), "tls") != systems.end() ||
-                         std::find(systems.begin(), systems.end(), "bulk-tls") != systems.end();
+                         std::find(systems.begin(), systems.end(), "bulk-tls") != systems.end() ||
+                         std::find(systems.begin(), systems.end(), "grpc-tls") != systems.end();
   if (wants_tls && (tls.cert.empty() || tls.key.empty() || tls.ca.empty())) {
-    std::fprintf(stderr, "slotrpc-bench: systems tls and bulk-tls need --tls-cert, --tls-key and --tls-ca\n");
+    std::fprintf(stderr, "slotrpc-bench: systems tls, bulk-tls and grpc-tls need --tls-cert, --tls-key and --tls-ca\n");
     return 2;
   }
   // The client takes SIGPIPE as an error return, not a death.
@@ -1159,15 +1163,15 @@ int main(int argc, char** argv) {
   // as soon as they are printed... they are computed at the end anyway; this
   // order only keeps the table grouped the same way every run.
   std::vector<std::string> order;
-  for (const char* s : {"socket", "grpc", "tcp", "tls", "shm", "verbs", "bulk-tcp", "bulk-tls", "bulk-shm",
-                        "bulk-verbs"}) {
+  for (const char* s : {"socket", "grpc", "grpc-tls", "tcp", "tls", "shm", "verbs", "bulk-tcp", "bulk-tls",
+                        "bulk-shm", "bulk-verbs"}) {
     if (std::find(systems.begin(), systems.end(), s) != systems.end()) order.push_back(s);
   }
   for (uint32_t round = 1; round <= rounds; ++round)
   for (const std::string& sys : order) {
     const bool is_bulk = sys == "bulk-tcp" || sys == "bulk-tls" || sys == "bulk-shm" || sys == "bulk-verbs";
     const bool is_slotrpc = is_bulk || sys == "tcp" || sys == "tls" || sys == "shm" || sys == "verbs";
-    const bool is_tls = sys == "tls" || sys == "bulk-tls";
+    const bool is_tls = sys == "tls" || sys == "bulk-tls" || sys == "grpc-tls";
     const std::string name = (is_slotrpc ? "slotrpc-" + sys : sys) + (round > 1 ? "#" + std::to_string(round) : "");
     // TLS on the client: the server's certificate verified against the CA.
     auto with_tls = [&](slotrpc::Config& cfg) {
@@ -1175,7 +1179,8 @@ int main(int argc, char** argv) {
       cfg.tls = true;
       cfg.tls_ca = tls.ca;
     };
-    std::vector<std::string> server_args = {"--serve", is_slotrpc ? "slotrpc" : sys, "--address", host,
+    std::vector<std::string> server_args = {"--serve", is_slotrpc ? "slotrpc" : sys == "grpc-tls" ? "grpc" : sys,
+                                            "--address", host,
                                             "--slot-size", std::to_string(slot_size), "--max-message",
                                             std::to_string(max_message)};
     if (is_tls) server_args.insert(server_args.end(), {"--tls-cert", tls.cert, "--tls-key", tls.key});
@@ -1188,7 +1193,7 @@ int main(int argc, char** argv) {
     const std::string target = host + ":" + std::to_string(server.port());
     auto make = [&](bool latency) -> std::unique_ptr<EchoDriver> {
       if (sys == "socket") return std::make_unique<SocketDriver>(host, server.port());
-      if (sys == "grpc") return make_grpc_driver(target, max_message);
+      if (sys == "grpc" || sys == "grpc-tls") return make_grpc_driver(target, max_message, is_tls ? tls.ca : "");
       slotrpc::Config cfg;
       cfg.transport = sys == "tcp" || sys == "tls" ? slotrpc::TransportKind::kTcp
                     : sys == "shm"                 ? slotrpc::TransportKind::kShm
