@@ -37,7 +37,7 @@ Status file_error(std::string_view setting, const std::string& path, std::string
                 fmt::format("cannot load {} '{}': {}: {}", setting, path, what, take_errors()));
 }
 
-Status missing(std::string_view setting, std::string_view why) {
+Status missing_tls_file(std::string_view setting, std::string_view why) {
   return Status(StatusCode::kInvalidArgument,
                 fmt::format("invalid setting {}='': allowed a PEM file path ({})", setting, why));
 }
@@ -84,10 +84,10 @@ Context::~Context() { SSL_CTX_free(ctx_); }
 
 Result<std::shared_ptr<Context>> Context::server(const Config& c) {
   ERR_clear_error();
-  if (c.tls_cert.empty()) return missing("Config.tls_cert (SLOTRPC_TLS_CERT)", "a TLS server needs its certificate chain");
-  if (c.tls_key.empty()) return missing("Config.tls_key (SLOTRPC_TLS_KEY)", "a TLS server needs its private key");
+  if (c.tls_cert.empty()) return missing_tls_file("Config.tls_cert (SLOTRPC_TLS_CERT)", "a TLS server needs its certificate chain");
+  if (c.tls_key.empty()) return missing_tls_file("Config.tls_key (SLOTRPC_TLS_KEY)", "a TLS server needs its private key");
   if (c.tls_client_auth != TlsClientAuth::kNone && c.tls_ca.empty())
-    return missing("Config.tls_ca (SLOTRPC_TLS_CA)",
+    return missing_tls_file("Config.tls_ca (SLOTRPC_TLS_CA)",
                    fmt::format("tls_client_auth={} verifies client certificates against it",
                                to_string(c.tls_client_auth)));
   CtxGuard g{SSL_CTX_new(TLS_server_method())};
@@ -112,8 +112,8 @@ Result<std::shared_ptr<Context>> Context::client(const Config& c) {
   ERR_clear_error();
   if (c.tls_cert.empty() != c.tls_key.empty()) {
     return c.tls_cert.empty()
-               ? missing("Config.tls_cert (SLOTRPC_TLS_CERT)", "tls_key is set: a client certificate needs both")
-               : missing("Config.tls_key (SLOTRPC_TLS_KEY)", "tls_cert is set: a client certificate needs both");
+               ? missing_tls_file("Config.tls_cert (SLOTRPC_TLS_CERT)", "tls_key is set: a client certificate needs both")
+               : missing_tls_file("Config.tls_key (SLOTRPC_TLS_KEY)", "tls_cert is set: a client certificate needs both");
   }
   CtxGuard g{SSL_CTX_new(TLS_client_method())};
   if (g.ctx == nullptr) return Status(StatusCode::kInternal, "SSL_CTX_new: " + take_errors());
