@@ -8,6 +8,8 @@
 // (slotrpc/...) and the generated headers of the build.  On top of that:
 //   * transport/tcp, transport/verbs and transport/shm do not include one
 //     another: each transport depends on transport/'s own files and base/;
+//     transport/tls (TLS contexts and connections) is no transport: any
+//     of them, and rpc/, may use it, and it includes only base/;
 //   * core/ sees only the transport interface (transport/transport.h,
 //     transport/frame.h), never a concrete transport;
 //   * the reactor names no concrete transport either, and metrics/ neither:
@@ -80,6 +82,13 @@ std::optional<std::string> forbidden_edge(const std::string& from, const std::st
   if (to_layer < 0) return from_folder + " -> " + to_folder + " (not a layer of lib/)";
   if (to_layer > from_layer) return from_folder + " -> " + to_folder + " (upward)";
   const std::string to_transport = transport_of(included);
+  if (transport_of(from) == "tls" && to_folder != "base" && to_transport != "tls")
+    return "transport/tls -> " + included + " (TLS depends on base/ only)";
+  if (to_transport == "tls") {
+    if (from_folder == "core" || from_folder == "reactor" || from_folder == "metrics")
+      return from_folder + " -> transport/tls (only transports and rpc/ use TLS)";
+    return std::nullopt;
+  }
   if (!to_transport.empty()) {
     const std::string from_transport = transport_of(from);
     if (from_folder == "transport" && from_transport != to_transport)

@@ -56,6 +56,14 @@ enum class SharedReceiveQueue : uint8_t {
   kAuto,  // on when the device has SRQs and type-2 memory windows (default)
 };
 
+// Whether a TLS server asks connecting clients for a certificate
+// (docs/design.md, "TLS").
+enum class TlsClientAuth : uint8_t {
+  kNone,      // never asks
+  kOptional,  // asks; a client without one gets in, one with a bad one does not
+  kRequired,  // mutual TLS: a client without a valid certificate is refused
+};
+
 struct SLOTRPC_API Config {
   // Slot ring geometry, per session and direction.  A message (32-byte
   // header + payload) must fit one slot.  A Channel proposes its geometry;
@@ -210,6 +218,21 @@ struct SLOTRPC_API Config {
   // (slotrpc-stat --address); server interceptors run before it.
   AdminAccess admin_access = AdminAccess::kSameUser;
 
+  // TLS on TCP sessions, and on the handshake connection of verbs sessions
+  // (docs/design.md, "TLS"; docs/tuning.md, "TLS").  Server: tls_cert and
+  // tls_key are required, tls_ca verifies client certificates.  Client: the
+  // server's certificate is verified against tls_ca (empty: the system's
+  // CAs) and must name tls_server_name (empty: the host part of the
+  // address); tls_cert and tls_key, if set, are its client certificate.
+  // Files are PEM.  With TLS on, shm is used only where unix_path is set
+  // explicitly, and TCP bulk lanes are off.
+  bool tls = false;           // SLOTRPC_TLS off|on
+  std::string tls_cert;       // SLOTRPC_TLS_CERT: certificate chain file
+  std::string tls_key;        // SLOTRPC_TLS_KEY: private key file
+  std::string tls_ca;         // SLOTRPC_TLS_CA: CA bundle file
+  TlsClientAuth tls_client_auth = TlsClientAuth::kNone;  // SLOTRPC_TLS_CLIENT_AUTH none|optional|required
+  std::string tls_server_name;  // SLOTRPC_TLS_SERVER_NAME
+
   // Checks every field; the error names the first bad setting.
   Status validate() const;
   // Applies set SLOTRPC_* variables on top of `*this`, then validates
@@ -231,5 +254,6 @@ SLOTRPC_API std::string_view to_string(TransportKind kind);
 SLOTRPC_API std::string_view to_string(AdminAccess access);
 SLOTRPC_API std::string_view to_string(RelaxedOrdering mode);
 SLOTRPC_API std::string_view to_string(SharedReceiveQueue mode);
+SLOTRPC_API std::string_view to_string(TlsClientAuth mode);
 
 }  // namespace slotrpc

@@ -65,6 +65,13 @@ class SLOTRPC_API Server {
   // starts SERVING; NOT_FOUND for one the server does not run.  Any thread.
   Status set_serving(const std::string& service, bool serving);
 
+  // TLS (Config::tls): reads the certificate chain, key and CA bundle
+  // files again.  Connections accepted from now on use them; open sessions
+  // stay up.  A file that cannot be loaded keeps the old certificate and
+  // returns the error, naming the setting, the file and OpenSSL's reason.
+  // Any thread, after start().
+  Status reload_tls();
+
   uint16_t port() const;            // after start()
   const Config& config() const;     // after start(): with environment overrides
 

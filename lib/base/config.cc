@@ -110,7 +110,9 @@ std::span<const std::string_view> named_settings() {
       "SLOTRPC_DEVICE",    "SLOTRPC_GID_INDEX", "SLOTRPC_RELAXED_ORDERING",
       "SLOTRPC_SRQ",       "SLOTRPC_MAX_RING_MEMORY", "SLOTRPC_METRICS_ADDRESS",
       "SLOTRPC_UNIX_PATH", "SLOTRPC_SHM_PEER_UIDS", "SLOTRPC_MAX_BULK_BYTES",
-      "SLOTRPC_LOOP_CPUS", "SLOTRPC_TCP_LANE_CPUS", "SLOTRPC_ADMIN_ACCESS",
+      "SLOTRPC_LOOP_CPUS", "SLOTRPC_TCP_LANE_CPUS", "SLOTRPC_ADMIN_ACCESS", "SLOTRPC_TLS",
+      "SLOTRPC_TLS_CERT",  "SLOTRPC_TLS_KEY",   "SLOTRPC_TLS_CA",
+      "SLOTRPC_TLS_CLIENT_AUTH", "SLOTRPC_TLS_SERVER_NAME",
   };
   return kNames;
 }
@@ -159,6 +161,10 @@ constexpr std::pair<std::string_view, RelaxedOrdering> kRelaxedOrdering[] = {
     {"off", RelaxedOrdering::kOff}, {"on", RelaxedOrdering::kOn}, {"auto", RelaxedOrdering::kAuto}};
 constexpr std::pair<std::string_view, SharedReceiveQueue> kSrqModes[] = {
     {"off", SharedReceiveQueue::kOff}, {"on", SharedReceiveQueue::kOn}, {"auto", SharedReceiveQueue::kAuto}};
+constexpr std::pair<std::string_view, TlsClientAuth> kTlsClientAuth[] = {
+    {"none", TlsClientAuth::kNone}, {"optional", TlsClientAuth::kOptional},
+    {"required", TlsClientAuth::kRequired}};
+constexpr std::pair<std::string_view, bool> kOnOff[] = {{"off", false}, {"on", true}};
 constexpr std::pair<std::string_view, int> kLogLevels[] = {
     {"trace", 0}, {"debug", 1}, {"info", 2}, {"warn", 3}, {"error", 4}, {"critical", 5}, {"off", 6}};
 
@@ -268,6 +274,12 @@ std::string_view to_string(SharedReceiveQueue mode) {
   return "?";
 }
 
+std::string_view to_string(TlsClientAuth mode) {
+  for (const auto& [name, value] : base::kTlsClientAuth)
+    if (value == mode) return name;
+  return "?";
+}
+
 std::string_view to_string(PollMode mode) {
   for (const auto& [name, value] : base::kPollModes)
     if (value == mode) return name;
@@ -343,6 +355,20 @@ Status Config::validate() const {
     return out_of_range("Config.max_ring_memory (SLOTRPC_MAX_RING_MEMORY)",
                         std::to_string(max_ring_memory),
                         "0 (auto) or " + ring_memory_allowed().substr(8));
+  }
+  if (!parse_name("Config.tls_client_auth (SLOTRPC_TLS_CLIENT_AUTH)", to_string(tls_client_auth),
+                  kTlsClientAuth).ok()) {
+    return out_of_range("Config.tls_client_auth (SLOTRPC_TLS_CLIENT_AUTH)",
+                        std::to_string(static_cast<int>(tls_client_auth)), "none, optional or required");
+  }
+  // A key without its certificate (or the reverse) is a mistake whatever
+  // the side; which files a side needs is checked where it loads them.
+  if (tls_cert.empty() != tls_key.empty()) {
+    return tls_cert.empty()
+               ? out_of_range("Config.tls_cert (SLOTRPC_TLS_CERT)", "''",
+                              "a PEM file path, since tls_key is set")
+               : out_of_range("Config.tls_key (SLOTRPC_TLS_KEY)", "''",
+                              "a PEM file path, since tls_cert is set");
   }
   if (max_bulk_bytes < 1 || max_bulk_bytes > kMaxBulkBytesLimit) {
     return out_of_range("Config.max_bulk_bytes (SLOTRPC_MAX_BULK_BYTES)",
@@ -521,6 +547,24 @@ Result<Config> Config::with_environment() const {
   if (const char* text = env("SLOTRPC_SHM_PEER_UIDS")) {
     if (auto p = parse_uid_policy(env_label("SLOTRPC_SHM_PEER_UIDS"), text); !p.ok()) return p.status();
     out.shm_peer_uids = text;
+  }
+  if (const char* text = env("SLOTRPC_TLS")) {
+    auto v = parse_name(env_label("SLOTRPC_TLS"), text, kOnOff);
+    if (!v.ok()) return v.status();
+    out.tls = v.value();
+  }
+  if (const char* text = env("SLOTRPC_TLS_CLIENT_AUTH")) {
+    auto v = parse_name(env_label("SLOTRPC_TLS_CLIENT_AUTH"), text, kTlsClientAuth);
+    if (!v.ok()) return v.status();
+    out.tls_client_auth = v.value();
+  }
+  // File paths and a name: checked where they are used (the files are
+  // read then, and an unreadable one is named with OpenSSL's reason).
+  for (auto [name, field] : {std::pair{"SLOTRPC_TLS_CERT", &Config::tls_cert},
+                             std::pair{"SLOTRPC_TLS_KEY", &Config::tls_key},
+                             std::pair{"SLOTRPC_TLS_CA", &Config::tls_ca},
+                             std::pair{"SLOTRPC_TLS_SERVER_NAME", &Config::tls_server_name}}) {
+    if (const char* text = env(name)) out.*field = text;
   }
   for (auto [name, field] : {std::pair{"SLOTRPC_LOOP_CPUS", &Config::loop_cpus},
                              std::pair{"SLOTRPC_TCP_LANE_CPUS", &Config::tcp_lane_cpus}}) {

@@ -57,19 +57,20 @@ struct HandshakeResult {
 };
 
 // Reads a HelloReply with its message and extension; the caller judges it.
-Result<HandshakeResult> read_hello_reply(int fd, rpc::Deadline deadline) {
+Result<HandshakeResult> read_hello_reply(int fd, rpc::Deadline deadline,
+                                         transport::tls::Stream* tls = nullptr) {
   std::array<std::byte, core::kHelloSize> buf;
-  Status st = rpc::read_exact(fd, buf, deadline);
+  Status st = rpc::read_exact(fd, buf, deadline, tls);
   if (!st.ok()) return st;
   auto reply = core::decode_hello_reply(buf.data());
   if (!reply.ok()) return reply.status();
   HandshakeResult r;
   r.reply = reply.value();
   r.message.assign(reply->message_len, '\0');
-  st = rpc::read_exact(fd, std::as_writable_bytes(std::span(r.message)), deadline);
+  st = rpc::read_exact(fd, std::as_writable_bytes(std::span(r.message)), deadline, tls);
   if (!st.ok()) return st;
   r.extension.resize(reply->extension_len);
-  st = rpc::read_exact(fd, r.extension, deadline);
+  st = rpc::read_exact(fd, r.extension, deadline, tls);
   if (!st.ok()) return st;
   return r;
 }
@@ -81,7 +82,8 @@ Result<HandshakeResult> read_hello_reply(int fd, rpc::Deadline deadline) {
 Result<HandshakeResult> client_handshake(int fd, const Config& cfg, core::WireTransport propose,
                                          std::span<const std::byte> extension,
                                          rpc::Deadline deadline,
-                                         const std::function<Status()>& after_hello = {}) {
+                                         const std::function<Status()>& after_hello = {},
+                                         transport::tls::Stream* tls = nullptr) {
   std::vector<std::byte> out(core::kHelloSize + extension.size());
   core::Hello hello;
   hello.transport = propose;
@@ -94,13 +96,13 @@ Result<HandshakeResult> client_handshake(int fd, const Config& cfg, core::WireTr
   hello.features |= core::kFeatureStatusCodes | core::kFeatureMetadata;
   core::encode_hello(hello, out.data());
   std::copy(extension.begin(), extension.end(), out.begin() + core::kHelloSize);
-  Status st = rpc::write_all(fd, out, deadline);
+  Status st = rpc::write_all(fd, out, deadline, tls);
   if (!st.ok()) return st;
   if (after_hello) {
     st = after_hello();
     if (!st.ok()) return st;
   }
-  auto reply = read_hello_reply(fd, deadline);
+  auto reply = read_hello_reply(fd, deadline, tls);
   if (!reply.ok()) return reply.status();
   HandshakeResult& r = reply.value();
   if (r.reply.status != 0) {
@@ -274,6 +276,11 @@ Result<Established> establish(Channel::Impl& impl) {
                          "turns it off"));
     }
     if (cfg.transport == TransportKind::kAuto) shm_note = "no shm (SLOTRPC_UNIX_PATH=off); ";
+  } else if (cfg.tls && cfg.unix_path.empty() && cfg.transport == TransportKind::kAuto) {
+    // shm authenticates no server certificate (docs/design.md, "TLS"):
+    // with TLS on, only an explicit SLOTRPC_UNIX_PATH (or transport=shm)
+    // uses it.
+    shm_note = "no shm (TLS on and SLOTRPC_UNIX_PATH not set); ";
   } else if (cfg.transport == TransportKind::kShm ||
              (cfg.transport == TransportKind::kAuto && rpc::is_local_host(endpoint->host))) {
     const std::string name = cfg.unix_path.empty() ? rpc::default_unix_name(endpoint->port) : cfg.unix_path;
@@ -305,6 +312,14 @@ Result<Established> establish(Channel::Impl& impl) {
   auto connected = rpc::connect_tcp(*endpoint, deadline);
   if (!connected.ok()) return connected.status();
   FdGuard fd{connected.value()};
+  // TLS before the Hello: the Hello, and on verbs the queue pair numbers
+  // and ring keys, travel only inside it.
+  std::shared_ptr<transport::tls::Stream> tls;
+  if (cfg.tls) {
+    auto t = rpc::tls_connect(fd.fd, cfg, endpoint->host, deadline);
+    if (!t.ok()) return fail(t.status());
+    tls = std::move(t).value();
+  }
 
   Established e;
   e.peer = rpc::peer_name(fd.fd);
@@ -355,7 +370,7 @@ Result<Established> establish(Channel::Impl& impl) {
 
   auto hs = client_handshake(fd.fd, cfg, propose ? core::WireTransport::kVerbs : core::WireTransport::kTcp,
                              propose ? std::span<const std::byte>(ext) : std::span<const std::byte>(),
-                             deadline);
+                             deadline, {}, tls.get());
   if (!hs.ok()) {
     drop_verbs("handshake failed");
     return fail(hs.status());
@@ -387,7 +402,8 @@ Result<Established> establish(Channel::Impl& impl) {
     e.session = std::move(vsession);
     e.kind = TransportKind::kVerbs;
     on_loop(loop, [&] {
-      e.note = shm_note + (rpc::loop_verbs(loop).ok() ? rpc::loop_verbs(loop).value()->device().describe() : "");
+      e.note = shm_note + (rpc::loop_verbs(loop).ok() ? rpc::loop_verbs(loop).value()->device().describe() : "") +
+               (tls ? "; handshake over TLS " + tls->describe() : std::string());
       return 0;
     });
     return e;
@@ -404,10 +420,10 @@ Result<Established> establish(Channel::Impl& impl) {
     note = "the server chose tcp: " + hs->message;
   }
   const int tcp_fd = fd.release();
-  const std::string description = fmt::format("tcp {} -> {}", local, e.peer);
+  const std::string description = fmt::format("tcp{} {} -> {}", tls ? "+tls" : "", local, e.peer);
   transport::Link* tcp_link = nullptr;  // owned by the session, loop thread only
   auto created = on_loop(loop, [&]() -> Result<std::shared_ptr<core::ClientSession>> {
-    auto link = rpc::loop_tcp(loop).adopt(tcp_fd, description);  // takes the fd, even on failure
+    auto link = rpc::loop_tcp(loop).adopt(tcp_fd, description, tls);  // takes the fd, even on failure
     if (!link.ok()) return link.status();
     tcp_link = link.value().get();
     link.value()->configure(impl.config);
@@ -427,7 +443,9 @@ Result<Established> establish(Channel::Impl& impl) {
   if (!created.ok()) return fail(created.status());
   e.session = std::move(created.value());
   e.kind = TransportKind::kTcp;
-  e.note = shm_note + note;
+  e.note = shm_note + note + (tls ? "; TLS " + tls->describe() : std::string());
+  // A TLS link offers no attached connection (it would run outside TLS):
+  // the server sends no token, and the link asks for none.
   if ((hs->reply.features & core::kFeatureAttach) != 0 && !hs->extension.empty()) {
     e.attach_token = std::move(hs->extension);
     e.link = tcp_link;

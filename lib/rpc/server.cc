@@ -155,6 +155,13 @@ Status Server::start(const std::string& listen_address) {
     }
   }
   base::apply_log_level(impl_->config.log_level);
+  impl_->tls_context.reset();
+  if (impl_->config.tls) {
+    // The files are read now: a bad one fails start(), naming it.
+    auto context = transport::tls::Context::server(impl_->config);
+    if (!context.ok()) return context.status();
+    impl_->tls_context = std::move(context).value();
+  }
   if (impl_->config.transport == TransportKind::kAuto || impl_->config.transport == TransportKind::kVerbs) {
     auto probe = transport::verbs::probe(impl_->config);
     if (probe.ok()) {
@@ -179,8 +186,13 @@ Status Server::start(const std::string& listen_address) {
     return Status(StatusCode::kInvalidArgument,
                   "transport=shm needs a Unix socket, and SLOTRPC_UNIX_PATH=off turns it off");
   }
-  const bool shm_wanted = !shm_off && (impl_->config.transport == TransportKind::kAuto ||
-                                       impl_->config.transport == TransportKind::kShm);
+  // With TLS on, the default Unix socket is not opened: its peers are not
+  // authenticated by a certificate (docs/design.md, "TLS"); an explicit
+  // SLOTRPC_UNIX_PATH opens it, trusting what guards the socket instead.
+  const bool tls_without_unix = impl_->config.tls && impl_->config.unix_path.empty();
+  const bool shm_wanted = !shm_off && !tls_without_unix &&
+                          (impl_->config.transport == TransportKind::kAuto ||
+                           impl_->config.transport == TransportKind::kShm);
   if (rpc::is_unix_address(listen_address)) {
     if (!shm_wanted) {
       return Status(StatusCode::kInvalidArgument,
@@ -267,6 +279,7 @@ Status Server::start_listening(int tcp_fd, int unix_fd, const std::string& unix_
   } catch (const std::exception& e) {
     return Status(StatusCode::kUnavailable, fmt::format("cannot listen on {}: {}", listen_address, e.what()));
   }
+  impl_->acceptor->set_tls(impl_->tls_context);
 
   const uint32_t n = static_cast<uint32_t>(impl_->runtime->loops.size());
   impl_->sessions.resize(n);
@@ -317,6 +330,8 @@ Status Server::start_listening(int tcp_fd, int unix_fd, const std::string& unix_
       : impl_->verbs_ok ? "tcp and verbs on " + impl_->verbs_note
                         : "tcp only: " + impl_->verbs_note;
   if (tcp_fd >= 0 && !unix_name.empty()) transports += "; shm on unix:" + unix_name;
+  if (impl_->tls_context != nullptr)
+    transports += fmt::format("; TLS, client certificates {}", to_string(impl_->config.tls_client_auth));
   base::log().info("slotrpc: server listening on {} ({}; {} event loop(s), up to {} slots of {} "
                "bytes; at most {} sessions; {})",
                listen_address, transports, n, impl_->config.slot_count,
@@ -351,6 +366,28 @@ void Server::shutdown(std::chrono::milliseconds grace) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a drain, polled: no event to wait on
   }
   stop();
+}
+
+Status Server::reload_tls() {
+  if (!impl_->config.tls) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "reload_tls(): this server has TLS off (Config.tls / SLOTRPC_TLS)");
+  }
+  // Read outside the lock: a bad file leaves everything as it was.
+  auto context = transport::tls::Context::server(impl_->config);
+  if (!context.ok()) {
+    base::log().warn("slotrpc: TLS reload failed, the server keeps its certificate: {}",
+                     context.status().message());
+    return context.status();
+  }
+  std::lock_guard<std::mutex> lock(impl_->state_mu);
+  if (!impl_->started || impl_->acceptor == nullptr)
+    return Status(StatusCode::kFailedPrecondition, "reload_tls(): the server is not started");
+  impl_->tls_context = context.value();
+  impl_->acceptor->set_tls(std::move(context).value());
+  base::log().info("slotrpc: TLS reloaded on port {}: new connections use {} and {}", impl_->port,
+                   impl_->config.tls_cert, impl_->config.tls_key);
+  return {};
 }
 
 void Server::stop() {

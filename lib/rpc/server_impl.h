@@ -95,6 +95,9 @@ struct Server::Impl {
   bool started = false;
   mutable size_t readers = 0;
   rpc::RateLimitedLog refuse_log;  // refusals a client can provoke at will
+  // Config::tls: what start() (or the last reload_tls()) loaded; the
+  // acceptor holds its own reference.
+  std::shared_ptr<transport::tls::Context> tls_context;
 
   // Accept thread: a complete Hello.  Refuses it, or reserves its place and
   // hands it to an event loop.
@@ -121,9 +124,8 @@ struct Server::Impl {
                                                         const std::string& peer,
                                                         uint64_t ring_bytes,
                                                         transport::shm::ShmLink*& link);
-  Result<std::unique_ptr<core::ServerSession>> open_tcp(size_t loop_index, int fd,
+  Result<std::unique_ptr<core::ServerSession>> open_tcp(size_t loop_index, const rpc::PendingSession& p,
                                                         core::ServerSession::Geometry g,
-                                                        const std::string& peer,
                                                         uint64_t ring_bytes,
                                                         std::vector<std::byte>* attach_token);
   // A connection to be attached to a session's link (Hello of transport

@@ -46,7 +46,7 @@ std::string explain_setup_failure(const Status& st) {
 
 void Server::Impl::refuse(rpc::PendingSession& p, StatusCode code, const std::string& why) {
   refuse_log.warn(fmt::format("slotrpc: refused session from {}: {}", p.peer, why));
-  (void)rpc::send_hello_reply(p.fd, static_cast<uint16_t>(code), p.hello, why);
+  (void)rpc::send_hello_reply(p, static_cast<uint16_t>(code), why);
   ::close(p.fd);
   p.fd = -1;
 }
@@ -128,7 +128,7 @@ void Server::Impl::on_attach_hello(rpc::PendingSession p) {
     transport::Transport& t = rpc::loop_tcp(*loops[index]);
     Status st = t.accept_attachment(p.extension, attach_fd);
     if (!st.ok()) return refuse(p, st.code(), st.message());
-    if (!rpc::send_hello_reply(p.fd, 0, p.hello, std::string(), core::WireTransport::kAttach)) {
+    if (!rpc::send_hello_reply(p, 0, std::string(), core::WireTransport::kAttach)) {
       // Attached, but its client never hears so: it goes on without, and
       // this end's side stays idle until the session ends.
       refuse_log.warn(fmt::format("slotrpc: attached connection from {}: the HelloReply could not "
@@ -188,7 +188,7 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
     }
     if (!session) {
       std::vector<std::byte> attach_token;
-      auto s = open_tcp(index, p.fd, g, p.peer, ring_bytes, &attach_token);
+      auto s = open_tcp(index, p, g, ring_bytes, &attach_token);
       if (!s.ok()) {
         const std::string why = explain_setup_failure(s.status());
         return fail(why != s.status().message() ? StatusCode::kResourceExhausted : s.status().code(),
@@ -216,6 +216,12 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
   p.info.transport = transport == core::WireTransport::kShm     ? "shm"
                      : transport == core::WireTransport::kVerbs ? "verbs"
                                                                 : "tcp";
+  if (p.tls) {
+    p.info.tls = true;
+    p.info.tls_subject = p.tls_subject;
+    p.info.tls_sans = p.tls_sans;
+    session->set_tls_identity(p.tls_subject, p.tls_sans);
+  }
   session->set_peer_info(std::move(p.info));
   session->set_client_takes_trailers((p.hello.features & core::kFeatureMetadata) != 0);
   features |= core::kFeatureMetadata;
@@ -231,8 +237,7 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
   // counted first: a client that has its reply must find it in
   // session_count().
   ++session_count;
-  if (!rpc::send_hello_reply(p.fd, 0, p.hello,
-                             transport == core::WireTransport::kVerbs ? std::string() : tcp_note,
+  if (!rpc::send_hello_reply(p, 0, transport == core::WireTransport::kVerbs ? std::string() : tcp_note,
                              transport, extension, features)) {
     refuse_log.warn(fmt::format("slotrpc: handshake with {} failed: the HelloReply could not be "
                                 "written at once", p.peer));
@@ -253,6 +258,14 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
   ::close(p.fd);  // the link works on its own duplicate
   base::log().debug("slotrpc: session with {} on loop {}", p.peer, index);
   core::ServerSession* raw = session.get();
+  if (raw->tls()) {
+    // Who the client is, as its certificate says (what the session holds).
+    std::string who = raw->tls_subject().empty() ? std::string("no client certificate")
+                                                 : "client certificate " + raw->tls_subject();
+    for (size_t i = 0; i < raw->tls_sans().size(); ++i) who += (i == 0 ? " [" : ", ") + raw->tls_sans()[i];
+    if (!raw->tls_sans().empty()) who += "]";
+    base::log().info("slotrpc: TLS session with {} on loop {}: {}", p.peer, index, who);
+  }
   sessions[index].emplace(raw, std::move(session));
 }
 
@@ -286,8 +299,10 @@ Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_shm(
 }
 
 Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_tcp(
-    size_t index, int fd, core::ServerSession::Geometry g, const std::string& peer,
-    uint64_t ring_bytes, std::vector<std::byte>* attach_token) {
+    size_t index, const rpc::PendingSession& p, core::ServerSession::Geometry g, uint64_t ring_bytes,
+    std::vector<std::byte>* attach_token) {
+  const int fd = p.fd;
+  const std::string& peer = p.peer;
   reactor::Reactor& loop = *loops[index];
   // The link gets a duplicate: the original stays ours for the reply, even
   // when a failure below destroys the link (and closes its fd).
@@ -295,10 +310,15 @@ Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_tcp(
   if (link_fd < 0) {
     return Status(StatusCode::kResourceExhausted, fmt::format("dup: {}", std::strerror(errno)));
   }
-  auto link = rpc::loop_tcp(loop).adopt(link_fd, fmt::format("tcp {} -> {}", rpc::local_name(fd), peer));
+  // A TLS link reads and writes through the handshake's stream, which the
+  // HelloReply is written through before any frame (open_session).
+  auto link = rpc::loop_tcp(loop).adopt(
+      link_fd, fmt::format("tcp{} {} -> {}", p.tls ? "+tls" : "", rpc::local_name(fd), peer), p.tls_stream);
   if (!link.ok()) return link.status();  // adopt() has closed link_fd
   link.value()->configure(config);
   // Loop indexes fit the token's 16 route bits (reactor_threads <= 256).
+  // A TLS link offers none (TcpLink::offer_attachment): an attached
+  // connection would run outside TLS.
   *attach_token = link.value()->offer_attachment(static_cast<uint16_t>(index));
   link.value()->accept_pushes(config.tcp_bulk_push != 0);  // announced below (kFeatureTcpPush)
   auto session = core::ServerSession::create(loop, std::move(link.value()), g, methods, peer,

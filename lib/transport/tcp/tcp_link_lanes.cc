@@ -109,7 +109,7 @@ Status TcpLink::attach_connection(Result<int> connection) {
 }
 
 std::vector<std::byte> TcpLink::offer_attachment(uint16_t route) {
-  if (lane_threshold_ == 0) return {};
+  if (lane_threshold_ == 0 || tls_ != nullptr) return {};  // none outside TLS
   const uint64_t token = offer_lane(route);
   if (token == 0) return {};
   std::vector<std::byte> out(kLaneTokenSize);

@@ -50,7 +50,8 @@ TcpTransport::~TcpTransport() {
   if (epoll_fd_ >= 0) ::close(epoll_fd_);
 }
 
-Result<std::unique_ptr<TcpLink>> TcpTransport::adopt(int fd, std::string description) {
+Result<std::unique_ptr<TcpLink>> TcpTransport::adopt(int fd, std::string description,
+                                                     std::shared_ptr<tls::Stream> tls) {
   // Ownership is taken even on failure, so the caller never has to work
   // out whether the fd still needs closing.
   auto refuse = [fd](StatusCode code, std::string why) -> Result<std::unique_ptr<TcpLink>> {
@@ -88,6 +89,12 @@ Result<std::unique_ptr<TcpLink>> TcpTransport::adopt(int fd, std::string descrip
   if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0)
     return Status(StatusCode::kInternal, errno_text("epoll_ctl", errno));
   link->in_epoll_ = true;
+  if (tls != nullptr) {
+    tls->set_fd(fd);
+    link->use_tls(std::move(tls));
+    // What OpenSSL read ahead during the handshake, epoll will not report.
+    if (link->tls_->pending_in()) watch_tls(link.get());
+  }
   return link;
 }
 
@@ -109,6 +116,7 @@ size_t TcpTransport::poll(std::span<Completion> out) {
   if (!stalled_.empty()) check_stalled();
   ++polls_;
   if (!push_watch_.empty()) check_pushes();
+  if (!tls_watch_.empty()) check_tls();
   // What the lane thread finished (one atomic load when there is nothing).
   if (lanes_pending()) drain_lane_events();
   size_t got = drain(out);
@@ -139,7 +147,11 @@ void TcpTransport::handle_event(const epoll_event& e) {
   {
     const uint32_t ev = e.events;
     const bool broken = (ev & (EPOLLERR | EPOLLHUP)) != 0;
-    if (!link->down_ && (ev & (EPOLLIN | EPOLLERR | EPOLLHUP))) link->on_readable(broken);
+    if (!link->down_ && (ev & (EPOLLIN | EPOLLERR | EPOLLHUP))) {
+      link->on_readable(broken);
+      if (link->tls_ != nullptr && !link->down_ && !link->tls_watched_ && link->tls_->pending_in())
+        watch_tls(link);
+    }
     if (!link->down_ && (ev & EPOLLOUT)) link->on_writable();
     if (!link->down_ && broken) {
       // Reading found neither EOF nor an error (it can happen with HUP and
@@ -194,6 +206,7 @@ void TcpTransport::forget(TcpLink* link) {
   completions_taken_ += static_cast<uint64_t>(ready_.end() - kept);  // never handed out: as good as taken
   ready_.erase(kept, ready_.end());
   if (link->push_watched_) std::erase(push_watch_, link);
+  if (link->tls_watched_) std::erase(tls_watch_, link);
   if (ready_head_ == ready_.size()) {
     ready_.clear();
     ready_head_ = 0;
