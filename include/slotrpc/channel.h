@@ -49,8 +49,8 @@ struct PendingCall;
 // before it is sent.
 struct ClientCallInfo {
   uint32_t method_id = 0;
-  // "pkg.Service/Method" for generated clients (CallOptions::method_name),
-  // else null.
+  // The method's full name ("pkg.Service.Method") for generated clients
+  // (CallOptions::method_name), else null.
   const char* method_name = nullptr;
   std::string_view target;  // the channel's address, as given to connect()
   // The call's deadline: an interceptor may set or tighten it.
