@@ -179,34 +179,26 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
     // pump_queue (inside a reply or a release, which may be the caller's).
     return fail_later(call, std::move(error));
   }
+  // A failure below gives the slot back and completes the call unsent;
+  // whatever was exposed before it is revoked before the caller learns, and
+  // completion never runs on this stack either way.
+  auto abandon = [&](Status st) {
+    b.recover();
+    free_.push_back(slot);
+    loop_.timers().cancel(call->timer);
+    call->timer = 0;
+    RawReply failed(std::move(st));
+    if (hold_for_revoke(call, failed)) return;
+    fail_later(call, failed.status());
+  };
   size_t block_bytes = 0;
   if (!call->send_bulk.empty() || !call->receive_bulk.empty()) {
-    Status st = expose_bulk(call, b, &block_bytes);
-    if (!st.ok()) {
-      b.recover();
-      free_.push_back(slot);
-      loop_.timers().cancel(call->timer);
-      call->timer = 0;
-      // Whatever was exposed before the failure is revoked before the
-      // caller learns; completion never runs on this stack either way.
-      RawReply failed(std::move(st));
-      if (hold_for_revoke(call, failed)) return;
-      return fail_later(call, failed.status());
-    }
+    if (Status st = expose_bulk(call, b, &block_bytes); !st.ok()) return abandon(std::move(st));
   }
-
   size_t meta_bytes = 0;
   if (!call->metadata.empty()) {
-    Status st = write_metadata(call, b, block_bytes, &meta_bytes);
-    if (!st.ok()) {
-      b.recover();
-      free_.push_back(slot);
-      loop_.timers().cancel(call->timer);
-      call->timer = 0;
-      RawReply failed(std::move(st));
-      if (hold_for_revoke(call, failed)) return;
-      return fail_later(call, failed.status());
-    }
+    if (Status st = write_metadata(call, b, block_bytes, &meta_bytes); !st.ok())
+      return abandon(std::move(st));
   }
 
   ++s.generation;
