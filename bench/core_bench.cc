@@ -45,6 +45,7 @@
 #include "core/client_session.h"
 #include "core/handshake.h"
 #include "core/method_table.h"
+#include "base/logging.h"
 #include "core/server_session.h"
 #include "echo_service.h"  // examples/echo: the generated Echo service
 #include "reactor/reactor.h"
@@ -358,6 +359,15 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"unary64", "packed64", "stream64"}));
   CLI11_PARSE(app, argc, argv);
 
+  // Only the log level comes from the environment (SLOTRPC_LOG_LEVEL,
+  // default warn): the sessions' other settings are the benchmark's.
+  {
+    Config env;
+    env.log_level = "warn";
+    auto overlaid = env.with_environment();
+    if (!overlaid.ok()) die(overlaid.status().message());
+    base::apply_log_level(overlaid.value().log_level);
+  }
   Config config;
   config.poll_mode = PollMode::kBusy;
   config.busy_sleep_us = 0;
