@@ -26,6 +26,10 @@
 //
 //   build-h/bench/core_bench --calls 200000 --outstanding 1,32
 //   valgrind --tool=callgrind build-h/bench/core_bench --calls 20000 --warmup 2000
+// Under callgrind each measured case is one dump of its own (zeroed when
+// the case starts, dumped when its last call completes, named by the
+// case), so set-up, warm-up and shutdown stay out of the profile:
+// callgrind_annotate callgrind.out.<pid>.<n> gives instructions per case.
 #include <time.h>
 
 #include <CLI/CLI.hpp>
@@ -45,6 +49,13 @@
 #include "core/client_session.h"
 #include "core/handshake.h"
 #include "core/method_table.h"
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>  // no-ops unless run under valgrind --tool=callgrind
+#else
+#define CALLGRIND_ZERO_STATS
+#define CALLGRIND_DUMP_STATS_AT(name) ((void)(name))
+#endif
+
 #include "base/logging.h"
 #include "core/server_session.h"
 #include "echo_service.h"  // examples/echo: the generated Echo service
@@ -167,8 +178,9 @@ class Bench {
   }
 
   // `calls` unary Echo calls, `outstanding` at a time.
-  CaseResult unary(Pair& pair, uint64_t calls, uint32_t outstanding) {
+  CaseResult unary(Pair& pair, uint64_t calls, uint32_t outstanding, const char* profile) {
     Run run;
+    run.profile = profile;
     run.pair = &pair;
     run.target = calls;
     run.method = echo_id_;
@@ -185,8 +197,9 @@ class Bench {
   }
 
   // One server stream of `messages` messages.
-  CaseResult stream(Pair& pair, uint64_t messages) {
+  CaseResult stream(Pair& pair, uint64_t messages, const char* profile) {
     Run run;
+    run.profile = profile;
     run.pair = &pair;
     run.target = messages;
     run.bench = this;
@@ -227,9 +240,11 @@ class Bench {
     uint64_t cpu0 = 0;
     uint64_t turns0 = 0;
     std::chrono::steady_clock::time_point wall0;
+    const char* profile = nullptr;  // the callgrind dump's name; null for warm-ups
     CaseResult result;
 
     void start() {
+      if (profile != nullptr) CALLGRIND_ZERO_STATS;
       turns0 = bench->loop_->stats().turns;
       wall0 = std::chrono::steady_clock::now();
       cpu0 = thread_cpu_ns();
@@ -240,6 +255,7 @@ class Bench {
                                     std::chrono::steady_clock::now() - wall0)
                                     .count());
       result.turns = bench->loop_->stats().turns - turns0;
+      if (profile != nullptr) CALLGRIND_DUMP_STATS_AT(profile);
       bench->signal();  // the last touch of this Run: the main thread may free it now
     }
     // One call, as a typed client's Echo would make it: a writer that
@@ -384,8 +400,8 @@ int main(int argc, char** argv) {
   for (const std::string& c : cases) {
     if (c == "stream64") {
       auto& pair = bench.connect(0);
-      if (warmup != 0) bench.stream(pair, warmup);
-      const CaseResult r = bench.stream(pair, calls);
+      if (warmup != 0) bench.stream(pair, warmup, nullptr);
+      const CaseResult r = bench.stream(pair, calls, "stream64");
       print("stream64", "", 1, r, "messages");
       if (r.failed != 0 || r.calls != calls) return 1;
       continue;
@@ -394,8 +410,9 @@ int main(int argc, char** argv) {
     auto& pair = bench.connect(packed ? config.pack_small : 0);
     for (uint32_t o : outstanding) {
       if (packed && o == 1) continue;  // one call in flight has nothing to pack with
-      if (warmup != 0) bench.unary(pair, warmup, o);
-      const CaseResult r = bench.unary(pair, calls, o);
+      if (warmup != 0) bench.unary(pair, warmup, o, nullptr);
+      const std::string profile = c + " outstanding=" + std::to_string(o);
+      const CaseResult r = bench.unary(pair, calls, o, profile.c_str());
       char extra[96] = "";
       if (packed)
         std::snprintf(extra, sizeof extra, " packs=%" PRIu64 " packed_messages=%" PRIu64, r.packs, r.packed);
