@@ -279,7 +279,7 @@ void ClientSession::abort_call(uint16_t slot, Status status, uint16_t wire_statu
 // A bulk call ends: the peer loses access to its memory first (on verbs
 // the windows' invalidations are posted now and the call completes with
 // their kBulkDone).  Calls without bulk segments finish at once.
-void ClientSession::end_call(PendingCall* call, RawReply reply) {
+void ClientSession::end_call(PendingCall* call, RawReply&& reply) {
   if (hold_for_revoke(call, reply)) return;
   finish(call, std::move(reply));
 }

@@ -243,7 +243,7 @@ class ClientSession final : public SessionBase,
   void protocol_error(std::string reason);
   // Bulk calls: ends `call` with `reply` once its exposures are revoked
   // (at once when there are none, or they are unreachable already).
-  void end_call(PendingCall* call, RawReply reply);
+  void end_call(PendingCall* call, RawReply&& reply);
   bool hold_for_revoke(PendingCall* call, RawReply& reply);
   Status expose_bulk(PendingCall* call, SlotBuilder& b, size_t* block_bytes);
   // Writes the call's metadata block between the header and the bulk block
