@@ -14,7 +14,7 @@ namespace slotrpc::transport::memory {
 
 MemoryLink::MemoryLink(MemoryTransport& owner, std::string description)
     : owner_(owner), description_(std::move(description)) {
-  // Room for a session's usual working set from the start; push() doubles.
+  // Room for a session's usual working set from the start; emplace() doubles it.
   queue_.resize(64);
 }
 
@@ -59,7 +59,7 @@ Status MemoryLink::attach(const MemoryRegion& receive_ring, const MemoryRegion& 
   return Status::ok_status();
 }
 
-void MemoryLink::push(const Completion& c) {
+Completion& MemoryLink::emplace() {
   if (count_ == queue_.size()) {
     // Full: unroll into a ring twice the size (the order is kept).
     std::vector<Completion> bigger(queue_.size() * 2);
@@ -67,9 +67,12 @@ void MemoryLink::push(const Completion& c) {
     queue_.swap(bigger);
     head_ = 0;
   }
-  queue_[(head_ + count_) & (queue_.size() - 1)] = c;
+  Completion& c = queue_[(head_ + count_) & (queue_.size() - 1)];
   ++count_;
+  return c;
 }
+
+void MemoryLink::push(const Completion& c) { emplace() = c; }
 
 size_t MemoryLink::drain(std::span<Completion> out) {
   const size_t n = std::min(out.size(), count_);
@@ -91,18 +94,21 @@ bool MemoryLink::deliver(const Outgoing& o) {
     fail("post: the peer's session has not attached its link yet");
     return false;
   }
-  Completion c;
-  c.context = peer->context_;
-  c.link = peer;
-  c.imm = o.imm;
-  c.length = o.length;
   if (o.lane == Lane::kControl) {
     if (o.length != kHeaderSize) {
       fail("post: control message of " + std::to_string(o.length) + " bytes, expected " +
            std::to_string(kHeaderSize));
       return false;
     }
+    // Written in place in the peer's queue: no Completion is built and
+    // copied per message.
+    Completion& c = peer->emplace();
     c.kind = Completion::Kind::kControl;
+    c.slot = 0;
+    c.length = o.length;
+    c.imm = o.imm;
+    c.context = peer->context_;
+    c.link = peer;
     std::memcpy(c.control.data(), o.data, kHeaderSize);
     ++stats_.control_sends;
   } else {
@@ -120,14 +126,18 @@ bool MemoryLink::deliver(const Outgoing& o) {
       return false;
     }
     std::memcpy(peer->ring_.base + size_t{slot} * peer->slot_size_, o.data, o.length);
+    Completion& c = peer->emplace();
     c.kind = Completion::Kind::kMessage;
     c.slot = slot;
+    c.length = o.length;
+    c.imm = o.imm;
+    c.context = peer->context_;
+    c.link = peer;
     ++stats_.slot_sends;
     ++stats_.noninline_sends;
     if (o.messages > 1) ++stats_.packs;
   }
   stats_.messages += o.messages;
-  peer->push(c);
   return true;
 }
 

@@ -62,7 +62,9 @@ class MemoryLink final : public Link {
   friend class MemoryTransport;
   MemoryLink(MemoryTransport& owner, std::string description);
 
-  // Queues `c` for this end's poll (the ring doubles when full).
+  // The next entry of this end's queue, to be filled in (the ring doubles
+  // when full); push() queues a whole completion.
+  Completion& emplace();
   void push(const Completion& c);
   // Moves up to out.size() queued completions into `out`; returns how many.
   size_t drain(std::span<Completion> out);
