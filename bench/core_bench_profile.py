@@ -14,7 +14,9 @@ charged to its callers in proportion to what each call cost, up to the
 first caller a pattern names: a memcpy inside the link counts for the link,
 the builder inside the handler for the handler.  Allocation, clock reads
 and metrics have parts of their own wherever they are called from.
---callers NAME lists who calls a function and how often per call.
+--sides sums the same by side (client, server, loop and link), each shared
+helper charged to the side that called it.  --callers NAME lists who calls
+a function and how often per call.
 """
 import argparse
 import re
@@ -39,6 +41,19 @@ PARTS = [
     ("reactor turn (poll loop, tasks, timers)", r"(slotrpc::reactor::Reactor::|slotrpc::core::Loop::|TimerHeap|MpscQueue)"),
 ]
 PARTS = [(name, re.compile(rx)) for name, rx in PARTS]
+# --sides: the same walk, by side.  Shared helpers (allocation, clocks,
+# metrics, headers, FlatBuffers) go to the side whose code called them.
+SIDES = [
+    ("loop and link (reactor turn, fibers, memory link)",
+     r"(slotrpc::reactor::|slotrpc::core::Loop::|TimerHeap|MpscQueue|slotrpc::transport::memory::|"
+     r"FiberPool::|jump_fcontext|ontop_fcontext|fiber_entry|fiber_record)"),
+    ("server side (dispatch, verifier, handler, reply)",
+     r"(slotrpc::core::ServerSession::|ServerCall|EchoHandler::|add_typed_unary|ServiceDefinition::verify_as|ReplyBuilder)"),
+    ("client side (submit, writer, reply, verifier, sink)",
+     r"(slotrpc::core::ClientSession::|slotrpc::core::PendingCall|release_reply|slotrpc::RawReply::|slotrpc::Reply<|"
+     r"anon.*Bench|\(anonymous namespace\)::Bench|Bench::Run)"),
+]
+SIDES = [(name, re.compile(rx)) for name, rx in SIDES]
 UNCHARGED = "other (no caller named)"
 
 
@@ -94,14 +109,14 @@ def parse(path):
     return self_cost, arcs
 
 
-def part_of(fn):
-    for name, rx in PARTS:
+def part_of(fn, parts=None):
+    for name, rx in parts or PARTS:
         if rx.search(fn):
             return name
     return None
 
 
-def attribute(self_cost, arcs):
+def attribute(self_cost, arcs, parts=None):
     callers = defaultdict(list)  # callee -> [(caller, inclusive)]
     for (caller, callee), (_, incl) in arcs.items():
         if caller != callee:
@@ -109,7 +124,7 @@ def attribute(self_cost, arcs):
     out = defaultdict(float)
 
     def charge(fn, amount, depth, seen):
-        part = part_of(fn)
+        part = part_of(fn, parts)
         if part is not None:
             out[part] += amount
             return
@@ -132,6 +147,7 @@ def main():
     ap.add_argument("dump")
     ap.add_argument("--calls", type=int, required=True, help="calls (messages) in the case")
     ap.add_argument("--callers", help="a function name (substring): who calls it, per call")
+    ap.add_argument("--sides", action="store_true", help="by side (client, server, loop) instead of by part")
     args = ap.parse_args()
     self_cost, arcs = parse(args.dump)
     n = args.calls
@@ -140,11 +156,13 @@ def main():
         for caller, c, incl in sorted(rows, key=lambda r: -r[1]):
             print("%8.2f calls/call %8.1f Ir/call  %s" % (c / n, incl / n, caller[:150]))
         return
-    parts = attribute(self_cost, arcs)
+    parts = attribute(self_cost, arcs, SIDES if args.sides else None)
     total = sum(self_cost.values())
     print("| part of the call path | Ir per call | share |")
     print("|---|---:|---:|")
     for name, ir in sorted(parts.items(), key=lambda kv: -kv[1]):
+        if ir < 0.5 * n:
+            continue  # nothing, or under half an instruction per call
         print("| %s | %.0f | %.1f %% |" % (name, ir / n, 100.0 * ir / total))
     print("| **total** | **%.0f** | 100 %% |" % (total / n))
 
