@@ -80,7 +80,7 @@ void ClientSession::submit(PendingCall* call) {
   call->counters = &counters;
   call->method_counters = &counters.methods[call->method_id];
   ++call->method_counters->started;
-  call->submitted = Clock::now();
+  call->submitted = loop_.stamp();  // a call issued by a callback: its batch's clock read
   if (closed_) return fail_later(call, close_status_);
   if (call->request_id == 0) call->request_id = next_request_id();
   if (call->client_stream && (peer_features_ & kFeatureClientStreams) == 0) {
@@ -466,12 +466,16 @@ void ClientSession::count_bulk_in(const PendingCall& call, const std::vector<uin
   call.method_counters->bulk_bytes_in += n;
 }
 
-// Hot path: a clock read and a few increments of the loop's counters.
+// Hot path: at most one clock read and a few increments of the loop's counters.
 // Runs on the loop (completions and posted failures do).
 void ClientSession::count_finished(PendingCall* call, StatusCode code) {
   if (call->counters == nullptr) return;  // never submitted to a session
   ++call->counters->calls.finished[core::code_index(code)];
-  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - call->submitted);
+  // On the loop that ran the call (static: completions posted from any
+  // thread end here too); the batch's clock read inside a callback.
+  const core::Loop* loop = core::Loop::current();
+  const Clock::time_point end = loop != nullptr ? loop->stamp() : Clock::now();
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(end - call->submitted);
   call->method_counters->finish(code, static_cast<uint64_t>(std::max<int64_t>(0, us.count())));
   call->counters = nullptr;
 }
