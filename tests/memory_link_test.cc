@@ -1,13 +1,16 @@
 // The in-memory link (lib/transport/memory): a slot message lands in the
 // peer's armed slot with one completion, control messages travel inside
 // theirs, a slot the peer has not armed is refused before a byte moves, and
-// either end going away takes both down with a reason.
+// either end going away takes both down with a reason.  And, on a reactor
+// polling it, what a completion callback's latency stamp is.
 #include <doctest/doctest.h>
 
 #include <array>
 #include <cstring>
+#include <memory>
 #include <vector>
 
+#include "reactor/reactor.h"
 #include "transport/memory/memory_transport.h"
 
 using namespace slotrpc;
@@ -173,4 +176,53 @@ TEST_CASE("close or destruction of one end takes the other down with the reason"
   REQUIRE(got.size() == 1);
   CHECK(got[0].link == b.get());
   CHECK(got[0].context == &eb.context);
+}
+
+// Loop::stamp(), the latency stamp a client call takes: inside a
+// completion callback the batch's one clock read, outside a batch (a posted
+// task) a fresh read, never a stale batch's time.
+TEST_CASE("a latency stamp inside a completion callback is the batch's clock read, outside a fresh one") {
+  Config config;
+  reactor::Reactor loop(config, "stamp-test");
+  auto added = loop.add_transport(std::make_unique<memory::MemoryTransport>());
+  REQUIRE(added.ok());
+  auto& t = *static_cast<memory::MemoryTransport*>(added.value());
+  auto [a, b] = t.pair("stamp");
+
+  struct Probe : core::SessionBase {
+    reactor::Reactor* loop = nullptr;
+    int seen = 0;
+    core::Clock::time_point received{}, stamped{};
+  } probe;
+  probe.loop = &loop;
+  probe.on_completion = [](core::SessionBase* s, const Completion&) {
+    auto* p = static_cast<Probe*>(s);
+    ++p->seen;
+    p->received = p->loop->received_at();
+    p->stamped = p->loop->stamp();
+  };
+  probe.flush = [](core::SessionBase*) {};
+  End ea, eb;
+  ea.attach(*a);
+  std::vector<std::byte> recv(kSlots * kSlotSize), send(kSlots * kSlotSize);
+  auto r = b->register_memory(recv, Access::kRemoteWrite);
+  auto s = b->register_memory(send, Access::kLocalSend);
+  REQUIRE(b->attach(r.value(), s.value(), kSlots, kSlotSize, static_cast<core::SessionBase*>(&probe)).ok());
+
+  std::array<std::byte, kHeaderSize> control{};
+  Outgoing o;
+  o.data = control.data();
+  o.length = kHeaderSize;
+  o.lane = Lane::kControl;
+  a->post({&o, 1});
+  const auto before = core::Clock::now();
+  REQUIRE(loop.run_one_turn());
+  REQUIRE(probe.seen == 1);
+  CHECK(probe.received >= before);
+  CHECK(probe.stamped == probe.received);
+
+  // After the batch: no batch time is left behind for a later stamp.
+  CHECK(loop.received_at() == core::Clock::time_point{});
+  const auto outside = loop.stamp();
+  CHECK(outside >= probe.received);
 }
