@@ -74,11 +74,16 @@ void ClientSession::submit(PendingCall* call) {
   assert(loop_.on_this_thread());
   // Metrics: plain integers of this loop.  The first call of a method id on
   // this loop inserts its entry (one allocation per method and loop, ever);
-  // every later call finds it.
+  // every later call finds it, a call of the same method as the last one
+  // without a hash lookup (entries are never erased, so the pointer stays
+  // valid).
   core::SideCounters& counters = owner_counters().client;
   ++counters.calls.started;
   call->counters = &counters;
-  call->method_counters = &counters.methods[call->method_id];
+  if (last_method_.side != &counters || last_method_.id != call->method_id) {
+    last_method_ = {&counters, call->method_id, &counters.methods[call->method_id]};
+  }
+  call->method_counters = last_method_.counters;
   ++call->method_counters->started;
   call->submitted = loop_.stamp();  // a call issued by a callback: its batch's clock read
   if (closed_) return fail_later(call, close_status_);

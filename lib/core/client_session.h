@@ -275,6 +275,12 @@ class ClientSession final : public SessionBase,
   PendingCall* queue_tail_ = nullptr;
   uint32_t queued_ = 0;
   std::atomic<uint64_t> last_request_id_{0};
+  // The method counters of the last call submitted (submit()).
+  struct LastMethod {
+    core::SideCounters* side = nullptr;
+    uint32_t id = 0;
+    core::MethodCounters* counters = nullptr;
+  } last_method_;
   uint64_t late_replies_dropped_ = 0;
   uint64_t messages_sent_ = 0;
   uint16_t peer_features_ = 0;
