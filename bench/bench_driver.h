@@ -41,10 +41,14 @@ class EchoDriver {
 // gRPC (bench/grpc/grpc_echo.cc); defined only when the build found grpc++.
 bool grpc_available();
 // Connects lazily, per run, to `target` (host:port).  `max_message`: the
-// message-size limits of both directions.
-std::unique_ptr<EchoDriver> make_grpc_driver(const std::string& target, uint64_t max_message);
+// message-size limits of both directions.  `tls_ca` (a PEM file): TLS,
+// the server's certificate verified against it (for the name localhost).
+std::unique_ptr<EchoDriver> make_grpc_driver(const std::string& target, uint64_t max_message,
+                                             const std::string& tls_ca = {});
 // Serves the Echo service on `address` (port 0: a free one); writes the port
-// to `port_file` once listening and serves until SIGTERM.  Returns the exit code.
-int serve_grpc(const std::string& address, const std::string& port_file, uint64_t max_message);
+// to `port_file` once listening and serves until SIGTERM.  Returns the exit
+// code.  `tls_cert` and `tls_key` (PEM files): TLS with that certificate.
+int serve_grpc(const std::string& address, const std::string& port_file, uint64_t max_message,
+               const std::string& tls_cert = {}, const std::string& tls_key = {});
 
 }  // namespace bench

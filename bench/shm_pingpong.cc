@@ -89,7 +89,7 @@ void transport_side(bool client, Transport& t, Link& link, uint32_t size, std::v
     std::byte* slot = shared.empty() ? send.data() : shared.data();
     std::memcpy(slot, src.data(), size);  // "building" the message
     std::memcpy(slot, &i, sizeof i);
-    const Outgoing o{slot, size, core::make_imm(0, 1), Lane::kSlot};
+    const Outgoing o{slot, size, core::make_imm(0, 1), Delivery::kSlot};
     link.arm(0);  // the answer may land now
     link.post({&o, 1});
   };

@@ -5,7 +5,9 @@
 //   slotrpc-bench --modes latency,throughput --transports tcp,shm,grpc,socket
 //                 --warmup 1000 --calls 20000 --json out.json
 //
-// Systems (--transports): slotrpc over tcp, shm or verbs; grpc (gRPC 1.51 +
+// Systems (--transports): slotrpc over tcp, shm or verbs; tls (slotrpc over
+// TCP with TLS: --tls-cert, --tls-key, --tls-ca; grpc-tls the same for
+// gRPC, the certificate naming localhost); grpc (gRPC 1.51 +
 // FlatBuffers, built from the same examples/echo/echo.fbs); socket (a
 // busy-polling TCP ping-pong of the same payloads: the limit a TCP RPC can
 // approach on this host; latency only).  Every system echoes the same
@@ -577,9 +579,21 @@ class BulkDriver final : public EchoDriver {
   bool per_page_ = false;
 };
 
-int serve_slotrpc(const std::string& host, const std::string& port_file, uint32_t slot_size) {
+// TLS files of system "tls" (--tls-cert, --tls-key, --tls-ca): the
+// server's certificate and key, the CA the client trusts.
+struct TlsFiles {
+  std::string cert, key, ca;
+};
+
+int serve_slotrpc(const std::string& host, const std::string& port_file, uint32_t slot_size,
+                  const TlsFiles& tls) {
   slotrpc::Config cfg;
   cfg.slot_size = slot_size;  // the most a client may ask for
+  if (!tls.cert.empty()) {
+    cfg.tls = true;
+    cfg.tls_cert = tls.cert;
+    cfg.tls_key = tls.key;
+  }
   echo::EchoHandler handler;  // outlives the server, which calls it
   slotrpc::Server server(cfg);
   BulkPool pool(server);  // server.stop() below comes first
@@ -991,6 +1005,8 @@ int main(int argc, char** argv) {
   uint64_t bulk_calls = 20, bulk_outstanding = 1, load_size = 1ull << 30, load_idle_calls = 2000, load_repeat = 1;
   uint64_t bulk_pages = 0;
   bool bulk_per_page = false;
+  TlsFiles tls;
+  uint32_t rounds = 1;
 
   CLI::App app("slotrpc beside gRPC (same schema, same loop) and a busy-polling socket ping-pong, client and "
                "server in two processes: latency per payload size, throughput per outstanding calls and channels.",
@@ -1005,7 +1021,8 @@ int main(int argc, char** argv) {
                  "Systems: tcp, shm, verbs (slotrpc), grpc, socket (the limit; in modes bulk, bulk-read and "
                  "bulk-write a ping-pong or one-way transfer of the same sizes); bulk-tcp, bulk-shm, bulk-verbs (slotrpc "
                  "bulk payloads: modes bulk, bulk-read, bulk-write and bulk-load only)")
-      ->delimiter(',')->check(CLI::IsMember({"tcp", "shm", "verbs", "grpc", "socket", "bulk-tcp", "bulk-shm", "bulk-verbs"}))
+      ->delimiter(',')->check(CLI::IsMember({"tcp", "tls", "shm", "verbs", "grpc", "grpc-tls", "socket", "bulk-tcp", "bulk-tls",
+                              "bulk-shm", "bulk-verbs"}))
       ->capture_default_str();
   app.add_option("--bulk-sizes", bulk_sizes, "Mode bulk: payload bytes")->delimiter(',')
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 31))->capture_default_str();
@@ -1047,6 +1064,13 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"callback", "future", "poll"}))->capture_default_str();
   app.add_option("--address", host, "IPv4 address the servers listen on and clients connect to")->capture_default_str();
   app.add_option("--json", json_path, "Write every figure to this JSON file");
+  app.add_option("--tls-cert", tls.cert, "Systems tls, bulk-tls: the server's certificate chain (PEM)");
+  app.add_option("--tls-key", tls.key, "Systems tls, bulk-tls: the server's private key (PEM)");
+  app.add_option("--tls-ca", tls.ca, "Systems tls, bulk-tls: the CA the client verifies the server with (PEM)");
+  app.add_option("--rounds", rounds,
+                 "Run the systems this many times, one after the other each round (tcp, tls, tcp, tls, ...): "
+                 "rows of round i > 1 are named system#i")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--serve", serve, "(internal) run the server of one system")->group("");
   app.add_option("--port-file", port_file, "(internal) where --serve writes its port")->group("");
   app.add_option("--max-message", max_message, "(internal) gRPC message-size limit")->group("");
@@ -1062,8 +1086,8 @@ int main(int argc, char** argv) {
     // Block the termination signals before any thread starts, so only
     // wait_for_termination() receives them.
     block_termination_signals();
-    if (serve == "slotrpc") return serve_slotrpc(host, port_file, slot_size);
-    if (serve == "grpc") return serve_grpc(host + ":0", port_file, max_message);
+    if (serve == "slotrpc") return serve_slotrpc(host, port_file, slot_size, tls);
+    if (serve == "grpc") return serve_grpc(host + ":0", port_file, max_message, tls.cert, tls.key);
     if (serve == "socket") return serve_socket(host, port_file);
     std::fprintf(stderr, "slotrpc-bench: unknown --serve %s\n", serve.c_str());
     return 2;
@@ -1097,7 +1121,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (max_message == 0) max_message = std::max<uint64_t>(uint64_t{slot_size} * 2, 4u << 20);
-  if (std::find(systems.begin(), systems.end(), "grpc") != systems.end() && !grpc_available()) {
+  if ((std::find(systems.begin(), systems.end(), "grpc") != systems.end() ||
+       std::find(systems.begin(), systems.end(), "grpc-tls") != systems.end()) &&
+      !grpc_available()) {
     std::fprintf(stderr, "slotrpc-bench: this build has no gRPC (grpc++ was not found at meson setup)\n");
     return 2;
   }
@@ -1106,6 +1132,13 @@ int main(int argc, char** argv) {
   if (std::getenv("SLOTRPC_TRANSPORT") != nullptr) {
     std::fprintf(stderr, "slotrpc-bench: ignoring SLOTRPC_TRANSPORT (--transports chooses)\n");
     ::unsetenv("SLOTRPC_TRANSPORT");
+  }
+  const bool wants_tls = std::find(systems.begin(), systems.end(), "tls") != systems.end() ||
+                         std::find(systems.begin(), systems.end(), "bulk-tls") != systems.end() ||
+                         std::find(systems.begin(), systems.end(), "grpc-tls") != systems.end();
+  if (wants_tls && (tls.cert.empty() || tls.key.empty() || tls.ca.empty())) {
+    std::fprintf(stderr, "slotrpc-bench: systems tls, bulk-tls and grpc-tls need --tls-cert, --tls-key and --tls-ca\n");
+    return 2;
   }
   // The client takes SIGPIPE as an error return, not a death.
   ::signal(SIGPIPE, SIG_IGN);
@@ -1130,17 +1163,29 @@ int main(int argc, char** argv) {
   // as soon as they are printed... they are computed at the end anyway; this
   // order only keeps the table grouped the same way every run.
   std::vector<std::string> order;
-  for (const char* s : {"socket", "grpc", "tcp", "shm", "verbs", "bulk-tcp", "bulk-shm", "bulk-verbs"}) {
+  for (const char* s : {"socket", "grpc", "grpc-tls", "tcp", "tls", "shm", "verbs", "bulk-tcp", "bulk-tls",
+                        "bulk-shm", "bulk-verbs"}) {
     if (std::find(systems.begin(), systems.end(), s) != systems.end()) order.push_back(s);
   }
+  for (uint32_t round = 1; round <= rounds; ++round)
   for (const std::string& sys : order) {
-    const bool is_bulk = sys == "bulk-tcp" || sys == "bulk-shm" || sys == "bulk-verbs";
-    const bool is_slotrpc = is_bulk || sys == "tcp" || sys == "shm" || sys == "verbs";
-    const std::string name = is_slotrpc ? "slotrpc-" + sys : sys;
+    const bool is_bulk = sys == "bulk-tcp" || sys == "bulk-tls" || sys == "bulk-shm" || sys == "bulk-verbs";
+    const bool is_slotrpc = is_bulk || sys == "tcp" || sys == "tls" || sys == "shm" || sys == "verbs";
+    const bool is_tls = sys == "tls" || sys == "bulk-tls" || sys == "grpc-tls";
+    const std::string name = (is_slotrpc ? "slotrpc-" + sys : sys) + (round > 1 ? "#" + std::to_string(round) : "");
+    // TLS on the client: the server's certificate verified against the CA.
+    auto with_tls = [&](slotrpc::Config& cfg) {
+      if (!is_tls) return;
+      cfg.tls = true;
+      cfg.tls_ca = tls.ca;
+    };
+    std::vector<std::string> server_args = {"--serve", is_slotrpc ? "slotrpc" : sys == "grpc-tls" ? "grpc" : sys,
+                                            "--address", host,
+                                            "--slot-size", std::to_string(slot_size), "--max-message",
+                                            std::to_string(max_message)};
+    if (is_tls) server_args.insert(server_args.end(), {"--tls-cert", tls.cert, "--tls-key", tls.key});
     ChildProcess server;
-    if (auto err = server.start({"--serve", is_slotrpc ? "slotrpc" : sys, "--address", host, "--slot-size",
-                                 std::to_string(slot_size), "--max-message", std::to_string(max_message)});
-        !err.empty()) {
+    if (auto err = server.start(server_args); !err.empty()) {
       std::fprintf(stderr, "slotrpc-bench: %s server: %s\n", name.c_str(), err.c_str());
       rc = 1;
       continue;
@@ -1148,11 +1193,12 @@ int main(int argc, char** argv) {
     const std::string target = host + ":" + std::to_string(server.port());
     auto make = [&](bool latency) -> std::unique_ptr<EchoDriver> {
       if (sys == "socket") return std::make_unique<SocketDriver>(host, server.port());
-      if (sys == "grpc") return make_grpc_driver(target, max_message);
+      if (sys == "grpc" || sys == "grpc-tls") return make_grpc_driver(target, max_message, is_tls ? tls.ca : "");
       slotrpc::Config cfg;
-      cfg.transport = sys == "tcp" ? slotrpc::TransportKind::kTcp
-                    : sys == "shm" ? slotrpc::TransportKind::kShm
-                                   : slotrpc::TransportKind::kVerbs;
+      cfg.transport = sys == "tcp" || sys == "tls" ? slotrpc::TransportKind::kTcp
+                    : sys == "shm"                 ? slotrpc::TransportKind::kShm
+                                                   : slotrpc::TransportKind::kVerbs;
+      with_tls(cfg);
       // Latency channels: slots large enough for the largest size, few of
       // them (one call is out at a time).  Throughput channels: the default
       // geometry (64 slots of 64 KiB).
@@ -1184,9 +1230,10 @@ int main(int argc, char** argv) {
     };
     if (is_bulk) {
       slotrpc::Config cfg;
-      cfg.transport = sys == "bulk-tcp"   ? slotrpc::TransportKind::kTcp
-                    : sys == "bulk-shm" ? slotrpc::TransportKind::kShm
-                                        : slotrpc::TransportKind::kVerbs;
+      cfg.transport = sys == "bulk-tcp" || sys == "bulk-tls" ? slotrpc::TransportKind::kTcp
+                    : sys == "bulk-shm"                      ? slotrpc::TransportKind::kShm
+                                                             : slotrpc::TransportKind::kVerbs;
+      with_tls(cfg);
       BulkDriver d(target, cfg);
       if (auto st = d.connect(); !st.ok()) {
         std::fprintf(stderr, "slotrpc-bench: %s: %s\n", name.c_str(), st.to_string().c_str());

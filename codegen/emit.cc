@@ -238,11 +238,15 @@ void emit_client(std::string& out, const Scope& sc) {
     const std::string build = rt + "Build<" + req + "> build";
     const std::string idem =
         "    options.idempotent = true;  // (idempotent) in the schema: options.max_retries apply\n";
+    // The name for the client's own statuses and metrics: a pointer to
+    // the descriptor's literal, nothing copied per call.
+    const std::string named = "    options.method_name = " + svc.name + "Descriptor::k" + m.name + "Name;\n";
     out += "\n";
     emit_doc(out, "  ", m.doc);
     if (m.kind == MethodKind::kUnary) {
       const std::string future = rt + "Future<" + rt + "Reply<" + resp + ">>";
       out += wrap("  " + future + " " + m.cpp_name, {build, rt + "CallOptions options = {}"}, " {");
+      out += named;
       if (m.idempotent) out += idem;
       out += wrap("    return channel_.unary<" + req + ", " + resp + ">",
                   {id, sd + "move(build)", sd + "move(options)"}, ";");
@@ -251,6 +255,7 @@ void emit_client(std::string& out, const Scope& sc) {
                   {build, rt + "CallOptions options",
                    sd + "function<void(" + rt + "Reply<" + resp + ">&&)> done"},
                   " {");
+      out += named;
       if (m.idempotent) out += idem;
       out += wrap("    return channel_.unary<" + req + ", " + resp + ">",
                   {id, sd + "move(build)", sd + "move(options)", sd + "move(done)"}, ";");
@@ -260,6 +265,7 @@ void emit_client(std::string& out, const Scope& sc) {
       out += "  // then Finish() half-closes and waits for the reply.\n";
       out += wrap("  " + rt + "ClientWriter<" + req + ", " + resp + "> " + m.cpp_name,
                   {rt + "CallOptions options = {}"}, " {");
+      out += named;
       out += wrap("    return channel_.client_stream<" + req + ", " + resp + ">",
                   {id, sd + "move(options)"}, ";");
       out += "  }\n";
@@ -268,6 +274,7 @@ void emit_client(std::string& out, const Scope& sc) {
       out += "  // two threads if both may wait); Finish() returns the final status.\n";
       out += wrap("  " + rt + "ClientReaderWriter<" + req + ", " + resp + "> " + m.cpp_name,
                   {rt + "CallOptions options = {}"}, " {");
+      out += named;
       out += wrap("    return channel_.bidi_stream<" + req + ", " + resp + ">",
                   {id, sd + "move(options)"}, ";");
       out += "  }\n";
@@ -276,6 +283,7 @@ void emit_client(std::string& out, const Scope& sc) {
       out += "  // Drop each message when done with it: the server may then send more.\n";
       out += wrap("  " + rt + "ClientReader<" + resp + "> " + m.cpp_name,
                   {build, rt + "CallOptions options = {}"}, " {");
+      out += named;
       if (m.idempotent) out += idem;
       out += wrap("    return channel_.server_stream<" + req + ", " + resp + ">",
                   {id, sd + "move(build)", sd + "move(options)"}, ";");

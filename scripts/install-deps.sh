@@ -33,6 +33,8 @@ PACKAGES=(
   flatbuffers-compiler
   libspdlog-dev
   libfmt-dev
+  # TLS on TCP sessions and the verbs handshake (lib/transport/tls)
+  libssl-dev
   # Command-line parsing of tools/slotrpc-stat
   libcli11-dev
   # Tests (lld: scripts/test.sh links its builds with it, about twice as

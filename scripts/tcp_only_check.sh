@@ -104,7 +104,7 @@ if ninja -C "$B" -t deps | grep -q 'infiniband/'; then
   ninja -C "$B" -t deps | grep -B3 'infiniband/' | head -n 20 >&2
   die "a source of the TCP-only build includes an infiniband/ header"
 fi
-lib=$B/lib/libslotrpc.so.0
+lib=$B/lib/libslotrpc.so.1
 [[ -e $lib ]] || die "no $lib"
 if nm -D "$lib" | grep -q 'ibv_'; then nm -D "$lib" | grep 'ibv_' | head >&2; die "nm -D $lib lists ibv_ symbols"; fi
 if readelf -d "$lib" | grep NEEDED | grep -q -i verbs; then die "$lib needs libibverbs"; fi

@@ -231,6 +231,29 @@ TEST_CASE("Admin answers the server's own user on this host by default, and nobo
   }
 }
 
+TEST_CASE("the metrics port: 403 naming the setting when admin_access = off") {
+  std::atomic<int> runs{0};
+  Config c;
+  c.metrics_address = "127.0.0.1:0";
+  c.admin_access = AdminAccess::kOff;
+  Server server(c);
+  REQUIRE(server.add_service(make_service(&runs)).ok());
+  REQUIRE(server.start("127.0.0.1:0").ok());
+  const std::string http = "127.0.0.1:" + std::to_string(server.metrics_port());
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    const int devnull = ::open("/dev/null", O_WRONLY);
+    if (devnull >= 0) ::dup2(devnull, 1);
+    ::execl(ADMIN_PROBE, ADMIN_PROBE, http.c_str(), "http", static_cast<char*>(nullptr));
+    ::_exit(6);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 3);
+}
+
 TEST_CASE("the Admin rule: same host and same uid, unless any or off") {
   using slotrpc::rpc::admin_allows;
   PeerInfo remote;
@@ -272,14 +295,19 @@ TEST_CASE("SLOTRPC_ADMIN_ACCESS: a bad value is refused naming the setting and t
 }
 
 // A process of another user: as root, the probe runs as nobody (65534) and
-// is refused over both transports; the server's own uid is answered.
-TEST_CASE("Admin refuses a process of another uid over tcp and shm") {
+// is refused over both transports and on the metrics port; the server's own
+// uid is answered.
+TEST_CASE("Admin and the metrics port refuse a process of another uid") {
   std::atomic<int> runs{0};
-  Server server;
+  Config c;
+  c.metrics_address = "127.0.0.1:0";
+  Server server(c);
   REQUIRE(server.add_service(make_service(&runs)).ok());
   REQUIRE(server.start("127.0.0.1:0").ok());
   const std::string address = address_of(server);
+  const std::string http = "127.0.0.1:" + std::to_string(server.metrics_port());
   auto probe = [&](const char* transport, uid_t as) {
+    const std::string& target = std::string(transport) == "http" ? http : address;
     const pid_t child = ::fork();
     REQUIRE(child >= 0);
     if (child == 0) {
@@ -287,7 +315,7 @@ TEST_CASE("Admin refuses a process of another uid over tcp and shm") {
       const int devnull = ::open("/dev/null", O_WRONLY);
       if (devnull >= 0) ::dup2(devnull, 1);
       if (as != ::geteuid() && (::setgid(as) != 0 || ::setuid(as) != 0)) ::_exit(5);
-      ::execl(ADMIN_PROBE, ADMIN_PROBE, address.c_str(), transport, static_cast<char*>(nullptr));
+      ::execl(ADMIN_PROBE, ADMIN_PROBE, target.c_str(), transport, static_cast<char*>(nullptr));
       ::_exit(6);
     }
     int status = 0;
@@ -295,7 +323,7 @@ TEST_CASE("Admin refuses a process of another uid over tcp and shm") {
     REQUIRE(WIFEXITED(status));
     return WEXITSTATUS(status);
   };
-  for (const char* t : {"tcp", "shm"}) {
+  for (const char* t : {"tcp", "shm", "http"}) {
     INFO("transport ", t);
     CHECK(probe(t, ::geteuid()) == 0);
     if (::geteuid() == 0) {

@@ -17,7 +17,6 @@
 #include "slotrpc/server.h"
 
 using slotrpc::Config;
-using slotrpc::LaneScheduling;
 using slotrpc::PollMode;
 using slotrpc::StatusCode;
 using slotrpc::TransportKind;
@@ -120,6 +119,7 @@ TEST_CASE("config: the settings table covers every whole-number field") {
       {"connect_timeout_ms", "SLOTRPC_CONNECT_TIMEOUT_MS", &Config::connect_timeout_ms, 1, 600'000},
       {"keepalive_ms", "SLOTRPC_KEEPALIVE_MS", &Config::keepalive_ms, 10, 600'000},
       {"peer_timeout_ms", "SLOTRPC_PEER_TIMEOUT_MS", &Config::peer_timeout_ms, 20, 3'600'000},
+      {"bulk_timeout_ms", "SLOTRPC_BULK_TIMEOUT_MS", &Config::bulk_timeout_ms, 10, 86'400'000},
       {"fiber_stack_kb", "SLOTRPC_FIBER_STACK_KB", &Config::fiber_stack_kb, 16, 65536},
       {"reactor_threads", "SLOTRPC_REACTOR_THREADS", &Config::reactor_threads, 1, 256},
       {"max_queued_calls", "SLOTRPC_MAX_QUEUED_CALLS", &Config::max_queued_calls, 0, 1u << 24},
@@ -128,7 +128,6 @@ TEST_CASE("config: the settings table covers every whole-number field") {
       {"tcp_bulk_lane", "SLOTRPC_TCP_BULK_LANE", &Config::tcp_bulk_lane, 0, 1u << 31},
       {"tcp_bulk_push", "SLOTRPC_TCP_BULK_PUSH", &Config::tcp_bulk_push, 0, 16u << 20},
       {"tcp_lane_spin_us", "SLOTRPC_TCP_LANE_SPIN_US", &Config::tcp_lane_spin_us, 0, 10'000'000},
-      {"tcp_lane_spare_rate", "SLOTRPC_TCP_LANE_SPARE_RATE", &Config::tcp_lane_spare_rate, 0, 10'000'000},
       {"tcp_flush_every", "SLOTRPC_TCP_FLUSH_EVERY", &Config::tcp_flush_every, 0, 65536},
       {"pack_small", "SLOTRPC_PACK_SMALL", &Config::pack_small, 0, 16384},
       {"max_sessions", "SLOTRPC_MAX_SESSIONS", &Config::max_sessions, 1, 1'000'000},
@@ -523,19 +522,6 @@ TEST_CASE("config: valid environment overrides apply") {
     REQUIRE_FALSE(r.ok());
     CHECK(r.status().message().find("Config.tcp_lane_cpus (SLOTRPC_TCP_LANE_CPUS)='1-x'") != std::string::npos);
   }
-  SUBCASE("SLOTRPC_TCP_LANE_SCHED") {
-    for (auto [name_, mode] : {std::pair{"normal", LaneScheduling::kNormal},
-                              std::pair{"batch", LaneScheduling::kBatch}}) {
-      const char* const name = name_;
-      EnvVar v("SLOTRPC_TCP_LANE_SCHED", name);
-      Config c;
-      c.tcp_lane_sched = mode == LaneScheduling::kBatch ? LaneScheduling::kNormal : LaneScheduling::kBatch;
-      auto r = c.with_environment();
-      CAPTURE(name);
-      REQUIRE_MESSAGE(r.ok(), r.status().to_string());
-      CHECK(r->tcp_lane_sched == mode);
-    }
-  }
   SUBCASE("SLOTRPC_POLL_MODE") {
     for (auto [name_, mode] : {std::pair{"busy", PollMode::kBusy},
                               std::pair{"blocking", PollMode::kBlocking},
@@ -723,8 +709,7 @@ TEST_CASE("config: enumerated variables must name a known value") {
                         Case{"SLOTRPC_POLL_MODE", "", "blocking"},
                         Case{"SLOTRPC_TRANSPORT", "rdma", "verbs"},
                         Case{"SLOTRPC_TRANSPORT", "tcp ", "tcp"},
-                        Case{"SLOTRPC_LOG_LEVEL", "loud", "warn"},
-                        Case{"SLOTRPC_TCP_LANE_SCHED", "idle", "batch"}}) {
+                        Case{"SLOTRPC_LOG_LEVEL", "loud", "warn"}}) {
     EnvVar v(c.var, c.value);
     auto r = Config{}.with_environment();
     CAPTURE(c.var);
@@ -898,6 +883,19 @@ TEST_CASE("a SLOTRPC_* variable that names no setting is warned about once, with
   }
   CHECK(log.matching({"SLOTRPC_TRANSPRT is not a slotrpc setting", "the nearest is SLOTRPC_TRANSPORT"}).size() == 1);
   CHECK(log.matching({"SLOTRPC_TEST_SOMETHING"}).empty());
+}
+
+// Lane threads are scheduled like any thread and placed only by the CPU
+// lists: the two settings of that experiment are gone, and a process that
+// still sets them hears so instead of believing they work.
+TEST_CASE("SLOTRPC_TCP_LANE_SCHED and SLOTRPC_TCP_LANE_SPARE_RATE are no settings") {
+  EnvVar sched("SLOTRPC_TCP_LANE_SCHED", "batch");
+  EnvVar rate("SLOTRPC_TCP_LANE_SPARE_RATE", "800");
+  slotrpc::test::LogCapture log;
+  auto c = Config{}.with_environment();
+  REQUIRE_MESSAGE(c.ok(), c.status().to_string());
+  CHECK(log.matching({"SLOTRPC_TCP_LANE_SCHED is not a slotrpc setting"}).size() == 1);
+  CHECK(log.matching({"SLOTRPC_TCP_LANE_SPARE_RATE is not a slotrpc setting"}).size() == 1);
 }
 
 TEST_CASE("a bad setting reads the same whether it came from the environment or from the Config") {

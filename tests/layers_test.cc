@@ -8,16 +8,23 @@
 // (slotrpc/...) and the generated headers of the build.  On top of that:
 //   * transport/tcp, transport/verbs, transport/shm and transport/memory do
 //     not include one another: each transport depends on transport/'s own
-//     files and base/;
+//     files and base/; transport/tls (TLS contexts and connections) is no
+//     transport: any of them, and rpc/, may use it, and it includes only
+//     base/;
 //   * core/ sees only the transport interface (transport/transport.h,
 //     transport/frame.h), never a concrete transport;
 //   * the reactor names no concrete transport either, and metrics/ neither:
 //     only rpc/ picks transports;
 //   * core/bulk/ does not include the sessions that use it;
 //   * include/slotrpc/ (the public API) includes nothing of lib/.
+// And transports keep their own business: rpc/ and core/ never say "lane"
+// (TCP's bulk lanes live in transport/tcp; the layers above see only the
+// transport interface's attached connections), in code, comments or file
+// names.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -37,7 +44,7 @@ namespace {
 const std::vector<std::string> kLayers = {"base", "transport", "core", "reactor", "metrics", "rpc"};
 
 // Headers the build generates (no folder): allowed everywhere.
-const std::vector<std::string> kGenerated = {"slotrpc_verbs_config.h", "admin.slotrpc.h"};
+const std::vector<std::string> kGenerated = {"slotrpc_verbs_config.h", "admin.slotrpc.h", "health.slotrpc.h"};
 
 const std::vector<std::string> kTransports = {"tcp", "verbs", "shm", "memory"};
 
@@ -76,6 +83,13 @@ std::optional<std::string> forbidden_edge(const std::string& from, const std::st
   if (to_layer < 0) return from_folder + " -> " + to_folder + " (not a layer of lib/)";
   if (to_layer > from_layer) return from_folder + " -> " + to_folder + " (upward)";
   const std::string to_transport = transport_of(included);
+  if (transport_of(from) == "tls" && to_folder != "base" && to_transport != "tls")
+    return "transport/tls -> " + included + " (TLS depends on base/ only)";
+  if (to_transport == "tls") {
+    if (from_folder == "core" || from_folder == "reactor" || from_folder == "metrics")
+      return from_folder + " -> transport/tls (only transports and rpc/ use TLS)";
+    return std::nullopt;
+  }
   if (!to_transport.empty()) {
     const std::string from_transport = transport_of(from);
     if (from_folder == "transport" && from_transport != to_transport)
@@ -144,7 +158,65 @@ std::vector<Violation> check_tree(const fs::path& root, const std::string& label
   return out;
 }
 
+// Transport-private words that rpc/ and core/ may not use (case-insensitive).
+const std::vector<std::string> kTransportWords = {"lane"};
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+// Every line of `text` (the file `from`) that uses a word of kTransportWords,
+// and the file's name if it does.
+void check_words(const std::string& from, const std::string& text, std::vector<Violation>& out) {
+  for (const std::string& w : kTransportWords) {
+    if (lower(from).find(w) != std::string::npos)
+      out.push_back({from, 0, "", "the file's name says \"" + w + "\" (a transport's business)"});
+  }
+  std::istringstream in(text);
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    const std::string l = lower(line);
+    for (const std::string& w : kTransportWords)
+      if (l.find(w) != std::string::npos)
+        out.push_back({from, number, "", "says \"" + w + "\" (a transport's business): " + line});
+  }
+}
+
+std::vector<Violation> check_words_tree(const fs::path& root, const std::string& label) {
+  std::vector<Violation> out;
+  for (const auto& entry : fs::recursive_directory_iterator(root)) {
+    if (!entry.is_regular_file()) continue;
+    std::ifstream f(entry.path());
+    std::stringstream text;
+    text << f.rdbuf();
+    check_words(label + "/" + fs::relative(entry.path(), root).generic_string(), text.str(), out);
+  }
+  return out;
+}
+
 }  // namespace
+
+TEST_CASE("rpc/ and core/ name no transport's private mechanisms (no \"lane\")") {
+  for (const char* folder : {"rpc", "core"}) {
+    const fs::path dir = fs::path(SLOTRPC_SOURCE_ROOT) / "lib" / folder;
+    REQUIRE(fs::is_directory(dir));
+    const auto v = check_words_tree(dir, folder);
+    INFO(describe(v));
+    CHECK(v.empty());
+  }
+  // The checker itself: it finds the word in code, comments and names.
+  std::vector<Violation> v;
+  check_words("rpc/channel.cc", "int x;\n  uint64_t lane_token = 0;\n// the Bulk Lane\n", v);
+  REQUIRE(v.size() == 2);
+  CHECK(v[0].line == 2);
+  CHECK(v[1].line == 3);
+  v.clear();
+  check_words("rpc/channel_lanes.cc", "int x;\n", v);
+  CHECK(v.size() == 1);
+}
 
 TEST_CASE("every include in lib/ runs down the layers") {
   const fs::path lib = fs::path(SLOTRPC_SOURCE_ROOT) / "lib";

@@ -67,7 +67,7 @@ TEST_CASE("a slot message lands in the peer's armed slot, a control message in i
   Outgoing batch[2] = {slot_message(msg, 100, 2), {}};
   batch[1].data = control.data();
   batch[1].length = kHeaderSize;
-  batch[1].lane = Lane::kControl;
+  batch[1].delivery = Delivery::kControl;
   a->post(batch);
   control.fill(std::byte{0});  // post() copied it
 
@@ -105,7 +105,7 @@ TEST_CASE("the queue grows past its first size and keeps the order") {
     Outgoing o;
     o.data = controls[i].data();
     o.length = kHeaderSize;
-    o.lane = Lane::kControl;
+    o.delivery = Delivery::kControl;
     a->post({&o, 1});
   }
   CHECK(b->queued() == 200);
@@ -213,7 +213,7 @@ TEST_CASE("a latency stamp inside a completion callback is the batch's clock rea
   Outgoing o;
   o.data = control.data();
   o.length = kHeaderSize;
-  o.lane = Lane::kControl;
+  o.delivery = Delivery::kControl;
   a->post({&o, 1});
   const auto before = core::Clock::now();
   REQUIRE(loop.run_one_turn());

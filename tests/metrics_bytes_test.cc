@@ -250,6 +250,12 @@ void run(Server& server, slotrpc::TransportKind transport, uint64_t put_bytes) {
     client["Put"].in += kHeader + slotrpc::bulk::reply_block_bytes(0) + r.size();
     client["Put"].bulk_out += put_bytes;
   }
+  // The server started the transfers of the Put (it read): they count
+  // under the channel's transport -- over TCP on the session's bulk lane.
+  const std::string kind = transport == slotrpc::TransportKind::kShm ? "shm" : "tcp";
+  const std::string tlabel = "{transport=\"" + kind + "\"}";
+  CHECK(prometheus_value(slotrpc::to_prometheus(server.metrics()),
+                         "slotrpc_transport_bulk_requests_total" + tlabel) >= 1);
 
   // Bulk out: the handler fills part of a receive segment.
   {
@@ -323,10 +329,7 @@ void run(Server& server, slotrpc::TransportKind transport, uint64_t put_bytes) {
   CHECK(prometheus_value(st, "slotrpc_bulk_received_bytes_total{side=\"server\"}") == total.bulk_out);
   CHECK(prometheus_value(st, "slotrpc_bulk_sent_bytes_total{side=\"server\"}") == total.bulk_in);
 
-  // The server started the bulk transfers (it read and wrote): they count
-  // under the channel's transport, a TCP bulk lane's too.
-  const std::string kind = transport == slotrpc::TransportKind::kShm ? "shm" : "tcp";
-  const std::string tlabel = "{transport=\"" + kind + "\"}";
+  // The Put's transfers and the Get's.
   const uint64_t requests = prometheus_value(st, "slotrpc_transport_bulk_requests_total" + tlabel);
   CHECK(requests >= 2);
   ch.reset();

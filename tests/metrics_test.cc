@@ -13,6 +13,8 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -460,4 +462,58 @@ TEST_CASE("metrics: shm sessions and traffic count under their own transport lab
   REQUIRE(shm != nullptr);
   CHECK(shm->sessions == 0);
   CHECK(shm->slot_sends == kCalls);
+}
+
+// Admin calls would make a cheap amplifier (a snapshot walks every loop's
+// sessions and builds KiBs of histograms): a server answers at most 64 at
+// once and then 200 a second, refusing the rest with RESOURCE_EXHAUSTED,
+// and takes at most 8 fresh snapshots at once and then 20 a second,
+// answering with the latest one again.  Bounds over the time the calls
+// took, not timings.
+TEST_CASE("metrics: Admin/Metrics calls are rationed server-wide") {
+  Fixture f;
+  auto ch = Channel::connect(f.address()).value();
+  constexpr int kThreads = 8;
+  constexpr int kPerThread = 100;
+  std::mutex mu;
+  std::set<int64_t> taken;
+  int answered = 0;
+  int refused = 0;
+  std::string unexpected;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> callers;
+  for (int t = 0; t < kThreads; ++t) {
+    callers.emplace_back([&] {
+      for (int i = 0; i < kPerThread; ++i) {
+        auto m = slotrpc::admin::fetch_metrics(*ch);
+        std::lock_guard<std::mutex> lock(mu);
+        if (m.ok()) {
+          ++answered;
+          taken.insert(std::chrono::duration_cast<std::chrono::nanoseconds>(m->taken.time_since_epoch()).count());
+        } else if (m.status().code() == StatusCode::kResourceExhausted &&
+                   m.status().message().find("at most 200 calls a second") != std::string::npos) {
+          ++refused;
+        } else {
+          unexpected = m.status().to_string();
+        }
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CAPTURE(secs);
+  CHECK_MESSAGE(unexpected.empty(), unexpected);
+  CHECK(answered + refused == kThreads * kPerThread);
+  CHECK_MESSAGE(answered <= 64 + 200 * secs + 1, answered << " answered in " << secs << " s");
+  CHECK(answered >= 64);  // the burst
+  CHECK_MESSAGE(static_cast<double>(taken.size()) <= 8 + 20 * secs + 1,
+                taken.size() << " fresh snapshots in " << secs << " s");
+
+  // After a pause both buckets have refilled: a call is answered with a
+  // fresh snapshot (taken after the pause began).
+  const auto before = std::chrono::system_clock::now();
+  std::this_thread::sleep_for(100ms);  // refill time, not a synchronisation
+  auto m = slotrpc::admin::fetch_metrics(*ch);
+  REQUIRE_MESSAGE(m.ok(), m.status().to_string());
+  CHECK(m->taken > before);
 }

@@ -134,7 +134,7 @@ TEST_CASE("outbox: consecutive small messages go out as one PACK, the rest as be
   CHECK(sent[0].messages == 3);
   CHECK(imm_slot(sent[0].imm) == 1);
   CHECK(imm_generation(sent[0].imm) == 11);
-  CHECK(sent[1].lane == transport::Lane::kControl);
+  CHECK(sent[1].delivery == transport::Delivery::kControl);
   CHECK(sent[2].data == big);
   CHECK(sent[2].messages == 1);
   CHECK(sent[3].messages == 2);

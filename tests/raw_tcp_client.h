@@ -83,7 +83,7 @@ inline int raw_connect(uint16_t port, uint32_t slot_count = 64, uint32_t slot_si
   REQUIRE(reply->slot_size == slot_size);
   REQUIRE(reply->message_len == 0);
   // The extension: a bulk lane token when the server offers lanes
-  // (core/handshake.h, kFeatureTcpLane); the frames start after it.
+  // (core/handshake.h, kFeatureAttach); the frames start after it.
   std::vector<std::byte> extension(reply->extension_len);
   st = slotrpc::rpc::read_exact(fd, extension, deadline);
   REQUIRE_MESSAGE(st.ok(), st.to_string());

@@ -113,7 +113,7 @@ TEST_CASE("the allow-list rule tells public names from the rest") {
 
 TEST_CASE("libslotrpc.so has the versioned SONAME") {
   const std::string dynamic = run(std::string("readelf -d '") + SLOTRPC_SHARED_LIB + "'");
-  CHECK_MESSAGE(dynamic.find("Library soname: [libslotrpc.so.0]") != std::string::npos,
+  CHECK_MESSAGE(dynamic.find("Library soname: [libslotrpc.so.1]") != std::string::npos,
                 "readelf -d " << SLOTRPC_SHARED_LIB << ":\n" << dynamic);
 }
 

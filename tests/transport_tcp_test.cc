@@ -80,7 +80,7 @@ std::vector<std::byte> make_message(uint16_t slot, uint32_t total_len, uint32_t 
 }
 
 Outgoing slot_out(const std::vector<std::byte>& m, uint16_t slot, uint32_t gen) {
-  return Outgoing{m.data(), static_cast<uint32_t>(m.size()), core::make_imm(slot, gen), Lane::kSlot};
+  return Outgoing{m.data(), static_cast<uint32_t>(m.size()), core::make_imm(slot, gen), Delivery::kSlot};
 }
 
 // One end: a transport, its link and the receive ring the link writes into.
@@ -272,7 +272,7 @@ TEST_CASE("tcp: 1 MiB messages larger than the socket buffers arrive intact") {
   p.b.link->arm(0);
   p.b.link->arm(1);
   const Outgoing batch[] = {slot_out(big0, 0, 1),
-                            Outgoing{ping.data(), core::kHeaderSize, 0, Lane::kControl},
+                            Outgoing{ping.data(), core::kHeaderSize, 0, Delivery::kControl},
                             slot_out(big1, 1, 2)};
   p.a.link->post(batch);
 
@@ -309,7 +309,7 @@ TEST_CASE("tcp: a control message arrives inside the completion") {
   h.generation = 5;
   core::encode_header(h, hdr.data());
   const auto sent = hdr;
-  Outgoing o{hdr.data(), core::kHeaderSize, core::make_imm(2, 5), Lane::kControl};
+  Outgoing o{hdr.data(), core::kHeaderSize, core::make_imm(2, 5), Delivery::kControl};
   p.a.link->post({&o, 1});
   hdr.fill(std::byte{0});  // post() must have copied the 32 bytes
 
@@ -361,7 +361,7 @@ TEST_CASE("tcp: frames on the wire follow the documented format") {
     std::array<std::byte, core::kHeaderSize> ctl;
     ctl.fill(std::byte{0xc3});
     const Outgoing batch[] = {slot_out(body, 3, 0x0102),
-                              Outgoing{ctl.data(), core::kHeaderSize, 0xa1b2c3d4u, Lane::kControl}};
+                              Outgoing{ctl.data(), core::kHeaderSize, 0xa1b2c3d4u, Delivery::kControl}};
     b.link->post(batch);
     const auto bytes = read_exact(raw, 8 + 100 + 8 + 32, b);
     const auto expect1 = frame(100, core::make_imm(3, 0x0102), body);
@@ -668,7 +668,7 @@ void post_pings(Side& s, uint64_t first, size_t count) {
     h.flags = static_cast<uint8_t>(core::Kind::kPing);
     h.request_id = first + i;
     core::encode_header(h, hdrs[i].data());
-    batch[i] = Outgoing{hdrs[i].data(), core::kHeaderSize, core::make_imm(0, 0), Lane::kControl};
+    batch[i] = Outgoing{hdrs[i].data(), core::kHeaderSize, core::make_imm(0, 0), Delivery::kControl};
   }
   s.link->post(batch);
 }

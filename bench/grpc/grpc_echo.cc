@@ -17,6 +17,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <vector>
 
 #include "bench_driver.h"
@@ -24,6 +26,15 @@
 
 namespace bench {
 namespace {
+
+// A PEM file's text (empty when it cannot be read: gRPC then fails the
+// connection, naming TLS).
+std::string read_pem(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
 using slotrpc::examples::EchoReply;
 using slotrpc::examples::EchoRequest;
@@ -67,6 +78,7 @@ class EchoServiceImpl final : public slotrpc::examples::Echo::Service {
 class GrpcDriver final : public EchoDriver {
  public:
   GrpcDriver(std::string target, uint64_t max_message) : target_(std::move(target)), max_(max_message) {}
+  void set_tls_ca(std::string path) { tls_ca_ = std::move(path); }
 
   Point run(uint64_t size, uint64_t calls, uint64_t outstanding, uint32_t channels,
             std::atomic<uint64_t>& done) override {
@@ -81,7 +93,14 @@ class GrpcDriver final : public EchoDriver {
     args.SetMaxReceiveMessageSize(clamp_int(max_));
     args.SetMaxSendMessageSize(clamp_int(max_));
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    auto ch = grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    if (!tls_ca_.empty()) {
+      grpc::SslCredentialsOptions tls;
+      tls.pem_root_certs = read_pem(tls_ca_);
+      creds = grpc::SslCredentials(tls);
+      args.SetSslTargetNameOverride("localhost");  // a SAN of the bench's certificate
+    }
+    auto ch = grpc::CreateCustomChannel(target_, creds, args);
     ch->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10));
     stubs_.push_back(slotrpc::examples::Echo::NewStub(ch));
   }
@@ -148,6 +167,7 @@ class GrpcDriver final : public EchoDriver {
   }
 
   std::string target_;
+  std::string tls_ca_;  // TLS: the CA bundle (PEM); empty: plaintext
   uint64_t max_;
   std::vector<std::unique_ptr<slotrpc::examples::Echo::Stub>> stubs_;
 };
@@ -156,15 +176,25 @@ class GrpcDriver final : public EchoDriver {
 
 bool grpc_available() { return true; }
 
-std::unique_ptr<EchoDriver> make_grpc_driver(const std::string& target, uint64_t max_message) {
-  return std::make_unique<GrpcDriver>(target, max_message);
+std::unique_ptr<EchoDriver> make_grpc_driver(const std::string& target, uint64_t max_message,
+                                             const std::string& tls_ca) {
+  auto d = std::make_unique<GrpcDriver>(target, max_message);
+  d->set_tls_ca(tls_ca);
+  return d;
 }
 
-int serve_grpc(const std::string& address, const std::string& port_file, uint64_t max_message) {
+int serve_grpc(const std::string& address, const std::string& port_file, uint64_t max_message,
+               const std::string& tls_cert, const std::string& tls_key) {
   EchoServiceImpl service;
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (!tls_cert.empty()) {
+    grpc::SslServerCredentialsOptions tls;
+    tls.pem_key_cert_pairs.push_back({read_pem(tls_key), read_pem(tls_cert)});
+    creds = grpc::SslServerCredentials(tls);
+  }
+  builder.AddListeningPort(address, creds, &port);
   builder.SetMaxReceiveMessageSize(clamp_int(max_message));
   builder.SetMaxSendMessageSize(clamp_int(max_message));
   builder.RegisterService(&service);

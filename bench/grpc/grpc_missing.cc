@@ -5,7 +5,9 @@
 namespace bench {
 
 bool grpc_available() { return false; }
-std::unique_ptr<EchoDriver> make_grpc_driver(const std::string&, uint64_t) { return nullptr; }
-int serve_grpc(const std::string&, const std::string&, uint64_t) { return 2; }
+std::unique_ptr<EchoDriver> make_grpc_driver(const std::string&, uint64_t, const std::string&) { return nullptr; }
+int serve_grpc(const std::string&, const std::string&, uint64_t, const std::string&, const std::string&) {
+  return 2;
+}
 
 }  // namespace bench

@@ -101,6 +101,13 @@ flatbuffers::Offset<kv::Entry> build_entry(flatbuffers::FlatBufferBuilder& fbb, 
 // to write.  Put/PutMany/Delete handlers (any loop, any thread) append
 // events under `mu`, with the store's lock held, so an event is never
 // missed between a key's current value and its subscription.
+//
+// Everything here is bounded, whatever the client does: at most
+// kMaxWatchedKeys keys of kMaxWatchedKeyBytes of names (a request past
+// either ends the call), and at most kMaxBehind events of kMaxBehindBytes
+// queued (past either the queue is dropped and `behind` set: the client is
+// sent a Behind event and then every watched key's current value, a batch
+// at a time).  All of it is freed when the call ends.
 struct Watcher {
   struct Event {
     std::string key;
@@ -109,7 +116,9 @@ struct Watcher {
   };
   std::mutex mu;
   std::set<std::string> keys;  // under mu
+  size_t key_bytes = 0;        // under mu: of the names in `keys`
   std::deque<Event> events;    // under mu
+  size_t event_bytes = 0;      // under mu: of `events` (keys and values)
   bool behind = false;         // under mu: events were dropped, resend current values
   slotrpc::Notifier wake;      // the handler's fiber waits on it
 };
@@ -232,8 +241,9 @@ class Store final : public kv::KVService {
   // (this_fiber::spawn) and both it and the writers of the store notify
   // the Watcher, whose Notifier the handler's own fiber waits on before it
   // Write()s what is queued.  Write() waits for the client's credits: a
-  // slow client holds the handler back while events queue, up to
-  // kMaxBehind, after which they are dropped and replaced by the current
+  // slow client (or one that never reads) holds the handler back while
+  // events queue, up to kMaxBehind events or kMaxBehindBytes, after which
+  // they are dropped; the client then gets a Behind event and the current
   // value of every watched key (memory stays bounded, the client ends up
   // with the right values).
   slotrpc::Status Watch(slotrpc::ServerReaderWriter<kv::WatchRequest, kv::WatchEvent>& stream,
@@ -246,37 +256,66 @@ class Store final : public kv::KVService {
     bool reader_done = false;  // the two fibers share one loop: no lock
     slotrpc::Status read_status;
     const bool spawned = slotrpc::this_fiber::spawn([&] {
-      while (const kv::WatchRequest* request = stream.Read()) subscribe(w, *request);
-      read_status = stream.read_status();
+      while (const kv::WatchRequest* request = stream.Read()) {
+        if (slotrpc::Status st = subscribe(w, *request); !st.ok()) {
+          read_status = std::move(st);  // too many keys: the call ends with it
+          break;
+        }
+      }
+      if (read_status.ok()) read_status = stream.read_status();
       reader_done = true;
       w.wake.notify();
     });
     slotrpc::Status write_status;
     std::deque<Watcher::Event> batch;
+    auto write = [&](const std::string& key, kv::WatchKind kind, const Stored* value) {
+      if (!write_status.ok()) return;  // the stream is over; the reader will see it too
+      if (reader_done && !read_status.ok()) return;  // refused: the call ends now
+      if (!stream.Write([&](flatbuffers::FlatBufferBuilder& fbb) {
+            const auto k = fbb.CreateString(key);
+            flatbuffers::Offset<kv::Entry> entry;
+            if (value != nullptr) entry = build_entry(fbb, key, *value);
+            return kv::CreateWatchEvent(fbb, k, kind, entry);
+          }))
+        write_status = stream.write_error();
+    };
     // Until the reader is done (it uses `stream` and `w`): the client
-    // half-closed, cancelled, or went away.
+    // half-closed, cancelled, went away, or asked for too many keys.
     while (spawned && !reader_done) {
       w.wake.wait();
+      bool resync = false;
       {
-        std::lock_guard<std::mutex> store_lock(mu_);
         std::lock_guard<std::mutex> lock(w.mu);
-        if (w.behind) {
-          w.events.clear();
-          for (const std::string& key : w.keys) w.events.push_back(current(key));
-          w.behind = false;
-        }
+        resync = w.behind;
+        w.behind = false;
         batch.swap(w.events);
+        w.event_bytes = 0;
+      }
+      if (resync) {
+        batch.clear();  // dropped: the current values below replace them
+        write({}, kv::WatchKind_Behind, nullptr);
+        // Every watched key's value, kBatch keys at a time (copied under the
+        // locks, written without): changes meanwhile queue as usual and
+        // follow, so the client ends with the right values.
+        std::string next;
+        bool more = true;
+        while (more && write_status.ok() && !reader_done) {
+          {
+            std::lock_guard<std::mutex> store_lock(mu_);
+            std::lock_guard<std::mutex> lock(w.mu);
+            auto it = w.keys.lower_bound(next);
+            for (; it != w.keys.end() && batch.size() < kBatch; ++it) batch.push_back(current(*it));
+            more = it != w.keys.end();
+            if (more) next = *it;
+          }
+          for (const Watcher::Event& e : batch) write(e.key, e.kind, e.kind == kv::WatchKind_Current ? &e.value : nullptr);
+          batch.clear();
+        }
+        continue;  // what queued meanwhile: woken again by whoever queued it
       }
       for (const Watcher::Event& e : batch) {
-        if (!write_status.ok()) break;  // the stream is over; the reader will see it too
-        if (!stream.Write([&e](flatbuffers::FlatBufferBuilder& fbb) {
-              const auto key = fbb.CreateString(e.key);
-              flatbuffers::Offset<kv::Entry> entry;
-              if (e.kind == kv::WatchKind_Current || e.kind == kv::WatchKind_Changed)
-                entry = build_entry(fbb, e.key, e.value);
-              return kv::CreateWatchEvent(fbb, key, e.kind, entry);
-            }))
-          write_status = stream.write_error();
+        const bool has_value = e.kind == kv::WatchKind_Current || e.kind == kv::WatchKind_Changed;
+        write(e.key, e.kind, has_value ? &e.value : nullptr);
       }
       batch.clear();
     }
@@ -290,7 +329,12 @@ class Store final : public kv::KVService {
 
  private:
   static constexpr uint64_t kBatch = 256;
+  // A Watch's queue: past either bound its events are dropped (Behind).
   static constexpr size_t kMaxBehind = 10'000;
+  static constexpr size_t kMaxBehindBytes = 16u << 20;
+  // A Watch's subscription: a request past either bound ends the call.
+  static constexpr size_t kMaxWatchedKeys = 10'000;
+  static constexpr size_t kMaxWatchedKeyBytes = 1u << 20;
 
   // A key's value as a Current (or Missing) event.  Under mu_.
   Watcher::Event current(const std::string& key) const {
@@ -299,23 +343,65 @@ class Store final : public kv::KVService {
     return {key, kv::WatchKind_Current, it->second};
   }
 
+  static size_t bytes_of(const Watcher::Event& e) {
+    size_t n = sizeof e + e.key.size() + e.value.bytes.size() + e.value.text.size();
+    for (const auto& [name, v] : e.value.labels) n += name.size() + v.size();
+    return n;
+  }
+
+  // Queues `e` for `w`, or drops the queue once it is past its bounds.
+  // Under w.mu.
+  static void enqueue(Watcher& w, Watcher::Event e) {
+    if (w.behind) return;  // it gets every current value when it catches up
+    const size_t bytes = bytes_of(e);
+    if (w.events.size() >= kMaxBehind || w.event_bytes + bytes > kMaxBehindBytes) {
+      w.behind = true;
+      std::deque<Watcher::Event>().swap(w.events);  // the memory too, not just the elements
+      w.event_bytes = 0;
+      return;
+    }
+    w.event_bytes += bytes;
+    w.events.push_back(std::move(e));
+  }
+
   // The reader fiber: applies one subscription change; every added key gets
   // its current value first, under the store's lock, so no change to it is
-  // missed or sent before it.
-  void subscribe(Watcher& w, const kv::WatchRequest& request) {
+  // missed or sent before it.  RESOURCE_EXHAUSTED (nothing applied) when
+  // the subscription would pass its bounds.
+  slotrpc::Status subscribe(Watcher& w, const kv::WatchRequest& request) {
     {
       std::lock_guard<std::mutex> store_lock(mu_);
       std::lock_guard<std::mutex> lock(w.mu);
       if (request.remove() != nullptr) {
-        for (const flatbuffers::String* key : *request.remove()) w.keys.erase(key->str());
+        for (const flatbuffers::String* key : *request.remove()) {
+          if (w.keys.erase(key->str()) != 0) w.key_bytes -= key->size();
+        }
       }
       if (request.add() != nullptr) {
+        // Checked before anything is added: the request is applied whole or not at all.
+        size_t keys = w.keys.size();
+        size_t bytes = w.key_bytes;
         for (const flatbuffers::String* key : *request.add()) {
-          if (w.keys.insert(key->str()).second && !w.behind) w.events.push_back(current(key->str()));
+          if (w.keys.count(key->str()) != 0) continue;
+          ++keys;
+          bytes += key->size();
+        }
+        if (keys > kMaxWatchedKeys || bytes > kMaxWatchedKeyBytes) {
+          return slotrpc::Status(
+              slotrpc::StatusCode::kResourceExhausted,
+              "Watch: one call watches at most " + std::to_string(kMaxWatchedKeys) + " keys of " +
+                  std::to_string(kMaxWatchedKeyBytes) + " bytes of names in all; this request would make " +
+                  std::to_string(keys) + " keys of " + std::to_string(bytes) + " bytes");
+        }
+        for (const flatbuffers::String* key : *request.add()) {
+          if (!w.keys.insert(key->str()).second) continue;
+          w.key_bytes += key->size();
+          enqueue(w, current(key->str()));
         }
       }
     }
     w.wake.notify();
+    return {};
   }
 
   // Tells every watcher of `key` that it changed.  Under mu_.
@@ -324,14 +410,7 @@ class Store final : public kv::KVService {
       {
         std::lock_guard<std::mutex> lock(w->mu);
         if (w->keys.count(key) == 0) continue;
-        if (w->behind) {
-          // Nothing to add: it gets every current value when it catches up.
-        } else if (w->events.size() >= kMaxBehind) {
-          w->behind = true;
-          w->events.clear();
-        } else {
-          w->events.push_back({key, kind, value != nullptr ? *value : Stored{}});
-        }
+        enqueue(*w, {key, kind, value != nullptr ? *value : Stored{}});
       }
       w->wake.notify();
     }

@@ -13,23 +13,15 @@
 
 #include "slotrpc/memory.h"
 #include "slotrpc/metadata.h"
+#include "slotrpc/raw.h"
 #include "slotrpc/reply.h"
 
 namespace slotrpc {
 
 using Clock = std::chrono::steady_clock;
 
-// Builds the request FlatBuffer and calls Finish().  It runs on the
-// channel's event loop as soon as a slot is free, writing straight into the
-// registered send slot (zero copy) - possibly after call() returned, so
-// capture by value what it needs.  A request larger than the slot throws
-// inside the builder; the call then fails with RESOURCE_EXHAUSTED and
-// nothing is sent.
-using RequestWriter = std::function<void(flatbuffers::FlatBufferBuilder&)>;
-
-// Receives the outcome of a call on the channel's event loop.  Keep the
-// RawReply (move it) to read it later; drop it to free its slot at once.
-using ReplySink = std::function<void(RawReply&&)>;
+// RequestWriter and ReplySink, what every call is made of underneath, are
+// the raw call's types (raw.h).
 
 // One bulk attachment (docs/design.md, "Bulk payloads"):
 // `length` bytes at `offset` of a registered region, or of memory not
@@ -77,6 +69,13 @@ struct CallOptions {
   // code sets `idempotent`).  0 = never retry.
   uint32_t max_retries = 0;
   bool idempotent = false;
+
+  // The method's full name ("pkg.Service.Method"), a string that outlives
+  // the call (a literal).  Generated clients set it from their descriptor;
+  // the client's own statuses then name the method ("call to
+  // pkg.Service/Method exceeded its deadline of 10 ms ..."), as do its
+  // per-method metrics.  Null (raw calls): they name the method id.
+  const char* method_name = nullptr;
 
   // Bulk attachments of a unary call.  `send_bulk` offers
   // request data the handler pulls with ServerCall::read_bulk(i);

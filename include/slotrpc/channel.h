@@ -49,6 +49,9 @@ struct PendingCall;
 // before it is sent.
 struct ClientCallInfo {
   uint32_t method_id = 0;
+  // "pkg.Service/Method" for generated clients (CallOptions::method_name),
+  // else null.
+  const char* method_name = nullptr;
   std::string_view target;  // the channel's address, as given to connect()
   // The call's deadline: an interceptor may set or tighten it.
   std::optional<Clock::time_point> deadline;
@@ -209,21 +212,6 @@ class SLOTRPC_API Channel {
     uint32_t lent = 0;          // slots lent to server streams
     uint64_t late_replies_dropped = 0;
     uint64_t messages_sent = 0;
-    // Verbs transport (0 on TCP): messages posted inline (header + payload
-    // <= max_inline) and read by the NIC from the send slot; ibv_post_send
-    // calls; the queue pair's real max_inline_data.  Shared memory: slot
-    // messages sent inside the descriptor (<= 40 bytes) and read by the
-    // peer in place from the send slot (no copy).
-    uint64_t inline_sends = 0;
-    uint64_t noninline_sends = 0;
-    uint64_t doorbells = 0;
-    uint32_t max_inline = 0;
-    // Verbs: receives come from the event loop's shared receive queue; the
-    // server writes replies through a type-2 memory window bound to this
-    // session's queue pair (docs/design.md, "Receive queues and ring
-    // protection").
-    bool shared_receive_queue = false;
-    bool memory_window = false;
     bool closed = false;
     // Reconnects started (by idempotent retries) and those that succeeded,
     // over the channel's life.
@@ -234,12 +222,6 @@ class SLOTRPC_API Channel {
     // the loop itself, e.g. by handlers sharing it.
     uint64_t cross_loop_handoffs = 0;
     uint32_t loop_index = 0;  // which of its runtime's loops
-    // tcp: whether the session has its bulk lane (docs/design.md, "TCP: bulk
-    // lanes"), and the bytes sent and received on it (bulk data and its
-    // frames), over the session's life.
-    bool bulk_lane = false;
-    uint64_t bulk_lane_bytes_sent = 0;
-    uint64_t bulk_lane_bytes_received = 0;
     // Packing (Config::pack_small; docs/design.md, "Packing"): PACKs of
     // requests sent and the requests inside them; PACKs of replies
     // received.  The link's work requests (verbs) or frames (tcp, shm) and
@@ -250,9 +232,9 @@ class SLOTRPC_API Channel {
     uint64_t packs_received = 0;
     uint64_t work_requests = 0;
     uint64_t link_messages = 0;
-    // Verbs: the packets those work requests took (acknowledgements not
-    // counted); packets / messages is the packets per message.
-    uint64_t link_packets = 0;
+    // What only one transport counts (verbs inline sends, doorbells and
+    // packets, max_inline, SRQ and memory windows; a TCP bulk lane's
+    // bytes) is in metrics(): its entry of MetricsSnapshot::transports.
   };
   Stats stats() const;
 

@@ -23,18 +23,11 @@ enum class PollMode : uint8_t {
   kAdaptive,  // spin for `spin_us`, then sleep (default)
 };
 
-// How the kernel schedules a loop's TCP bulk lane thread (docs/tuning.md,
-// "TCP bulk lanes").
-enum class LaneScheduling : uint8_t {
-  kNormal,  // like any thread: bulk keeps its speed on a busy host
-  kBatch,   // SCHED_BATCH: never preempts an event loop that wakes for a small call
-};
-
 // Who may call the built-in slotrpc.Admin service (docs/design.md, "Trust
 // and security").  Admin tells method names, call counts, latencies and
 // sessions: by default only the server's own user on its own host sees them.
 enum class AdminAccess : uint8_t {
-  kSameUser,  // peers on this host with the server's uid (Unix socket, or TCP from loopback)
+  kSameUser,  // peers on this host with the server's uid (Unix socket, or TCP from this host)
   kAny,       // every peer that opened a session (put mTLS or an interceptor in front)
   kOff,       // nobody: Admin calls fail with PERMISSION_DENIED
 };
@@ -61,6 +54,14 @@ enum class SharedReceiveQueue : uint8_t {
           // is exposed through a type-2 memory window bound to its session's
           // queue pair.  An error where the device lacks either.
   kAuto,  // on when the device has SRQs and type-2 memory windows (default)
+};
+
+// Whether a TLS server asks connecting clients for a certificate
+// (docs/design.md, "TLS").
+enum class TlsClientAuth : uint8_t {
+  kNone,      // never asks
+  kOptional,  // asks; a client without one gets in, one with a bad one does not
+  kRequired,  // mutual TLS: a client without a valid certificate is refused
 };
 
 struct SLOTRPC_API Config {
@@ -92,6 +93,11 @@ struct SLOTRPC_API Config {
   uint32_t connect_timeout_ms = 5000;  // SLOTRPC_CONNECT_TIMEOUT_MS
   uint32_t keepalive_ms = 1000;        // SLOTRPC_KEEPALIVE_MS: ping an idle peer this often
   uint32_t peer_timeout_ms = 5000;     // SLOTRPC_PEER_TIMEOUT_MS: silent peer is dead after
+  // SLOTRPC_BULK_TIMEOUT_MS: server, a handler's read_bulk / write_bulk of
+  // a call without a deadline fails with DEADLINE_EXCEEDED, and the session
+  // is closed, when the client has not completed it within this long (a
+  // call with a deadline: its deadline plus 1 s).
+  uint32_t bulk_timeout_ms = 60'000;
 
   uint32_t fiber_stack_kb = 256;     // SLOTRPC_FIBER_STACK_KB: handler fiber stack
   uint32_t reactor_threads = 1;      // SLOTRPC_REACTOR_THREADS: loops of a Runtime (the default one too)
@@ -105,6 +111,16 @@ struct SLOTRPC_API Config {
   // the abstract name @slotrpc-<TCP port>.  "off": no Unix socket, and auto
   // never tries shm.
   std::string unix_path;
+  // SLOTRPC_SHM_PEER_UIDS: which users may be at the other end of an shm
+  // session's Unix socket, checked on both ends by the uid the kernel
+  // records for the peer (SO_PEERCRED).  Empty or "self" (default): this
+  // process's own effective uid only; a comma-separated list of uids and
+  // "self" ("self,1001"); or "any".  A Channel refuses a server outside it
+  // before sending anything, a Server refuses such a client, both with
+  // PERMISSION_DENIED naming the uid and this setting; transport auto then
+  // uses TCP.  Why: any local process can bind a server's default name
+  // @slotrpc-<port> first (docs/design.md, "Trust and security").
+  std::string shm_peer_uids;
 
   // Server admission (docs/design.md, "Limits and abuse").  A session
   // beyond a limit is refused in its HelloReply with RESOURCE_EXHAUSTED
@@ -145,7 +161,6 @@ struct SLOTRPC_API Config {
   // that made them, so the peer works on the first ones while this side
   // builds the rest (docs/tuning.md, "Early flush").  0: once per turn.
   uint32_t tcp_flush_every = 16;
-  LaneScheduling tcp_lane_sched = LaneScheduling::kNormal;  // SLOTRPC_TCP_LANE_SCHED normal|batch
   // SLOTRPC_TCP_LANE_SPIN_US: how long a bulk lane thread keeps polling its
   // lanes (yielding the CPU between polls) after it last found work,
   // before it sleeps in epoll_wait.  A transfer's data arrives and drains
@@ -155,17 +170,8 @@ struct SLOTRPC_API Config {
   // SLOTRPC_TCP_LANE_CPUS: the CPUs bulk lane threads run on ("0-3,8").
   // Empty: with loop_cpus set, the process's other CPUs (if it has any),
   // so that bulk copies never share a core with an event loop; else
-  // wherever the kernel puts them (within tcp_lane_spare_rate's rule, if
-  // set).
+  // wherever the kernel puts them.
   std::string tcp_lane_cpus;
-  // SLOTRPC_TCP_LANE_SPARE_RATE: with neither CPU list set, an event loop's
-  // lane thread keeps off the process's first CPU while the loop sends or
-  // receives at least this many slot frames a second (small calls beside a
-  // transfer), so that the loops and the callers have a core no bulk copy
-  // holds (docs/tuning.md, "Thread placement").  0 (default): never.  Off
-  // by default because it was measured on one 2-vCPU host only (800 helped
-  // there).
-  uint32_t tcp_lane_spare_rate = 0;
   // SLOTRPC_PACK_SMALL: requests and replies of at most this many bytes
   // (32-byte header + payload) that are ready in the same event-loop turn
   // travel together in one slot message, one work request or frame
@@ -203,13 +209,29 @@ struct SLOTRPC_API Config {
 
   // SLOTRPC_METRICS_ADDRESS HOST:PORT: a Server serves its metrics in the
   // Prometheus text format at http://HOST:PORT/metrics.  Empty (default):
-  // off.  Port 0 picks a free one (Server::metrics_port()).  One port per
-  // Server: a second Server of the process with the same address fails in
-  // start().
+  // off.  A port alone (PORT or :PORT) serves on 127.0.0.1 only; any other
+  // interface has to be named.  Port 0 picks a free one
+  // (Server::metrics_port()).  One port per Server: a second Server of the
+  // process with the same address fails in start().
   std::string metrics_address;
   // SLOTRPC_ADMIN_ACCESS same-user|any|off: who may call slotrpc.Admin
   // (slotrpc-stat --address); server interceptors run before it.
   AdminAccess admin_access = AdminAccess::kSameUser;
+
+  // TLS on TCP sessions, and on the handshake connection of verbs sessions
+  // (docs/design.md, "TLS"; docs/tuning.md, "TLS").  Server: tls_cert and
+  // tls_key are required, tls_ca verifies client certificates.  Client: the
+  // server's certificate is verified against tls_ca (empty: the system's
+  // CAs) and must name tls_server_name (empty: the host part of the
+  // address); tls_cert and tls_key, if set, are its client certificate.
+  // Files are PEM.  With TLS on, shm is used only where unix_path is set
+  // explicitly, and TCP bulk lanes are off.
+  bool tls = false;           // SLOTRPC_TLS off|on
+  std::string tls_cert;       // SLOTRPC_TLS_CERT: certificate chain file
+  std::string tls_key;        // SLOTRPC_TLS_KEY: private key file
+  std::string tls_ca;         // SLOTRPC_TLS_CA: CA bundle file
+  TlsClientAuth tls_client_auth = TlsClientAuth::kNone;  // SLOTRPC_TLS_CLIENT_AUTH none|optional|required
+  std::string tls_server_name;  // SLOTRPC_TLS_SERVER_NAME
 
   // Checks every field; the error names the first bad setting.
   Status validate() const;
@@ -231,7 +253,7 @@ SLOTRPC_API std::string_view to_string(PollMode mode);
 SLOTRPC_API std::string_view to_string(TransportKind kind);
 SLOTRPC_API std::string_view to_string(AdminAccess access);
 SLOTRPC_API std::string_view to_string(RelaxedOrdering mode);
-SLOTRPC_API std::string_view to_string(LaneScheduling mode);
 SLOTRPC_API std::string_view to_string(SharedReceiveQueue mode);
+SLOTRPC_API std::string_view to_string(TlsClientAuth mode);
 
 }  // namespace slotrpc

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -129,8 +130,8 @@ struct TransportMetrics {
   uint64_t sessions = 0;        // open now
   uint64_t slot_sends = 0;      // slot messages handed to the network
   uint64_t control_sends = 0;   // control frames
-  uint64_t inline_sends = 0;    // verbs: posted IBV_SEND_INLINE
-  uint64_t noninline_sends = 0; // verbs: read by the NIC from the send slot
+  uint64_t inline_sends = 0;    // verbs: posted IBV_SEND_INLINE; shm: sent inside the descriptor
+  uint64_t noninline_sends = 0; // verbs: read by the NIC from the send slot; shm: read in place
   uint64_t messages = 0;        // protocol messages those sends carried (a PACK counts its messages)
   uint64_t packs = 0;           // slot sends that were PACKs (several small messages, one send)
   uint64_t packets = 0;         // verbs: request packets of those sends (ceil(bytes / path MTU) each)
@@ -142,6 +143,20 @@ struct TransportMetrics {
   uint64_t doorbells = 0;       // verbs: ibv_post_send calls; tcp: sendmsg calls
   uint64_t signaled = 0;        // verbs: sends posted IBV_SEND_SIGNALED
   uint64_t backlogged = 0;      // verbs: sends that waited for send-queue room
+  // tcp: open sessions that have their bulk lane (docs/design.md, "TCP: bulk
+  // lanes"), and the bytes sent and received on lanes (bulk data and its
+  // frames).
+  uint64_t bulk_lanes = 0;
+  uint64_t bulk_lane_bytes_sent = 0;
+  uint64_t bulk_lane_bytes_received = 0;
+  // verbs, of the open sessions: the largest max_inline_data of their
+  // queue pairs (what SLOTRPC_INLINE_BYTES became on the device); those
+  // that receive from their loop's shared receive queue; those whose peer
+  // writes through a type-2 memory window (docs/design.md, "Receive queues
+  // and ring protection").
+  uint32_t max_inline = 0;
+  uint64_t srq_sessions = 0;
+  uint64_t memory_window_sessions = 0;
   // Completions returned by each poll that returned any (the loop polls
   // without pause when busy, so empty polls are not recorded).
   HistogramSnapshot completions_per_poll;
@@ -159,6 +174,12 @@ struct MetricsSnapshot {
   CallCounters client;
   std::vector<MethodMetrics> methods;  // sorted by side, then name
   std::vector<TransportMetrics> transports;
+  // The entry of one transport ("tcp", "verbs", "shm"), or nullptr.
+  const TransportMetrics* transport(std::string_view kind) const {
+    for (const TransportMetrics& t : transports)
+      if (t.transport == kind) return &t;
+    return nullptr;
+  }
 
   // --- monitor: hardware counters and receive pools ---------------------
   std::vector<HwCounter> hw_counters;

@@ -10,6 +10,7 @@
 //   server.stop();
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -55,6 +56,21 @@ class SLOTRPC_API Server {
   Status start(const std::string& listen_address);
   // Closes every session (running handlers finish first) and joins threads.
   void stop();
+  // A graceful stop: every service reports NOT_SERVING on slotrpc.Health
+  // (its watches end), calls in flight get up to `grace` to finish, then
+  // stop().  New calls meanwhile are still served.
+  void shutdown(std::chrono::milliseconds grace);
+  // slotrpc.Health (slotrpc/health.h): whether `service` (a fully qualified
+  // name, or "" for the whole server) reports SERVING.  Every service
+  // starts SERVING; NOT_FOUND for one the server does not run.  Any thread.
+  Status set_serving(const std::string& service, bool serving);
+
+  // TLS (Config::tls): reads the certificate chain, key and CA bundle
+  // files again.  Connections accepted from now on use them; open sessions
+  // stay up.  A file that cannot be loaded keeps the old certificate and
+  // returns the error, naming the setting, the file and OpenSSL's reason.
+  // Any thread, after start().
+  Status reload_tls();
 
   uint16_t port() const;            // after start()
   const Config& config() const;     // after start(): with environment overrides

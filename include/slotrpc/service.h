@@ -111,8 +111,10 @@ class ServerCall {
   // `dest` (RDMA READ on verbs, straight into `dest`; recv into it on TCP).
   // Suspends only this handler's fiber.  INVALID_ARGUMENT for a range
   // beyond the segment or an index out of range; UNAVAILABLE if the
-  // session is lost meanwhile; a memory region form avoids the
-  // registration cache lookup.
+  // session is lost meanwhile; DEADLINE_EXCEEDED if the client has not
+  // completed the transfer by the call's deadline (plus 1 s) or, for a call
+  // without one, within Config::bulk_timeout_ms (the session is then
+  // closed); a memory region form avoids the registration cache lookup.
   Status read_bulk(size_t i, std::span<std::byte> dest, uint64_t offset = 0) {
     return bulk_op(true, i, BulkSegment::of(dest), offset);
   }

@@ -21,6 +21,7 @@
 #include "base/cpu_list.h"
 #include "base/logging.h"
 #include "base/settings.h"
+#include "base/uid_policy.h"
 #include "slotrpc/config.h"
 
 namespace slotrpc {
@@ -48,6 +49,9 @@ std::span<const UintSetting> uint_settings() {
        "a session silent this long sends a ping"},
       {"SLOTRPC_PEER_TIMEOUT_MS", "peer_timeout_ms", &Config::peer_timeout_ms, 20, 3'600'000,
        "a peer silent this long is dead: its calls fail with UNAVAILABLE"},
+      {"SLOTRPC_BULK_TIMEOUT_MS", "bulk_timeout_ms", &Config::bulk_timeout_ms, 10, 86'400'000,
+       "server: a handler's bulk transfer of a call without a deadline that the client has not "
+       "completed this long fails, and its session is closed"},
       {"SLOTRPC_FIBER_STACK_KB", "fiber_stack_kb", &Config::fiber_stack_kb, 16, 65536,
        "stack of each handler fiber"},
       {"SLOTRPC_REACTOR_THREADS", "reactor_threads", &Config::reactor_threads, 1, 256,
@@ -64,8 +68,6 @@ std::span<const UintSetting> uint_settings() {
        "tcp: send_bulk segments up to this many bytes follow their request unasked (0: never)"},
       {"SLOTRPC_TCP_LANE_SPIN_US", "tcp_lane_spin_us", &Config::tcp_lane_spin_us, 0, 10'000'000,
        "tcp: microseconds a bulk lane thread polls on, yielding, after its last work before it sleeps (0: at once)"},
-      {"SLOTRPC_TCP_LANE_SPARE_RATE", "tcp_lane_spare_rate", &Config::tcp_lane_spare_rate, 0, 10'000'000,
-       "tcp: slot frames a second beside a transfer at which a bulk lane thread keeps off the first CPU (0: never)"},
       {"SLOTRPC_TCP_FLUSH_EVERY", "tcp_flush_every", &Config::tcp_flush_every, 0, 65536,
        "tcp: a session sends once this many messages wait, not only at the end of the loop turn (0: end of turn only)"},
       {"SLOTRPC_PACK_SMALL", "pack_small", &Config::pack_small, 0, 16384,
@@ -107,8 +109,10 @@ std::span<const std::string_view> named_settings() {
       "SLOTRPC_POLL_MODE", "SLOTRPC_TRANSPORT",  "SLOTRPC_LOG_LEVEL",
       "SLOTRPC_DEVICE",    "SLOTRPC_GID_INDEX", "SLOTRPC_RELAXED_ORDERING",
       "SLOTRPC_SRQ",       "SLOTRPC_MAX_RING_MEMORY", "SLOTRPC_METRICS_ADDRESS",
-      "SLOTRPC_UNIX_PATH", "SLOTRPC_MAX_BULK_BYTES", "SLOTRPC_TCP_LANE_SCHED",
-      "SLOTRPC_LOOP_CPUS", "SLOTRPC_TCP_LANE_CPUS", "SLOTRPC_ADMIN_ACCESS",
+      "SLOTRPC_UNIX_PATH", "SLOTRPC_SHM_PEER_UIDS", "SLOTRPC_MAX_BULK_BYTES",
+      "SLOTRPC_LOOP_CPUS", "SLOTRPC_TCP_LANE_CPUS", "SLOTRPC_ADMIN_ACCESS", "SLOTRPC_TLS",
+      "SLOTRPC_TLS_CERT",  "SLOTRPC_TLS_KEY",   "SLOTRPC_TLS_CA",
+      "SLOTRPC_TLS_CLIENT_AUTH", "SLOTRPC_TLS_SERVER_NAME",
   };
   return kNames;
 }
@@ -153,12 +157,14 @@ constexpr std::pair<std::string_view, TransportKind> kTransports[] = {
     {"shm", TransportKind::kShm}};
 constexpr std::pair<std::string_view, AdminAccess> kAdminAccess[] = {
     {"same-user", AdminAccess::kSameUser}, {"any", AdminAccess::kAny}, {"off", AdminAccess::kOff}};
-constexpr std::pair<std::string_view, LaneScheduling> kLaneScheds[] = {
-    {"normal", LaneScheduling::kNormal}, {"batch", LaneScheduling::kBatch}};
 constexpr std::pair<std::string_view, RelaxedOrdering> kRelaxedOrdering[] = {
     {"off", RelaxedOrdering::kOff}, {"on", RelaxedOrdering::kOn}, {"auto", RelaxedOrdering::kAuto}};
 constexpr std::pair<std::string_view, SharedReceiveQueue> kSrqModes[] = {
     {"off", SharedReceiveQueue::kOff}, {"on", SharedReceiveQueue::kOn}, {"auto", SharedReceiveQueue::kAuto}};
+constexpr std::pair<std::string_view, TlsClientAuth> kTlsClientAuth[] = {
+    {"none", TlsClientAuth::kNone}, {"optional", TlsClientAuth::kOptional},
+    {"required", TlsClientAuth::kRequired}};
+constexpr std::pair<std::string_view, bool> kOnOff[] = {{"off", false}, {"on", true}};
 constexpr std::pair<std::string_view, int> kLogLevels[] = {
     {"trace", 0}, {"debug", 1}, {"info", 2}, {"warn", 3}, {"error", 4}, {"critical", 5}, {"off", 6}};
 
@@ -208,18 +214,21 @@ Result<uint64_t> parse_ring_memory(std::string_view setting, std::string_view te
 }
 
 // SLOTRPC_METRICS_ADDRESS: empty, or HOST:PORT with an IPv4 address, a
-// bracketed IPv6 address or a host name, and a port from 0 to 65535.  The
-// address itself is resolved and bound by Server::start().
+// bracketed IPv6 address or a host name, and a port from 0 to 65535, or the
+// port alone (PORT or :PORT), which serves on 127.0.0.1.  The address itself
+// is resolved and bound by Server::start().
 constexpr std::string_view kMetricsAddressAllowed =
-    "empty (off) or HOST:PORT (an IPv4 address, [IPv6] or a host name, and a port from 0 to 65535)";
+    "empty (off), PORT or :PORT (127.0.0.1), or HOST:PORT (an IPv4 address, [IPv6] or a host "
+    "name, and a port from 0 to 65535)";
 
 Status check_metrics_address(std::string_view setting, std::string_view text) {
   if (text.empty()) return {};
   const size_t colon = text.rfind(':');
   auto bad = [&] { return out_of_range(setting, fmt::format("'{}'", text), kMetricsAddressAllowed); };
-  if (colon == std::string_view::npos || colon == 0 || colon + 1 == text.size()) return bad();
-  std::string_view host = text.substr(0, colon);
-  const std::string_view port = text.substr(colon + 1);
+  if (colon + 1 == text.size()) return bad();
+  const bool port_only = colon == std::string_view::npos || colon == 0;
+  std::string_view host = port_only ? std::string_view("127.0.0.1") : text.substr(0, colon);
+  const std::string_view port = colon == std::string_view::npos ? text : text.substr(colon + 1);
   uint32_t value = 0;
   auto [ptr, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
   if (ec != std::errc() || ptr != port.data() + port.size() || value > 65535) return bad();
@@ -259,14 +268,14 @@ std::string_view to_string(RelaxedOrdering mode) {
   return "?";
 }
 
-std::string_view to_string(LaneScheduling mode) {
-  for (const auto& [name, value] : base::kLaneScheds)
+std::string_view to_string(SharedReceiveQueue mode) {
+  for (const auto& [name, value] : base::kSrqModes)
     if (value == mode) return name;
   return "?";
 }
 
-std::string_view to_string(SharedReceiveQueue mode) {
-  for (const auto& [name, value] : base::kSrqModes)
+std::string_view to_string(TlsClientAuth mode) {
+  for (const auto& [name, value] : base::kTlsClientAuth)
     if (value == mode) return name;
   return "?";
 }
@@ -326,11 +335,6 @@ Status Config::validate() const {
     return out_of_range("Config.relaxed_ordering (SLOTRPC_RELAXED_ORDERING)",
                         std::to_string(static_cast<int>(relaxed_ordering)), "off, on or auto");
   }
-  if (!parse_name("Config.tcp_lane_sched (SLOTRPC_TCP_LANE_SCHED)", to_string(tcp_lane_sched),
-                  kLaneScheds).ok()) {
-    return out_of_range("Config.tcp_lane_sched (SLOTRPC_TCP_LANE_SCHED)",
-                        std::to_string(static_cast<int>(tcp_lane_sched)), "normal or batch");
-  }
   if (!parse_name("Config.srq (SLOTRPC_SRQ)", to_string(srq), kSrqModes).ok()) {
     return out_of_range("Config.srq (SLOTRPC_SRQ)", std::to_string(static_cast<int>(srq)),
                         "off, on or auto");
@@ -341,6 +345,8 @@ Status Config::validate() const {
     return st;
   }
   if (Status st = check_unix_path("Config.unix_path (SLOTRPC_UNIX_PATH)", unix_path); !st.ok()) return st;
+  if (auto p = parse_uid_policy("Config.shm_peer_uids (SLOTRPC_SHM_PEER_UIDS)", shm_peer_uids); !p.ok())
+    return p.status();
   if (Status st = check_cpu_list("Config.loop_cpus (SLOTRPC_LOOP_CPUS)", loop_cpus); !st.ok()) return st;
   if (Status st = check_cpu_list("Config.tcp_lane_cpus (SLOTRPC_TCP_LANE_CPUS)", tcp_lane_cpus); !st.ok())
     return st;
@@ -349,6 +355,20 @@ Status Config::validate() const {
     return out_of_range("Config.max_ring_memory (SLOTRPC_MAX_RING_MEMORY)",
                         std::to_string(max_ring_memory),
                         "0 (auto) or " + ring_memory_allowed().substr(8));
+  }
+  if (!parse_name("Config.tls_client_auth (SLOTRPC_TLS_CLIENT_AUTH)", to_string(tls_client_auth),
+                  kTlsClientAuth).ok()) {
+    return out_of_range("Config.tls_client_auth (SLOTRPC_TLS_CLIENT_AUTH)",
+                        std::to_string(static_cast<int>(tls_client_auth)), "none, optional or required");
+  }
+  // A key without its certificate (or the reverse) is a mistake whatever
+  // the side; which files a side needs is checked where it loads them.
+  if (tls_cert.empty() != tls_key.empty()) {
+    return tls_cert.empty()
+               ? out_of_range("Config.tls_cert (SLOTRPC_TLS_CERT)", "''",
+                              "a PEM file path, since tls_key is set")
+               : out_of_range("Config.tls_key (SLOTRPC_TLS_KEY)", "''",
+                              "a PEM file path, since tls_cert is set");
   }
   if (max_bulk_bytes < 1 || max_bulk_bytes > kMaxBulkBytesLimit) {
     return out_of_range("Config.max_bulk_bytes (SLOTRPC_MAX_BULK_BYTES)",
@@ -496,11 +516,6 @@ Result<Config> Config::with_environment() const {
     if (!v.ok()) return v.status();
     out.gid_index = v.value();
   }
-  if (const char* text = env("SLOTRPC_TCP_LANE_SCHED")) {
-    auto v = parse_name(env_label("SLOTRPC_TCP_LANE_SCHED"), text, kLaneScheds);
-    if (!v.ok()) return v.status();
-    out.tcp_lane_sched = v.value();
-  }
   if (const char* text = env("SLOTRPC_RELAXED_ORDERING")) {
     auto v = parse_name(env_label("SLOTRPC_RELAXED_ORDERING"), text, kRelaxedOrdering);
     if (!v.ok()) return v.status();
@@ -528,6 +543,28 @@ Result<Config> Config::with_environment() const {
   if (const char* text = env("SLOTRPC_UNIX_PATH")) {
     if (Status st = check_unix_path(env_label("SLOTRPC_UNIX_PATH"), text); !st.ok()) return st;
     out.unix_path = text;
+  }
+  if (const char* text = env("SLOTRPC_SHM_PEER_UIDS")) {
+    if (auto p = parse_uid_policy(env_label("SLOTRPC_SHM_PEER_UIDS"), text); !p.ok()) return p.status();
+    out.shm_peer_uids = text;
+  }
+  if (const char* text = env("SLOTRPC_TLS")) {
+    auto v = parse_name(env_label("SLOTRPC_TLS"), text, kOnOff);
+    if (!v.ok()) return v.status();
+    out.tls = v.value();
+  }
+  if (const char* text = env("SLOTRPC_TLS_CLIENT_AUTH")) {
+    auto v = parse_name(env_label("SLOTRPC_TLS_CLIENT_AUTH"), text, kTlsClientAuth);
+    if (!v.ok()) return v.status();
+    out.tls_client_auth = v.value();
+  }
+  // File paths and a name: checked where they are used (the files are
+  // read then, and an unreadable one is named with OpenSSL's reason).
+  for (auto [name, field] : {std::pair{"SLOTRPC_TLS_CERT", &Config::tls_cert},
+                             std::pair{"SLOTRPC_TLS_KEY", &Config::tls_key},
+                             std::pair{"SLOTRPC_TLS_CA", &Config::tls_ca},
+                             std::pair{"SLOTRPC_TLS_SERVER_NAME", &Config::tls_server_name}}) {
+    if (const char* text = env(name)) out.*field = text;
   }
   for (auto [name, field] : {std::pair{"SLOTRPC_LOOP_CPUS", &Config::loop_cpus},
                              std::pair{"SLOTRPC_TCP_LANE_CPUS", &Config::tcp_lane_cpus}}) {

@@ -39,8 +39,7 @@ ClientSession::ClientSession(core::Loop& loop, std::unique_ptr<transport::Link> 
       liveness_(last_heard, Clock::now()) {
   release_bell_.run = &ClientSession::on_release_bell;
   release_bell_.owner = this;
-  on_completion = &ClientSession::on_completion_thunk;
-  SessionBase::flush = &ClientSession::flush_thunk;
+  SessionDispatch<ClientSession>::bind(this);
   builders_.reserve(g.slot_count);
   free_.reserve(g.slot_count);
   for (uint32_t i = 0; i < g.slot_count; ++i) {
@@ -79,30 +78,12 @@ Result<std::shared_ptr<ClientSession>> ClientSession::create(core::Loop& loop,
 // memory only (rings held alive by replies the application still keeps).
 ClientSession::~ClientSession() { assert(closed_); }
 
-void ClientSession::on_completion_thunk(SessionBase* s, const transport::Completion& c) {
-  auto* self = static_cast<ClientSession*>(s);
-  // A session that closed earlier in this batch has dropped its link, which
-  // the rest of the batch may still name.
-  if (self->closed_) return;
-  switch (c.kind) {
-    case transport::Completion::Kind::kMessage:
-      self->on_message(c);
-      break;
-    case transport::Completion::Kind::kControl:
-      self->on_control(c);
-      break;
-    case transport::Completion::Kind::kLinkDown:
-      self->shutdown(Status(StatusCode::kUnavailable,
-                            fmt::format("connection to {} lost: {}", self->peer_,
-                                        c.link != nullptr ? c.link->down_reason() : "")));
-      break;
-    case transport::Completion::Kind::kBulkDone:
-      self->on_bulk_done(c.bulk_token);  // a bulk call's revoke
-      break;
-  }
+void ClientSession::on_link_down(const transport::Completion& c) {
+  shutdown(Status(StatusCode::kUnavailable,
+                  fmt::format("connection to {} lost: {}", peer_,
+                              c.link != nullptr ? c.link->down_reason() : "")));
 }
 
-void ClientSession::flush_thunk(SessionBase* s) { static_cast<ClientSession*>(s)->flush(); }
 
 void ClientSession::send_control(Kind kind, uint16_t slot, uint32_t generation,
                                  uint64_t request_id, uint32_t aux, uint16_t status) {

@@ -53,6 +53,12 @@ namespace slotrpc::core {
 
 struct PendingCall {
   uint32_t method_id = 0;
+  // CallOptions::method_name (a static string) or null.  Statuses this
+  // client makes up for the call name the method by it (named_status).
+  const char* method_name = nullptr;
+  // Set when the call ends with the status a handler returned, which is
+  // the application's own and passed on as it is.
+  bool handler_status = false;
   RequestWriter writer;
   ReplySink sink;  // unary: the reply; server stream: each message
   // Server streaming: `on_end` gets the final status; `window` slots are
@@ -134,6 +140,12 @@ class ClientSession final : public SessionBase,
   static void fail_later(core::Loop& loop, PendingCall* call, Status status);
   // Runs `call`'s sink (or a stream's on_end) with `status` and frees it.
   static void complete(PendingCall* call, Status status);
+  // Cold path: `status`, which this client made up for a call (a deadline,
+  // a cancel, a lost session, the server's UNIMPLEMENTED, a request that
+  // does not fit), leading with the method's name ("pkg.Service/Method: ")
+  // when the call has one (CallOptions::method_name) and the message does
+  // not name it already.
+  static Status named_status(const char* method_name, Status status);
 
   // Any thread: returns a slot whose reply was held by the application.
   void release(uint16_t slot, uint32_t generation) override;
@@ -207,8 +219,10 @@ class ClientSession final : public SessionBase,
   ClientSession(core::Loop& loop, std::unique_ptr<transport::Link> link, Geometry g,
                 std::string peer);
 
-  static void on_completion_thunk(SessionBase* s, const transport::Completion& c);
-  static void flush_thunk(SessionBase* s);
+  friend struct SessionDispatch<ClientSession>;
+  bool ignores(const transport::Completion&) const { return closed_; }
+  void on_link_down(const transport::Completion& c);
+  void on_bulk_completion(const transport::Completion& c) { on_bulk_done(c.bulk_token); }  // a revoke
   static void on_deadline(void* self, uint64_t call);
   Status deadline_exceeded(const PendingCall& call) const;
 

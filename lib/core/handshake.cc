@@ -46,7 +46,7 @@ Result<Hello> decode_hello(const std::byte* in) {
   Hello h;
   const uint16_t t = get16(in + 6);
   if (t != uint16_t(WireTransport::kTcp) && t != uint16_t(WireTransport::kVerbs) &&
-      t != uint16_t(WireTransport::kShm) && t != uint16_t(WireTransport::kTcpLane))
+      t != uint16_t(WireTransport::kShm) && t != uint16_t(WireTransport::kAttach))
     return bad(fmt::format("unknown transport {}", t));
   h.transport = static_cast<WireTransport>(t);
   h.slot_count = get32(in + 8);
@@ -72,15 +72,6 @@ void encode_hello_reply(const HelloReply& r, std::byte* out) {
   put16(out + 26, r.features);
 }
 
-void encode_lane_token(uint64_t token, std::byte* out) {
-  put32(out, static_cast<uint32_t>(token));
-  put32(out + 4, static_cast<uint32_t>(token >> 32));
-}
-
-uint64_t decode_lane_token(const std::byte* in) {
-  return uint64_t{get32(in)} | uint64_t{get32(in + 4)} << 32;
-}
-
 Result<HelloReply> decode_hello_reply(const std::byte* in) {
   if (get32(in) != kHelloReplyMagic) return bad("peer is not a slotrpc server (bad reply magic)");
   if (get16(in + 4) != kHandshakeVersion)
@@ -99,8 +90,8 @@ Result<HelloReply> decode_hello_reply(const std::byte* in) {
     r.transport = WireTransport::kVerbs;
   } else if (t == uint16_t(WireTransport::kShm)) {
     r.transport = WireTransport::kShm;
-  } else if (t == uint16_t(WireTransport::kTcpLane)) {
-    r.transport = WireTransport::kTcpLane;
+  } else if (t == uint16_t(WireTransport::kAttach)) {
+    r.transport = WireTransport::kAttach;
   } else {
     return bad(fmt::format("server chose unknown transport {}", t));
   }

@@ -28,12 +28,12 @@ inline constexpr uint32_t kMaxHandshakeMessage = 1024;
 inline constexpr uint16_t kFeatureClientStreams = 0x0001;  // client and bidi streaming
 inline constexpr uint16_t kFeatureBulk = 0x0002;           // bulk descriptors (kFlagBulk)
 inline constexpr uint16_t kKnownFeatures = kFeatureClientStreams | kFeatureBulk;
-// Announced only by a server with bulk lanes on (Config::tcp_bulk_lane): the
-// HelloReply of a tcp session then carries the lane token (8 bytes, little
-// endian) as its extension, and the client may open the session's bulk
-// lane with a Hello of transport kTcpLane (docs/protocol.md, "TCP bulk lanes").
-inline constexpr uint16_t kFeatureTcpLane = 0x0004;
-inline constexpr size_t kLaneTokenSize = 8;
+// ATTACH: announced by a server whose tcp session's link wants a second
+// connection attached to it (transport.h, "Attached connections"): the
+// HelloReply then carries the link's attach token as its extension, and
+// the client may present it on a new connection with a Hello of transport
+// kAttach (docs/protocol.md, "Attached connections").
+inline constexpr uint16_t kFeatureAttach = 0x0004;
 // PACK (kind 12, lib/core/pack.h): the side that announces it accepts
 // PACKs.  Both sides announce it: the server in its HelloReply, the client
 // in its Hello's features (offset 20).  A side sends PACKs only to a peer
@@ -72,14 +72,12 @@ inline constexpr bool is_first_version_status(StatusCode c) {
       return false;
   }
 }
-void encode_lane_token(uint64_t token, std::byte* out);
-uint64_t decode_lane_token(const std::byte* in);
-
 // kShm: only on a Unix domain socket, where the client's shm offer follows
 // its Hello and the server's follows its HelloReply (docs/protocol.md).
-// kTcpLane: the second connection of a tcp session (its bulk lane); the
-// Hello's slot fields are 0 and its extension is the lane token.
-enum class WireTransport : uint16_t { kTcp = 1, kVerbs = 2, kShm = 3, kTcpLane = 4 };
+// kAttach: a connection to be attached to an existing session's link; the
+// Hello's slot fields are 0 and its extension is the token the session's
+// HelloReply carried.  The server answers with kAttach when it took it.
+enum class WireTransport : uint16_t { kTcp = 1, kVerbs = 2, kShm = 3, kAttach = 4 };
 
 struct Hello {
   WireTransport transport = WireTransport::kTcp;

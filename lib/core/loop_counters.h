@@ -36,6 +36,10 @@ struct MethodCounters {
   uint64_t bulk_bytes_in = 0;
   uint64_t bulk_bytes_out = 0;
   Histogram latency_us;
+  // Client: the method's full name when a generated client called it
+  // (CallOptions::method_name, a static string), so metrics name methods
+  // that no server in this process has.
+  const char* name = nullptr;
 
   void finish(StatusCode code, uint64_t us) {
     ++finished[code_index(code)];
@@ -97,6 +101,8 @@ struct LoopCounters {
     into.bulk_pushes_dropped += s.bulk_pushes_dropped;
     into.signaled += s.signaled;
     into.backlogged += s.backlogged;
+    into.attached_bytes_sent += s.attached_bytes_sent;
+    into.attached_bytes_received += s.attached_bytes_received;
   }
 };
 

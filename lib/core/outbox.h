@@ -82,7 +82,7 @@ class Outbox {
   void add_slot_message(const std::byte* msg, uint32_t length, uint16_t slot, uint32_t generation,
                         bool packable = false) {
     messages_.push_back(
-        transport::Outgoing{msg, length, make_imm(slot, generation), transport::Lane::kSlot});
+        transport::Outgoing{msg, length, make_imm(slot, generation), transport::Delivery::kSlot});
     packable_.push_back(packable && length <= pack_max_message_);
   }
 
@@ -94,7 +94,7 @@ class Outbox {
     encode_header(h, bytes);
     messages_.push_back(transport::Outgoing{bytes, static_cast<uint32_t>(kHeaderSize),
                                             make_imm(h.slot, h.generation),
-                                            transport::Lane::kControl});
+                                            transport::Delivery::kControl});
     packable_.push_back(false);
   }
 
@@ -114,7 +114,7 @@ class Outbox {
       const Header h = control_header(Kind::kPong, 0, 0, pong_request_id_);
       encode_header(h, pong_.data());
       messages_.push_back(transport::Outgoing{pong_.data(), static_cast<uint32_t>(kHeaderSize),
-                                              make_imm(0, 0), transport::Lane::kControl});
+                                              make_imm(0, 0), transport::Delivery::kControl});
       packable_.push_back(false);
     }
     const size_t n = messages_.size();
@@ -135,7 +135,7 @@ class Outbox {
   // yet posted).  Cold: the sessions ask on a STREAM_GRANT / STREAM_ACK.
   bool holds(const std::byte* slot, size_t size) const {
     for (const transport::Outgoing& o : messages_)
-      if (o.lane == transport::Lane::kSlot && o.data >= slot && o.data < slot + size) return true;
+      if (o.delivery == transport::Delivery::kSlot && o.data >= slot && o.data < slot + size) return true;
     return false;
   }
 
@@ -165,7 +165,7 @@ class Outbox {
         if (out.data != nullptr) {
           const auto count = static_cast<uint16_t>(e - r);
           messages_[w++] = transport::Outgoing{out.data, out.length, messages_[r].imm,
-                                               transport::Lane::kSlot, count};
+                                               transport::Delivery::kSlot, count};
           ++packs_sent_;
           packed_messages_ += count;
           r = e;

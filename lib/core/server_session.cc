@@ -80,8 +80,7 @@ ServerSession::ServerSession(core::Loop& loop, std::unique_ptr<transport::Link> 
       grant_generation_(g.slot_count, 0),
       outbox_(g.slot_count),
       liveness_(last_heard, Clock::now()) {
-  on_completion = &ServerSession::on_completion_thunk;
-  SessionBase::flush = &ServerSession::flush_thunk;
+  SessionDispatch<ServerSession>::bind(this);
   builders_.reserve(g.slot_count);
   writers_.reserve(g.slot_count);
   inbound_.resize(g.slot_count);
@@ -124,29 +123,12 @@ ServerSession::~ServerSession() {
   link_.reset();
 }
 
-void ServerSession::on_completion_thunk(SessionBase* s, const transport::Completion& c) {
-  auto* self = static_cast<ServerSession*>(s);
-  switch (c.kind) {
-    case transport::Completion::Kind::kMessage:
-      self->on_message(c);
-      break;
-    case transport::Completion::Kind::kControl:
-      self->on_control(c);
-      break;
-    case transport::Completion::Kind::kLinkDown:
-      self->close(c.link != nullptr ? c.link->down_reason() : "link down");
-      break;
-    case transport::Completion::Kind::kBulkDone: {
-      // A handler's read_bulk / write_bulk: its fiber waits for this, even
-      // on a closed session (the link reports before its kLinkDown).
-      const uint16_t slot = bulk::ServerCallBulk::slot_of(c.bulk_token);
-      if (slot < self->bulk_.size() && self->bulk_[slot]) self->bulk_[slot]->on_done(c.bulk_token, c.bulk_status);
-      break;
-    }
-  }
+// A handler's read_bulk / write_bulk: its fiber waits for this, even on a
+// closed session (the link reports before its kLinkDown).
+void ServerSession::on_bulk_completion(const transport::Completion& c) {
+  const uint16_t slot = bulk::ServerCallBulk::slot_of(c.bulk_token);
+  if (slot < bulk_.size() && bulk_[slot]) bulk_[slot]->on_done(c.bulk_token, c.bulk_status);
 }
-
-void ServerSession::flush_thunk(SessionBase* s) { static_cast<ServerSession*>(s)->flush(); }
 
 void ServerSession::on_message(const transport::Completion& c) {
   if (closed_) return;
@@ -301,7 +283,13 @@ Status ServerSession::begin_bulk(uint16_t slot, const std::byte* payload, uint32
     return Status(StatusCode::kInvalidArgument, "bulk segments are for unary calls");
   auto block = bulk::decode_request_block({payload, payload_len}, max_bulk_bytes_);
   if (!block.ok()) return block.status();
-  if (!bulk_[slot]) bulk_[slot] = std::make_unique<bulk::ServerCallBulk>(loop_, *link_, slot, &closed_);
+  if (!bulk_[slot]) {
+    auto close = [](void* self, std::string reason) {
+      static_cast<ServerSession*>(self)->close(std::move(reason));
+    };
+    bulk_[slot] = std::make_unique<bulk::ServerCallBulk>(loop_, *link_, slot, &closed_, close, this,
+                                                         bulk_timeout_ms_);
+  }
   bulk_[slot]->begin(block.value());
   Slot& s = slots_[slot];
   s.bulk = true;
@@ -319,10 +307,13 @@ void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
 
   ServerCall call;
   call.request_ = {self->recv_ring_.slot(slot) + kHeaderSize + s.payload_offset, s.payload_len};
-  if (s.bulk) call.bulk_ = self->bulk_[slot].get();
   call.reply_ = &b;
   call.cancelled_ = &s.cancelled;
   if (s.timeout_us != 0) call.deadline_ = s.received + std::chrono::microseconds(s.timeout_us);
+  if (s.bulk) {
+    call.bulk_ = self->bulk_[slot].get();
+    self->bulk_[slot]->set_deadline(call.deadline_);
+  }
   call.method_name_ = &s.method->full_name;
   call.method_id_ = s.method->id;
   call.peer_ = &self->peer_;

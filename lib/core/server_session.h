@@ -40,6 +40,9 @@ class ServerSession final : public SessionBase {
   void set_counters(std::shared_ptr<core::LoopCounters> counters) { owner_counters_ = std::move(counters); }
   // Loop thread, right after create(): the owner's Config::max_bulk_bytes.
   void set_max_bulk_bytes(uint64_t bytes) { max_bulk_bytes_ = bytes; }
+  // Loop thread, right after create(): the owner's Config::bulk_timeout_ms,
+  // the bound of a handler's bulk transfer when its call has no deadline.
+  void set_bulk_timeout_ms(uint32_t ms) { bulk_timeout_ms_ = ms; }
   // Loop thread, right after create(), when this server announces PACK
   // (Config::pack_small != 0, not shm): accepts PACKs of requests, and
   // sends PACKs of replies of at most `pack_small` bytes when the client's
@@ -82,6 +85,17 @@ class ServerSession final : public SessionBase {
   // The client announced kFeatureMetadata: it takes trailers.  Without it
   // a handler's trailers are dropped (an older client would refuse the flag).
   void set_client_takes_trailers(bool yes) { client_trailers_ = yes; }
+  // TLS (Config::tls): the client certificate's subject and subject
+  // alternative names, set once before the session serves (mTLS); tls()
+  // false on a plain session.  Loop thread, like peer().
+  void set_tls_identity(std::string subject, std::vector<std::string> sans) {
+    tls_ = true;
+    tls_subject_ = std::move(subject);
+    tls_sans_ = std::move(sans);
+  }
+  bool tls() const { return tls_; }
+  const std::string& tls_subject() const { return tls_subject_; }
+  const std::vector<std::string>& tls_sans() const { return tls_sans_; }
   uint32_t running_handlers() const { return running_; }
   // Loop thread, cold: the link, for its counters (metrics).
   const transport::Link& link() const { return *link_; }
@@ -146,8 +160,14 @@ class ServerSession final : public SessionBase {
   ServerSession(core::Loop& loop, std::unique_ptr<transport::Link> link, Geometry g,
                 const MethodTable& methods, std::string peer, ClosedFn on_closed);
 
-  static void on_completion_thunk(SessionBase* s, const transport::Completion& c);
-  static void flush_thunk(SessionBase* s);
+  friend struct SessionDispatch<ServerSession>;
+  // Nothing is dropped unseen: a handler's fiber waits for its kBulkDone
+  // even on a closed session, and on_message checks for itself.
+  bool ignores(const transport::Completion&) const { return false; }
+  void on_link_down(const transport::Completion& c) {
+    close(c.link != nullptr ? c.link->down_reason() : "link down");
+  }
+  void on_bulk_completion(const transport::Completion& c);
   static void run_handler(void* self, uint64_t slot);
 
   void on_message(const transport::Completion& c);
@@ -184,6 +204,9 @@ class ServerSession final : public SessionBase {
   PeerInfo peer_info_;
   const CallChecks* checks_ = nullptr;
   bool client_trailers_ = false;
+  bool tls_ = false;
+  std::string tls_subject_;
+  std::vector<std::string> tls_sans_;
   ClosedFn on_closed_;
   SlotRing recv_ring_;
   SlotRing send_ring_;
@@ -212,6 +235,7 @@ class ServerSession final : public SessionBase {
   std::unique_ptr<PackReceiver> pack_;
   uint32_t running_ = 0;
   uint64_t max_bulk_bytes_ = 4ull << 30;
+  uint32_t bulk_timeout_ms_ = 60'000;
   bool closed_ = false;
   bool close_reported_ = false;
   Liveness liveness_;

@@ -18,18 +18,26 @@ LoopReading read_loop(core::Loop& loop, const std::vector<const transport::Link*
   for (const transport::Link* link : links) {
     if (link == nullptr) continue;
     switch (LoopCounters::kind_of(*link)) {
-      case LoopCounters::Kind::kVerbs:
-        LoopCounters::add(r.verbs_live, link->stats());
+      case LoopCounters::Kind::kVerbs: {
+        const transport::LinkStats s = link->stats();
+        LoopCounters::add(r.verbs_live, s);
         ++r.verbs_sessions;
+        r.verbs_max_inline = std::max(r.verbs_max_inline, s.max_inline);
+        r.verbs_srq += s.shared_receive_queue ? 1 : 0;
+        r.verbs_memory_window += s.memory_window ? 1 : 0;
         break;
+      }
       case LoopCounters::Kind::kShm:
         LoopCounters::add(r.shm_live, link->stats());
         ++r.shm_sessions;
         break;
-      case LoopCounters::Kind::kTcp:
-        LoopCounters::add(r.tcp_live, link->stats());
+      case LoopCounters::Kind::kTcp: {
+        const transport::LinkStats s = link->stats();
+        LoopCounters::add(r.tcp_live, s);
         ++r.tcp_sessions;
+        if (s.attached) ++r.tcp_lanes;  // a tcp link's attached connection is its bulk lane
         break;
+      }
     }
   }
   return r;
@@ -79,6 +87,7 @@ void Collector::add(const LoopReading& r) {
       into.bytes_out += m.bytes_out;
       into.bulk_bytes_in += m.bulk_bytes_in;
       into.bulk_bytes_out += m.bulk_bytes_out;
+      if (into.name == nullptr) into.name = m.name;
       into.latency_us.merge(m.latency_us);
     }
   }
@@ -89,6 +98,10 @@ void Collector::add(const LoopReading& r) {
   LoopCounters::add(shm_, r.counters.shm.retired);
   LoopCounters::add(shm_, r.shm_live);
   tcp_sessions_ += r.tcp_sessions;
+  tcp_lanes_ += r.tcp_lanes;
+  verbs_max_inline_ = std::max(verbs_max_inline_, r.verbs_max_inline);
+  verbs_srq_ += r.verbs_srq;
+  verbs_memory_window_ += r.verbs_memory_window;
   verbs_sessions_ += r.verbs_sessions;
   shm_sessions_ += r.shm_sessions;
   tcp_polls_.merge(r.counters.tcp.completions_per_poll);
@@ -114,6 +127,7 @@ MetricsSnapshot Collector::finish(const Namer& name) {
     mm.server = !key.first;
     mm.id = key.second;
     std::string n = name ? name(mm.id, mm.server) : std::string();
+    if (n.empty() && m.name != nullptr) n = m.name;  // a generated client's
     mm.name = n.empty() ? fmt::format("0x{:08x}", mm.id) : method_display_name(n);
     mm.started = m.started;
     mm.finished = m.finished;
@@ -146,12 +160,18 @@ MetricsSnapshot Collector::finish(const Namer& name) {
     t.bulk_pushes_dropped = s.bulk_pushes_dropped;
     t.signaled = s.signaled;
     t.backlogged = s.backlogged;
+    t.bulk_lane_bytes_sent = s.attached_bytes_sent;
+    t.bulk_lane_bytes_received = s.attached_bytes_received;
     t.completions_per_poll = polls.snapshot();
     return t;
   };
   out.transports.push_back(transport("tcp", tcp_, tcp_sessions_, tcp_polls_));
+  out.transports.back().bulk_lanes = tcp_lanes_;
   if (verbs_sessions_ != 0 || verbs_.slot_sends != 0 || verbs_polls_.count() != 0) {
     out.transports.push_back(transport("verbs", verbs_, verbs_sessions_, verbs_polls_));
+    out.transports.back().max_inline = verbs_max_inline_;
+    out.transports.back().srq_sessions = verbs_srq_;
+    out.transports.back().memory_window_sessions = verbs_memory_window_;
   }
   // Like verbs, only once it was used: a TCP-only process shows tcp alone.
   if (shm_sessions_ != 0 || shm_.slot_sends != 0 || shm_polls_.count() != 0) {

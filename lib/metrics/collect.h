@@ -31,6 +31,11 @@ struct LoopReading {
   LoopCounters counters;
   transport::LinkStats tcp_live, verbs_live, shm_live;  // open links
   uint64_t tcp_sessions = 0, verbs_sessions = 0, shm_sessions = 0;
+  uint64_t tcp_lanes = 0;  // open tcp links with their bulk lane
+  // Open verbs links: the largest max_inline, and how many use the loop's
+  // SRQ / a memory window.
+  uint32_t verbs_max_inline = 0;
+  uint64_t verbs_srq = 0, verbs_memory_window = 0;
   uint64_t client_queued = 0;
   MetricsSnapshot monitor;  // the monitor's part (hardware, receive pools)
 };
@@ -65,6 +70,9 @@ class Collector {
   std::map<std::pair<bool, uint32_t>, MethodCounters> methods_;  // (client?, id)
   transport::LinkStats tcp_, verbs_, shm_;
   uint64_t tcp_sessions_ = 0, verbs_sessions_ = 0, shm_sessions_ = 0;
+  uint64_t tcp_lanes_ = 0;
+  uint32_t verbs_max_inline_ = 0;
+  uint64_t verbs_srq_ = 0, verbs_memory_window_ = 0;
   Histogram tcp_polls_, verbs_polls_, shm_polls_;
 };
 

@@ -248,10 +248,20 @@ std::string to_prometheus(const MetricsSnapshot& m) {
        &TransportMetrics::signaled},
       {"slotrpc_transport_backlogged_sends_total", "Verbs sends that waited for send-queue room.",
        &TransportMetrics::backlogged},
+      {"slotrpc_transport_bulk_lane_bytes_sent_total",
+       "Tcp: bytes sent on bulk lanes (bulk data and its frames).",
+       &TransportMetrics::bulk_lane_bytes_sent},
+      {"slotrpc_transport_bulk_lane_bytes_received_total",
+       "Tcp: bytes received on bulk lanes (bulk data and its frames).",
+       &TransportMetrics::bulk_lane_bytes_received},
   };
   w.family("slotrpc_transport_sessions", "gauge", "Open sessions per transport.");
   for (const TransportMetrics& t : m.transports) {
     w.sample("slotrpc_transport_sessions", labels({{"transport", t.transport}}), t.sessions);
+  }
+  w.family("slotrpc_transport_bulk_lanes", "gauge", "Tcp: open sessions that have their bulk lane.");
+  for (const TransportMetrics& t : m.transports) {
+    w.sample("slotrpc_transport_bulk_lanes", labels({{"transport", t.transport}}), t.bulk_lanes);
   }
   for (const TransportField& f : fields) {
     w.family(f.name, "counter", f.help);

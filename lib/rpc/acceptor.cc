@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <cstring>
 #include <list>
+#include <mutex>
 #include <unordered_map>
 
 #include "base/logging.h"
@@ -32,9 +33,12 @@ using asio::ip::tcp;
 // TCP and Unix connections share one handshake path.
 using Socket = asio::generic::stream_protocol::socket;
 
-bool send_hello_reply(int fd, uint16_t status, const core::Hello& hello, const std::string& message,
-                      core::WireTransport transport, std::span<const std::byte> extension,
-                      uint16_t features) {
+namespace {
+
+// Builds a HelloReply and writes it at once: through `tls` when given.
+bool write_hello_reply(int fd, transport::tls::Stream* tls, uint16_t status, const core::Hello& hello,
+                       const std::string& message, core::WireTransport transport,
+                       std::span<const std::byte> extension, uint16_t features) {
   core::HelloReply reply;
   reply.status = status;
   reply.features = features;
@@ -52,11 +56,41 @@ bool send_hello_reply(int fd, uint16_t status, const core::Hello& hello, const s
   core::encode_hello_reply(reply, buf.data());
   std::memcpy(buf.data() + core::kHelloSize, message.data(), reply.message_len);
   std::copy(extension.begin(), extension.end(), buf.begin() + core::kHelloSize + reply.message_len);
+  if (tls != nullptr) {
+    // The stream sends what it encrypts at once; what the socket did not
+    // take is a failure here as for the plain send below.
+    iovec iov{buf.data(), len};
+    return tls->write(&iov, 1) == static_cast<ssize_t>(len) && !tls->pending_out();
+  }
   ssize_t n;
   do {
     n = ::send(fd, buf.data(), len, MSG_NOSIGNAL | MSG_DONTWAIT);
   } while (n < 0 && errno == EINTR);
   return n == static_cast<ssize_t>(len);
+}
+
+}  // namespace
+
+bool send_hello_reply(int fd, uint16_t status, const core::Hello& hello, const std::string& message,
+                      core::WireTransport transport, std::span<const std::byte> extension,
+                      uint16_t features) {
+  return write_hello_reply(fd, nullptr, status, hello, message, transport, extension, features);
+}
+
+bool send_hello_reply(const PendingSession& p, uint16_t status, const std::string& message,
+                      core::WireTransport transport, std::span<const std::byte> extension,
+                      uint16_t features) {
+  if (p.tls_stream == nullptr)
+    return write_hello_reply(p.fd, nullptr, status, p.hello, message, transport, extension, features);
+  // Through p.fd, which the caller still holds: the stream may have moved
+  // to a link's duplicate that a failed setup has closed already.  A link
+  // that lives on gets its own fd back.
+  const int link_fd = p.tls_stream->fd();
+  p.tls_stream->set_fd(p.fd);
+  const bool ok =
+      write_hello_reply(p.fd, p.tls_stream.get(), status, p.hello, message, transport, extension, features);
+  p.tls_stream->set_fd(link_fd);
+  return ok;
 }
 
 namespace {
@@ -85,6 +119,9 @@ struct Pending {
   bool done = false;
   bool local = false;  // the Unix socket: wait for the client's shm offer too
   bool handed = false;  // released to on_hello
+  std::shared_ptr<transport::tls::Stream> tls;  // TLS: created once a ClientHello is seen
+  std::shared_ptr<transport::tls::Context> tls_context;  // the server's when accepted
+  transport::tls::Identity identity;  // the client certificate's, after the handshake
 };
 
 }  // namespace acceptor_detail
@@ -109,6 +146,9 @@ struct Acceptor::Impl {
   Impl(const Config& c, int listen_fd, OnHello cb, int unix_fd, std::string unix_name_)
       : config(c), acceptor(io), unix_acceptor(io), unix_name(std::move(unix_name_)), fd_timer(io),
         on_hello(std::move(cb)), prefix(hello_prefix()) {
+    auto peers = base::parse_uid_policy("Config.shm_peer_uids", config.shm_peer_uids);
+    if (!peers.ok()) throw std::runtime_error("slotrpc acceptor: " + peers.status().message());
+    shm_peers = std::move(peers).value();
     boost::system::error_code ec;
     if (unix_fd >= 0) {
       unix_acceptor.assign(asio::local::stream_protocol(), unix_fd, ec);
@@ -133,6 +173,8 @@ struct Acceptor::Impl {
   tcp::acceptor acceptor;
   asio::local::stream_protocol::acceptor unix_acceptor;  // shm sessions, if open
   std::string unix_name;
+  // Who may connect there (SLOTRPC_SHM_PEER_UIDS; the Config is valid).
+  base::UidPolicy shm_peers;
   asio::steady_timer fd_timer;  // paused accepting at the fd limit
   OnHello on_hello;
   const std::array<std::byte, 6> prefix;
@@ -148,6 +190,11 @@ struct Acceptor::Impl {
   RateLimitedLog timeout_log;
   RateLimitedLog junk_log;
   RateLimitedLog error_log;
+  RateLimitedLog tls_log;
+
+  // set_tls(): any thread writes, the accept thread reads once per connection.
+  std::mutex tls_mu;
+  std::shared_ptr<transport::tls::Context> tls_context;
 
   void arm_accept();
   void arm_unix_accept();
@@ -156,6 +203,16 @@ struct Acceptor::Impl {
   void start(Socket sock, bool local);
   void handed_over(const std::shared_ptr<Pending>& p);
   void read_more(const std::shared_ptr<Pending>& p);
+  // TLS: the first byte says what the peer speaks; then the handshake, a
+  // step per readiness of the socket; then the Hello through the stream.
+  void sniff(const std::shared_ptr<Pending>& p);
+  void tls_step(const std::shared_ptr<Pending>& p);
+  void tls_read(const std::shared_ptr<Pending>& p, std::byte* dst, size_t len);
+  template <class Then>
+  void when_ready(const std::shared_ptr<Pending>& p, Socket::wait_type what, Then then);
+  // Answers with a refusal outside TLS (a plain Hello on a TLS port), lets
+  // the client's unread bytes go, and closes.
+  void refuse_plain(const std::shared_ptr<Pending>& p, const std::string& why);
   void on_read(const std::shared_ptr<Pending>& p, size_t n);
   void finish(const std::shared_ptr<Pending>& p);
   void refuse(const std::shared_ptr<Pending>& p, const Status& why);
@@ -317,6 +374,10 @@ void Acceptor::Impl::start(Socket sock, bool local) {
   p->host = std::move(host);
   ++per_host[p->host];
   p->pos = pending.insert(pending.end(), p);
+  if (!local) {
+    std::lock_guard<std::mutex> lock(tls_mu);
+    p->tls_context = tls_context;
+  }
   p->timer.expires_after(std::chrono::milliseconds(config.connect_timeout_ms));
   p->timer.async_wait([this, p](const boost::system::error_code& e) {
     guarded(p, [&] {
@@ -327,10 +388,15 @@ void Acceptor::Impl::start(Socket sock, bool local) {
       finish(p);
     });
   });
+  if (p->tls_context != nullptr) return sniff(p);
   read_more(p);
 }
 
 void Acceptor::Impl::read_more(const std::shared_ptr<Pending>& p) {
+  if (p->tls != nullptr) {
+    if (p->have < core::kHelloSize) return tls_read(p, p->head.data() + p->have, core::kHelloSize - p->have);
+    return tls_read(p, p->extension.data() + p->ext_have, p->extension.size() - p->ext_have);
+  }
   auto handler = [this, p](const boost::system::error_code& ec, size_t n) {
     guarded(p, [&] {
       if (p->done) return;
@@ -357,6 +423,12 @@ void Acceptor::Impl::on_read(const std::shared_ptr<Pending>& p, size_t n) {
     p->have += n;
     const size_t check = std::min(p->have, prefix.size());
     if (!std::equal(p->head.begin(), p->head.begin() + static_cast<ptrdiff_t>(check), prefix.begin())) {
+      if (p->head[0] == std::byte{0x16} && p->tls == nullptr) {
+        // A TLS record (a ClientHello) where a slotrpc Hello belongs.
+        return refuse(p, Status(StatusCode::kUnavailable,
+                                "TLS ClientHello on a plain port: this server has TLS off "
+                                "(Config.tls / SLOTRPC_TLS)"));
+      }
       // Decoding the (zero-padded) head names what is wrong: magic or version.
       auto bad = core::decode_hello(p->head.data());
       refuse(p, bad.ok() ? Status(StatusCode::kUnavailable, "handshake failed: bad hello")
@@ -382,6 +454,15 @@ void Acceptor::Impl::on_read(const std::shared_ptr<Pending>& p, size_t n) {
           if (ec != asio::error::operation_aborted) finish(p);
           return;
         }
+        // A client of a user SLOTRPC_SHM_PEER_UIDS leaves out is refused
+        // before anything of it is taken (docs/design.md, "Trust and
+        // security").  Here, with its Hello and offer read, so that the
+        // refusal reaches it as a HelloReply, not a broken pipe.
+        if (Status st = check_shm_peer(p->sock.native_handle(), shm_peers, "the shm client",
+                                       "this server's");
+            !st.ok()) {
+          return refuse(p, st);
+        }
         handed_over(p);
       });
     });
@@ -399,6 +480,10 @@ void Acceptor::Impl::handed_over(const std::shared_ptr<Pending>& p) {
   s.peer = p->peer;
   s.local = p->local;
   s.info = std::move(p->info);
+  s.tls = p->tls != nullptr;
+  s.tls_stream = p->tls;
+  s.tls_subject = std::move(p->identity.subject);
+  s.tls_sans = std::move(p->identity.sans);
   finish(p);  // leaves the socket open: released below
   s.fd = p->sock.release();
   on_hello(std::move(s));
@@ -416,11 +501,97 @@ void Acceptor::Impl::finish(const std::shared_ptr<Pending>& p) {
 
 void Acceptor::Impl::refuse(const std::shared_ptr<Pending>& p, const Status& why) {
   junk_log.warn(fmt::format("slotrpc: refused session from {}: {}", p->peer, why.message()));
-  (void)send_hello_reply(p->sock.native_handle(), static_cast<uint16_t>(why.code()), core::Hello{},
-                         why.message());
+  (void)write_hello_reply(p->sock.native_handle(), p->tls.get(), static_cast<uint16_t>(why.code()),
+                          core::Hello{}, why.message(), core::WireTransport::kTcp, {},
+                          core::kKnownFeatures);
   finish(p);
   boost::system::error_code ec;
   p->sock.close(ec);
+}
+
+// ------------------------------------------------------------------ TLS
+
+template <class Then>
+void Acceptor::Impl::when_ready(const std::shared_ptr<Pending>& p, Socket::wait_type what, Then then) {
+  p->sock.async_wait(what, [this, p, then](const boost::system::error_code& ec) {
+    guarded(p, [&] {
+      if (p->done) return;
+      if (ec) {
+        if (ec != asio::error::operation_aborted) finish(p);
+        return;
+      }
+      then();
+    });
+  });
+}
+
+void Acceptor::Impl::sniff(const std::shared_ptr<Pending>& p) {
+  when_ready(p, Socket::wait_read, [this, p] {
+    std::array<std::byte, 1> first{};
+    const ssize_t n = ::recv(p->sock.native_handle(), first.data(), first.size(), MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) return finish(p);  // closed before a byte: nothing to answer
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return sniff(p);
+      return finish(p);
+    }
+    if (first[0] == std::byte{0x16}) {  // a TLS handshake record: the ClientHello
+      auto stream = transport::tls::Stream::create(p->tls_context, p->sock.native_handle());
+      if (!stream.ok()) {
+        tls_log.warn(fmt::format("slotrpc: TLS with {}: {}", p->peer, stream.status().message()));
+        return finish(p);
+      }
+      p->tls = std::move(stream).value();
+      return tls_step(p);
+    }
+    if (first[0] == prefix[0]) {
+      return refuse_plain(p, "this server requires TLS (Config.tls / SLOTRPC_TLS): the client sent a "
+                             "plain slotrpc Hello on a TLS port");
+    }
+    junk_log.warn(fmt::format("slotrpc: closed connection from {}: junk before the TLS ClientHello "
+                              "(first byte 0x{:02x})", p->peer, static_cast<unsigned>(first[0])));
+    finish(p);
+  });
+}
+
+void Acceptor::Impl::tls_step(const std::shared_ptr<Pending>& p) {
+  switch (p->tls->handshake()) {
+    case transport::tls::Stream::Step::kDone:
+      p->identity = p->tls->peer_identity();
+      base::log().debug("slotrpc: TLS with {}: {}{}", p->peer, p->tls->describe(),
+                        p->identity.subject.empty() ? std::string(", no client certificate")
+                                                    : ", client " + p->identity.subject);
+      return read_more(p);
+    case transport::tls::Stream::Step::kWantRead:
+      return when_ready(p, Socket::wait_read, [this, p] { tls_step(p); });
+    case transport::tls::Stream::Step::kWantWrite:
+      return when_ready(p, Socket::wait_write, [this, p] { tls_step(p); });
+    case transport::tls::Stream::Step::kFailed:
+      tls_log.warn(fmt::format("slotrpc: refused session from {}: {}", p->peer, p->tls->error()));
+      return finish(p);
+  }
+}
+
+void Acceptor::Impl::tls_read(const std::shared_ptr<Pending>& p, std::byte* dst, size_t len) {
+  const ssize_t n = p->tls->read(dst, len);
+  if (n > 0) return on_read(p, static_cast<size_t>(n));
+  if (n == 0) return finish(p);
+  if (errno == EAGAIN) return when_ready(p, Socket::wait_read, [this, p] { read_more(p); });
+  if (errno == EPROTO) tls_log.warn(fmt::format("slotrpc: handshake with {} failed: {}", p->peer, p->tls->error()));
+  finish(p);
+}
+
+void Acceptor::Impl::refuse_plain(const std::shared_ptr<Pending>& p, const std::string& why) {
+  junk_log.warn(fmt::format("slotrpc: refused session from {}: {}", p->peer, why));
+  const int fd = p->sock.native_handle();
+  (void)write_hello_reply(fd, nullptr, static_cast<uint16_t>(StatusCode::kUnavailable), core::Hello{}, why,
+                          core::WireTransport::kTcp, {}, core::kKnownFeatures);
+  // The client's Hello is unread: take it, so that close() sends FIN and
+  // not RST (which could destroy the reply before the client reads it).
+  ::shutdown(fd, SHUT_WR);
+  std::array<char, 512> sink;
+  while (::recv(fd, sink.data(), sink.size(), MSG_DONTWAIT) > 0) {
+  }
+  finish(p);
 }
 
 Acceptor::Acceptor(const Config& config, int listen_fd, OnHello on_hello, int unix_fd,
@@ -464,5 +635,10 @@ void Acceptor::stop() {
 }
 
 size_t Acceptor::pending() const { return impl_->pending.size(); }
+
+void Acceptor::set_tls(std::shared_ptr<transport::tls::Context> context) {
+  std::lock_guard<std::mutex> lock(impl_->tls_mu);
+  impl_->tls_context = std::move(context);
+}
 
 }  // namespace slotrpc::rpc

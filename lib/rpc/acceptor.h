@@ -18,6 +18,13 @@
 // RESOURCE_EXHAUSTED and closes it, then takes the reserve again; if it
 // cannot, it pauses accepting for 100 ms.
 //
+// TLS (set_tls): on TCP, the acceptor peeks at the first byte: a TLS
+// ClientHello starts a non-blocking handshake, under the same deadline and
+// caps (the Hello then travels inside TLS); a plain slotrpc Hello is
+// refused with a plain HelloReply that says the server wants TLS; anything
+// else is junk and closed.  A plain server refuses a ClientHello with a
+// HelloReply that says "TLS ClientHello on a plain port".
+//
 // No exception escapes a handler: each is caught, logged, and costs only
 // the connection it concerns.
 #pragma once
@@ -33,6 +40,7 @@
 #include "slotrpc/peer.h"
 #include "slotrpc/config.h"
 #include "slotrpc/status.h"
+#include "transport/tls/tls_stream.h"
 
 namespace slotrpc::rpc {
 
@@ -47,6 +55,15 @@ struct PendingSession {
   bool local = false;
   // What the kernel says about the client (transport filled in later).
   PeerInfo info;
+  // TLS (Config::tls): the connection's stream, its handshake done; the
+  // Hello was read through it, the HelloReply goes back through it
+  // (send_hello_reply below) and a TCP session's link keeps using it.
+  bool tls = false;
+  std::shared_ptr<transport::tls::Stream> tls_stream;
+  // The client certificate's subject (RFC 2253) and subject alternative
+  // names ("DNS:x", "IP:x", "URI:x", "email:x"); empty when it sent none.
+  std::string tls_subject;
+  std::vector<std::string> tls_sans;
 };
 
 // Writes a HelloReply (status, message, extension) with one non-blocking
@@ -54,6 +71,13 @@ struct PendingSession {
 // sent nothing back yet, so it fits the send buffer; a short write is a
 // failure (false), never a wait.
 bool send_hello_reply(int fd, uint16_t status, const core::Hello& hello, const std::string& message,
+                      core::WireTransport transport = core::WireTransport::kTcp,
+                      std::span<const std::byte> extension = {},
+                      uint16_t features = core::kKnownFeatures);
+
+// The same for a handshake the acceptor handed over: through its TLS
+// stream when it has one.
+bool send_hello_reply(const PendingSession& p, uint16_t status, const std::string& message,
                       core::WireTransport transport = core::WireTransport::kTcp,
                       std::span<const std::byte> extension = {},
                       uint16_t features = core::kKnownFeatures);
@@ -78,6 +102,11 @@ class Acceptor {
 
   // Accept thread or after run() returned.  For tests and monitoring.
   size_t pending() const;
+
+  // Any thread.  TCP connections accepted from now on run a TLS handshake
+  // with `context` before their Hello (null: plain).  Handshakes under way
+  // keep the context they started with.
+  void set_tls(std::shared_ptr<transport::tls::Context> context);
 
   struct Impl;
 

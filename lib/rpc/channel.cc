@@ -71,8 +71,8 @@ void Channel::Impl::install(rpc::Established& e) {
   session = std::move(e.session);
   peer = e.peer;
   kind = e.kind;
-  lane_token = e.lane_token;
-  lane_link = e.tcp_link;
+  attach_token = std::move(e.attach_token);
+  attach_link = e.link;
 }
 
 void Channel::Impl::reconnected(Result<rpc::Established> est) {
@@ -200,14 +200,14 @@ Channel::~Channel() {
   // callbacks run there), and the channel's reference to it dropped there.
   impl_->closing.store(true);
   reactor::Reactor& loop = *impl_->loop;
-  std::thread lane_opener;
-  std::thread reconnector = on_loop(loop, [impl = impl_.get(), &lane_opener] {
+  std::thread attach_opener;
+  std::thread reconnector = on_loop(loop, [impl = impl_.get(), &attach_opener] {
     std::thread r = std::move(impl->reconnector);
-    lane_opener = std::move(impl->lane_opener);
-    impl->lane_token = 0;  // no new opener from here on
-    impl->cancel_lane_wait();
-    auto held = std::move(impl->waiting_for_lane);
-    impl->waiting_for_lane.clear();
+    attach_opener = std::move(impl->attach_opener);
+    impl->attach_token.clear();  // no new opener from here on
+    impl->cancel_attach_wait();
+    auto held = std::move(impl->waiting_for_attachment);
+    impl->waiting_for_attachment.clear();
     for (core::PendingCall* pc : held)
       core::ClientSession::fail_later(*impl->loop, pc, Status(StatusCode::kCancelled, "channel closed"));
     if (impl->session) {
@@ -222,8 +222,9 @@ Channel::~Channel() {
   // A reconnect in progress finishes (bounded by connect_timeout_ms); its
   // result finds the channel closing (reconnected()).  On the loop itself
   // it is not waited for: the thread holds the Impl it needs.
-  // So does a bulk lane being opened (the same bound; it holds the Impl too).
-  for (std::thread* t : {&reconnector, &lane_opener}) {
+  // So does an attached connection being opened (the same bound; it holds
+  // the Impl too).
+  for (std::thread* t : {&reconnector, &attach_opener}) {
     if (!t->joinable()) continue;
     if (loop.on_this_thread() || this_fiber::in_fiber()) {
       t->detach();
@@ -243,7 +244,7 @@ CallHandle Channel::submit(core::PendingCall* pc) {
   if (!impl_->loop->on_this_thread()) impl_->handoffs.fetch_add(1, std::memory_order_relaxed);
   impl_->loop->run_or_post([impl = impl_.get(), pc] {
     if (impl->session) {
-      if ((impl->lane_token != 0 || impl->lane_opening) && impl->hold_for_lane(pc)) return;
+      if ((!impl->attach_token.empty() || impl->attaching) && impl->hold_for_attachment(pc)) return;
       impl->session->submit(pc);
     } else {  // unreachable: connect() leaves a session behind
       core::ClientSession::fail_later(*impl->loop, pc, Status(StatusCode::kUnavailable, "no session"));
@@ -273,6 +274,7 @@ Status Channel::add_interceptor(ClientInterceptor check) {
 Status Channel::Impl::run_interceptors(uint32_t method_id, CallOptions& options) {
   ClientCallInfo info;
   info.method_id = method_id;
+  info.method_name = options.method_name;
   info.target = address;
   info.deadline = options.deadline;
   info.metadata = &options.metadata;
@@ -290,6 +292,7 @@ CallHandle Channel::call_stream(uint32_t method_id, RequestWriter writer, CallOp
   auto* pc = new core::PendingCall;
   pc->method_id = method_id;
   pc->metadata = std::move(options.metadata);
+  pc->method_name = options.method_name;
   pc->writer = std::move(writer);
   pc->sink = std::move(on_message);
   pc->on_end = std::move(on_end);
@@ -372,21 +375,11 @@ Channel::Stats Channel::stats() const {
     out.lent = c.lent;
     out.late_replies_dropped = c.late_replies_dropped;
     out.messages_sent = c.messages_sent;
-    out.inline_sends = c.link.inline_sends;
-    out.noninline_sends = c.link.noninline_sends;
-    out.doorbells = c.link.doorbells;
-    out.max_inline = c.link.max_inline;
-    out.shared_receive_queue = c.link.shared_receive_queue;
-    out.memory_window = c.link.memory_window;
-    out.bulk_lane = c.link.bulk_lane;
-    out.bulk_lane_bytes_sent = c.link.lane_bytes_sent;
-    out.bulk_lane_bytes_received = c.link.lane_bytes_received;
     out.packs_sent = c.packs_sent;
     out.packed_requests = c.packed_messages;
     out.packs_received = c.packs_received;
     out.work_requests = c.link.slot_sends + c.link.control_sends;
     out.link_messages = c.link.messages;
-    out.link_packets = c.link.packets;
     out.closed = impl->session->closed();
     out.reconnect_attempts = impl->reconnect_attempts;
     out.reconnects = impl->reconnects;
@@ -410,6 +403,7 @@ std::shared_ptr<detail::OutStreamState> Channel::open_stream(uint32_t method_id,
   auto* pc = new core::PendingCall;
   pc->method_id = method_id;
   pc->metadata = std::move(options.metadata);
+  pc->method_name = options.method_name;
   pc->sink = std::move(on_reply);
   pc->on_end = std::move(on_end);
   pc->stream = bidi;

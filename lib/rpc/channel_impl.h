@@ -3,7 +3,8 @@
 //   channel.cc         the channel: connect(), reconnects, submit, stats
 //   client_connect.cc  connecting a session (TCP, verbs, shm): the mirror
 //                      of acceptor.cc
-//   channel_lanes.cc   calls held for the TCP bulk lane while it opens
+//   channel_attach.cc  calls held while the session's attached connection
+//                      opens (transport.h, "Attached connections")
 //   retrying_call.cc   idempotent calls sent again after UNAVAILABLE
 #pragma once
 
@@ -27,7 +28,7 @@
 #include "transport/verbs/monitor.h"
 
 namespace slotrpc::transport {
-class TcpLink;
+class Link;
 }
 
 namespace slotrpc {
@@ -99,32 +100,34 @@ struct Channel::Impl : std::enable_shared_from_this<Channel::Impl> {
   void with_session(std::function<void(const Status&)> then);
   void reconnected(Result<rpc::Established> est);
 
-  // The TCP bulk lane (transport/tcp/bulk_lanes.h) of the current session:
-  // opened by a thread of its own on the first call with a bulk segment of
-  // at least config.tcp_bulk_lane bytes, so a channel that never moves one
-  // costs no second connection and no lane thread.  Calls with such a
-  // segment wait (waiting_for_lane) until the attempt is over, so that
-  // every large transfer runs on the lane, the first one included; small
-  // calls never wait.  Loop thread only.
-  uint64_t lane_token = 0;                  // the session's offer; 0: none, or taken
-  transport::TcpLink* lane_link = nullptr;  // the session's link, while it lives
-  std::thread lane_opener;
-  bool lane_opening = false;
-  std::vector<core::PendingCall*> waiting_for_lane;
-  // While calls wait for the lane, this timer lets them go early: all of
-  // them when the session ends meanwhile (they fail with its reason), and
-  // each one when its deadline passes.  Without it they waited for the
-  // opener, up to connect_timeout_ms, when the server stalled during the
-  // lane's handshake (a call with a 300 ms deadline took the full 5 s).
-  base::TimerHeap::TimerId lane_wait_timer = 0;
+  // The attached connection (transport.h, "Attached connections") of the
+  // current session: opened by a thread of its own on the first call with
+  // a bulk segment of at least the link's attachment_threshold(), so a
+  // channel that never moves one costs no second connection.  Calls with
+  // such a segment wait (waiting_for_attachment) until the attempt is
+  // over, so that every large transfer runs there, the first one
+  // included; small calls never wait.  Loop thread only.
+  std::vector<std::byte> attach_token;      // the session's offer; empty: none, or taken
+  transport::Link* attach_link = nullptr;   // the session's link, while it lives
+  std::thread attach_opener;
+  bool attaching = false;
+  uint64_t attach_threshold = 0;            // of the attempt under way
+  std::vector<core::PendingCall*> waiting_for_attachment;
+  // While calls wait, this timer lets them go early: all of them when the
+  // session ends meanwhile (they fail with its reason), and each one when
+  // its deadline passes.  Without it they waited for the opener, up to
+  // connect_timeout_ms, when the server stalled during the attach
+  // handshake (a call with a 300 ms deadline took the full 5 s).
+  base::TimerHeap::TimerId attach_wait_timer = 0;
   void install(rpc::Established& e);
-  // True when `pc` waits for the lane (taken over); false: submit it now.
-  bool hold_for_lane(core::PendingCall* pc);
-  void lane_attempt_over();
+  // True when `pc` waits for the attached connection (taken over); false:
+  // submit it now.
+  bool hold_for_attachment(core::PendingCall* pc);
+  void attach_attempt_over();
   bool cancel_held(uint64_t request_id);
-  void arm_lane_wait();
-  static void on_lane_wait(void* self, uint64_t);
-  void cancel_lane_wait();
+  void arm_attach_wait();
+  static void on_attach_wait(void* self, uint64_t);
+  void cancel_attach_wait();
   // Lets every held call go: to the session (a closed one fails it with
   // its reason), or CANCELLED when the channel is closing.
   void release_held();
@@ -138,9 +141,9 @@ struct Established {
   std::string peer;
   TransportKind kind = TransportKind::kTcp;
   std::string note;  // why this transport, for the log
-  // tcp: the server's bulk lane offer (0: none) and the session's link.
-  uint64_t lane_token = 0;
-  transport::TcpLink* tcp_link = nullptr;
+  // The server's attach token (empty: none) and the session's link.
+  std::vector<std::byte> attach_token;
+  transport::Link* link = nullptr;
 };
 
 // Blocking (off the loop): TCP connect, handshake, and the session created
@@ -149,10 +152,11 @@ struct Established {
 Result<Established> establish(Channel::Impl& impl);
 
 // Blocking (off the loop): connects a second socket to the server and
-// presents the lane token of the session's HelloReply; once the server says
-// OK the socket is returned, for the session's link to take as its lane
-// (transport/tcp/bulk_lanes.h).
-Result<int> open_lane(const Endpoint& endpoint, uint64_t token, Deadline deadline);
+// presents the attach token of the session's HelloReply; once the server
+// says OK the socket is returned, for the session's link to take
+// (Link::attach_connection).
+Result<int> open_attachment(const Endpoint& endpoint, std::span<const std::byte> token,
+                            Deadline deadline);
 
 // Runs blocking `fn` (a connect: TCP, handshake, tasks on the channel's
 // loop) so that no event loop blocks on it: in a handler's fiber on a

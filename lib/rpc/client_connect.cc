@@ -57,19 +57,20 @@ struct HandshakeResult {
 };
 
 // Reads a HelloReply with its message and extension; the caller judges it.
-Result<HandshakeResult> read_hello_reply(int fd, rpc::Deadline deadline) {
+Result<HandshakeResult> read_hello_reply(int fd, rpc::Deadline deadline,
+                                         transport::tls::Stream* tls = nullptr) {
   std::array<std::byte, core::kHelloSize> buf;
-  Status st = rpc::read_exact(fd, buf, deadline);
+  Status st = rpc::read_exact(fd, buf, deadline, tls);
   if (!st.ok()) return st;
   auto reply = core::decode_hello_reply(buf.data());
   if (!reply.ok()) return reply.status();
   HandshakeResult r;
   r.reply = reply.value();
   r.message.assign(reply->message_len, '\0');
-  st = rpc::read_exact(fd, std::as_writable_bytes(std::span(r.message)), deadline);
+  st = rpc::read_exact(fd, std::as_writable_bytes(std::span(r.message)), deadline, tls);
   if (!st.ok()) return st;
   r.extension.resize(reply->extension_len);
-  st = rpc::read_exact(fd, r.extension, deadline);
+  st = rpc::read_exact(fd, r.extension, deadline, tls);
   if (!st.ok()) return st;
   return r;
 }
@@ -81,7 +82,8 @@ Result<HandshakeResult> read_hello_reply(int fd, rpc::Deadline deadline) {
 Result<HandshakeResult> client_handshake(int fd, const Config& cfg, core::WireTransport propose,
                                          std::span<const std::byte> extension,
                                          rpc::Deadline deadline,
-                                         const std::function<Status()>& after_hello = {}) {
+                                         const std::function<Status()>& after_hello = {},
+                                         transport::tls::Stream* tls = nullptr) {
   std::vector<std::byte> out(core::kHelloSize + extension.size());
   core::Hello hello;
   hello.transport = propose;
@@ -94,13 +96,13 @@ Result<HandshakeResult> client_handshake(int fd, const Config& cfg, core::WireTr
   hello.features |= core::kFeatureStatusCodes | core::kFeatureMetadata;
   core::encode_hello(hello, out.data());
   std::copy(extension.begin(), extension.end(), out.begin() + core::kHelloSize);
-  Status st = rpc::write_all(fd, out, deadline);
+  Status st = rpc::write_all(fd, out, deadline, tls);
   if (!st.ok()) return st;
   if (after_hello) {
     st = after_hello();
     if (!st.ok()) return st;
   }
-  auto reply = read_hello_reply(fd, deadline);
+  auto reply = read_hello_reply(fd, deadline, tls);
   if (!reply.ok()) return reply.status();
   HandshakeResult& r = reply.value();
   if (r.reply.status != 0) {
@@ -114,27 +116,28 @@ Result<HandshakeResult> client_handshake(int fd, const Config& cfg, core::WireTr
   return r;
 }
 
-// --- tcp bulk lane (channel_impl.h).
+// --- attached connections (channel_impl.h).
 }  // namespace
 
-Result<int> open_lane(const Endpoint& endpoint, uint64_t token, Deadline deadline) {
+Result<int> open_attachment(const Endpoint& endpoint, std::span<const std::byte> token,
+                            Deadline deadline) {
   auto connected = rpc::connect_tcp(endpoint, deadline);
   if (!connected.ok()) return connected.status();
   FdGuard fd{connected.value()};
-  std::array<std::byte, core::kHelloSize + core::kLaneTokenSize> hello_buf{};
+  std::vector<std::byte> hello_buf(core::kHelloSize + token.size());
   core::Hello hello;
-  hello.transport = core::WireTransport::kTcpLane;
-  hello.extension_len = core::kLaneTokenSize;
+  hello.transport = core::WireTransport::kAttach;
+  hello.extension_len = static_cast<uint32_t>(token.size());
   core::encode_hello(hello, hello_buf.data());
-  core::encode_lane_token(token, hello_buf.data() + core::kHelloSize);
+  std::copy(token.begin(), token.end(), hello_buf.begin() + core::kHelloSize);
   Status st = rpc::write_all(fd.fd, hello_buf, deadline);
   if (!st.ok()) return st;
   auto reply = read_hello_reply(fd.fd, deadline);
   if (!reply.ok()) return reply.status();
   if (reply->reply.status != 0)
-    return Status(StatusCode::kUnavailable, "server refused the lane: " + reply->message);
-  if (reply->reply.transport != core::WireTransport::kTcpLane)
-    return Status(StatusCode::kUnavailable, "server did not answer the lane hello as a lane");
+    return Status(StatusCode::kUnavailable, "server refused to attach the connection: " + reply->message);
+  if (reply->reply.transport != core::WireTransport::kAttach)
+    return Status(StatusCode::kUnavailable, "server did not answer the attach hello in kind");
   return fd.release();
 }
 
@@ -145,7 +148,9 @@ namespace {
 // server's offer, and creates the session on the loop.  `*reached` says
 // whether a server answered there (false: nobody listens, ENOENT or
 // ECONNREFUSED, so auto falls back quietly); `*refused` whether it refused
-// the session in its HelloReply (a limit: that is the answer, no fallback).
+// the session in its HelloReply (a limit: that is the answer, no fallback;
+// but PERMISSION_DENIED, our uid outside its SLOTRPC_SHM_PEER_UIDS, lets
+// auto go on to TCP, as our own refusal of its uid does).
 Result<Established> establish_shm(Channel::Impl& impl, const std::string& name,
                                   rpc::Deadline deadline, bool* reached, bool* refused) {
   *refused = false;
@@ -159,6 +164,15 @@ Result<Established> establish_shm(Channel::Impl& impl, const std::string& name,
   }
   *reached = true;
   FdGuard fd{connected.value()};
+  // Whoever listens there is checked before a byte goes out: any local
+  // process can bind a server's default name first (docs/design.md,
+  // "Trust and security").  A refused one sees a connection close, no
+  // Hello, no offer.
+  auto policy = base::parse_uid_policy("Config.shm_peer_uids (SLOTRPC_SHM_PEER_UIDS)", cfg.shm_peer_uids);
+  if (!policy.ok()) return policy.status();
+  if (Status st = rpc::check_shm_peer(fd.fd, policy.value(), "the shm server at unix:" + name,
+                                     "this client's"); !st.ok())
+    return st;
   reactor::Reactor& loop = *impl.loop;
   auto t = on_loop(loop, [&] { return rpc::loop_shm(loop); });
   if (!t.ok()) return t.status();
@@ -262,6 +276,11 @@ Result<Established> establish(Channel::Impl& impl) {
                          "turns it off"));
     }
     if (cfg.transport == TransportKind::kAuto) shm_note = "no shm (SLOTRPC_UNIX_PATH=off); ";
+  } else if (cfg.tls && cfg.unix_path.empty() && cfg.transport == TransportKind::kAuto) {
+    // shm authenticates no server certificate (docs/design.md, "TLS"):
+    // with TLS on, only an explicit SLOTRPC_UNIX_PATH (or transport=shm)
+    // uses it.
+    shm_note = "no shm (TLS on and SLOTRPC_UNIX_PATH not set); ";
   } else if (cfg.transport == TransportKind::kShm ||
              (cfg.transport == TransportKind::kAuto && rpc::is_local_host(endpoint->host))) {
     const std::string name = cfg.unix_path.empty() ? rpc::default_unix_name(endpoint->port) : cfg.unix_path;
@@ -270,9 +289,13 @@ Result<Established> establish(Channel::Impl& impl) {
       est.value().note = fmt::format("{} is on this host; {}", endpoint->host, est.value().note);
       return est;
     }
-    if (refused) return fail(est.status());  // the server's answer (a limit), not a reason to fall back
+    // A uid refused, by either end: the shm socket is not for this pair
+    // of users (or not the server's at all), TCP is.
+    const bool denied = est.status().code() == StatusCode::kPermissionDenied;
+    // The server's answer (a limit) is not a reason to fall back.
+    if (refused && !denied) return fail(est.status());
     if (cfg.transport == TransportKind::kShm) {
-      return fail(Status(StatusCode::kUnavailable,
+      return fail(Status(denied ? StatusCode::kPermissionDenied : StatusCode::kUnavailable,
                          fmt::format("transport 'shm' was requested (Config.transport / "
                                      "SLOTRPC_TRANSPORT) but the server's Unix socket unix:{} "
                                      "cannot be used: {}", name, est.status().message())));
@@ -289,6 +312,14 @@ Result<Established> establish(Channel::Impl& impl) {
   auto connected = rpc::connect_tcp(*endpoint, deadline);
   if (!connected.ok()) return connected.status();
   FdGuard fd{connected.value()};
+  // TLS before the Hello: the Hello, and on verbs the queue pair numbers
+  // and ring keys, travel only inside it.
+  std::shared_ptr<transport::tls::Stream> tls;
+  if (cfg.tls) {
+    auto t = rpc::tls_connect(fd.fd, cfg, endpoint->host, deadline);
+    if (!t.ok()) return fail(t.status());
+    tls = std::move(t).value();
+  }
 
   Established e;
   e.peer = rpc::peer_name(fd.fd);
@@ -339,7 +370,7 @@ Result<Established> establish(Channel::Impl& impl) {
 
   auto hs = client_handshake(fd.fd, cfg, propose ? core::WireTransport::kVerbs : core::WireTransport::kTcp,
                              propose ? std::span<const std::byte>(ext) : std::span<const std::byte>(),
-                             deadline);
+                             deadline, {}, tls.get());
   if (!hs.ok()) {
     drop_verbs("handshake failed");
     return fail(hs.status());
@@ -371,7 +402,8 @@ Result<Established> establish(Channel::Impl& impl) {
     e.session = std::move(vsession);
     e.kind = TransportKind::kVerbs;
     on_loop(loop, [&] {
-      e.note = shm_note + (rpc::loop_verbs(loop).ok() ? rpc::loop_verbs(loop).value()->device().describe() : "");
+      e.note = shm_note + (rpc::loop_verbs(loop).ok() ? rpc::loop_verbs(loop).value()->device().describe() : "") +
+               (tls ? "; handshake over TLS " + tls->describe() : std::string());
       return 0;
     });
     return e;
@@ -388,14 +420,15 @@ Result<Established> establish(Channel::Impl& impl) {
     note = "the server chose tcp: " + hs->message;
   }
   const int tcp_fd = fd.release();
-  const std::string description = fmt::format("tcp {} -> {}", local, e.peer);
-  transport::TcpLink* tcp_link = nullptr;  // owned by the session, loop thread only
+  const std::string description = fmt::format("tcp{} {} -> {}", tls ? "+tls" : "", local, e.peer);
+  transport::Link* tcp_link = nullptr;  // owned by the session, loop thread only
   auto created = on_loop(loop, [&]() -> Result<std::shared_ptr<core::ClientSession>> {
-    auto link = rpc::loop_tcp(loop).adopt(tcp_fd, description);  // takes the fd, even on failure
+    auto link = rpc::loop_tcp(loop).adopt(tcp_fd, description, tls);  // takes the fd, even on failure
     if (!link.ok()) return link.status();
     tcp_link = link.value().get();
+    link.value()->configure(impl.config);
     if (impl.config.tcp_bulk_push != 0 && (hs->reply.features & core::kFeatureTcpPush) != 0)
-      tcp_link->set_push_limit(impl.config.tcp_bulk_push);
+      link.value()->set_push_limit(impl.config.tcp_bulk_push);
     auto s = core::ClientSession::create(loop, std::move(link.value()), geometry, e.peer);
     if (!s.ok()) return s.status();
     s.value()->set_loop_handle(impl.loop);
@@ -410,11 +443,12 @@ Result<Established> establish(Channel::Impl& impl) {
   if (!created.ok()) return fail(created.status());
   e.session = std::move(created.value());
   e.kind = TransportKind::kTcp;
-  e.note = shm_note + note;
-  if (cfg.tcp_bulk_lane != 0 && (hs->reply.features & core::kFeatureTcpLane) != 0 &&
-      hs->extension.size() == core::kLaneTokenSize) {
-    e.lane_token = core::decode_lane_token(hs->extension.data());
-    e.tcp_link = tcp_link;
+  e.note = shm_note + note + (tls ? "; TLS " + tls->describe() : std::string());
+  // A TLS link offers no attached connection (it would run outside TLS):
+  // the server sends no token, and the link asks for none.
+  if ((hs->reply.features & core::kFeatureAttach) != 0 && !hs->extension.empty()) {
+    e.attach_token = std::move(hs->extension);
+    e.link = tcp_link;
   }
   return e;
 }

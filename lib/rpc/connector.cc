@@ -13,6 +13,8 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <fmt/format.h>
 
+#include "core/handshake.h"
+
 #include <fcntl.h>
 
 #include <cerrno>
@@ -132,6 +134,92 @@ Status read_exact(int fd, std::span<std::byte> data, Deadline deadline) {
   return {};
 }
 
+// ------------------------------------------------------------------ TLS
+
+namespace {
+
+Status tls_failure(const transport::tls::Stream& tls, std::string_view during) {
+  if (tls.auth_failure()) {
+    return Status(StatusCode::kUnauthenticated,
+                  fmt::format("{}: authentication failed: {}", during, tls.error()));
+  }
+  return Status(StatusCode::kUnavailable, fmt::format("{}: {}", during, tls.error()));
+}
+
+}  // namespace
+
+Result<std::shared_ptr<transport::tls::Stream>> tls_connect(int fd, const Config& cfg,
+                                                            const std::string& host, Deadline deadline) {
+  auto context = transport::tls::Context::client(cfg);
+  if (!context.ok()) return context.status();
+  auto created = transport::tls::Stream::create(std::move(context).value(), fd,
+                                                cfg.tls_server_name.empty() ? host : cfg.tls_server_name);
+  if (!created.ok()) return created.status();
+  std::shared_ptr<transport::tls::Stream> tls = std::move(created).value();
+  for (;;) {
+    switch (tls->handshake()) {
+      case transport::tls::Stream::Step::kDone:
+        return tls;
+      case transport::tls::Stream::Step::kWantRead:
+        if (!wait_fd(fd, POLLIN, deadline)) return Status(StatusCode::kUnavailable, "TLS handshake timed out");
+        break;
+      case transport::tls::Stream::Step::kWantWrite:
+        if (!wait_fd(fd, POLLOUT, deadline)) return Status(StatusCode::kUnavailable, "TLS handshake timed out");
+        break;
+      case transport::tls::Stream::Step::kFailed: {
+        // A plain server refuses a ClientHello with a plain HelloReply:
+        // what it says is better than OpenSSL's "wrong version number".
+        const auto& got = tls->first_bytes();
+        if (got.size() >= core::kHelloSize) {
+          if (auto reply = core::decode_hello_reply(got.data()); reply.ok()) {
+            const size_t len = std::min<size_t>(reply->message_len, got.size() - core::kHelloSize);
+            return Status(StatusCode::kUnavailable,
+                          fmt::format("the server does not speak TLS (it answered with a plain slotrpc "
+                                      "HelloReply: '{}'); turn TLS off here or on there (Config.tls / "
+                                      "SLOTRPC_TLS)",
+                                      std::string(reinterpret_cast<const char*>(got.data()) + core::kHelloSize, len)));
+          }
+        }
+        return tls_failure(*tls, "TLS handshake");
+      }
+    }
+  }
+}
+
+Status write_all(int fd, std::span<const std::byte> data, Deadline deadline, transport::tls::Stream* tls) {
+  if (tls == nullptr) return write_all(fd, data, deadline);
+  size_t done = 0;
+  while (done < data.size() || tls->pending_out()) {
+    iovec iov{const_cast<std::byte*>(data.data() + done), data.size() - done};
+    const ssize_t n = tls->write(&iov, done < data.size() ? 1 : 0);
+    if (n < 0 && errno == EPROTO) return tls_failure(*tls, "handshake write");
+    if (n < 0 && errno != EAGAIN)
+      return Status(StatusCode::kUnavailable, fmt::format("handshake write: {}", std::strerror(errno)));
+    if (n > 0) done += static_cast<size_t>(n);
+    if ((n < 0 || tls->pending_out()) && !wait_fd(fd, POLLOUT, deadline))
+      return Status(StatusCode::kUnavailable, "handshake write timed out");
+  }
+  return {};
+}
+
+Status read_exact(int fd, std::span<std::byte> data, Deadline deadline, transport::tls::Stream* tls) {
+  if (tls == nullptr) return read_exact(fd, data, deadline);
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = tls->read(data.data() + done, data.size() - done);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return Status(StatusCode::kUnavailable, "peer closed the connection during the handshake");
+    if (errno == EPROTO) return tls_failure(*tls, "TLS");
+    if (errno != EAGAIN)
+      return Status(StatusCode::kUnavailable, fmt::format("handshake read: {}", std::strerror(errno)));
+    if (!wait_fd(fd, POLLIN, deadline)) return Status(StatusCode::kUnavailable, "handshake read timed out");
+  }
+  return {};
+}
+
 std::string peer_name(int fd) {
   sockaddr_storage ss{};
   socklen_t len = sizeof ss;
@@ -237,6 +325,21 @@ std::string peer_credentials(int fd) {
   socklen_t len = sizeof c;
   if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c, &len) != 0) return "pid ? uid ?";
   return fmt::format("pid {} uid {}", c.pid, c.uid);
+}
+
+Status check_shm_peer(int fd, const base::UidPolicy& policy, std::string_view who,
+                      std::string_view whose) {
+  ucred c{};
+  socklen_t len = sizeof c;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c, &len) != 0)
+    return Status(StatusCode::kPermissionDenied,
+                  fmt::format("{}: its credentials cannot be read (SO_PEERCRED: {}), so {} {} "
+                              "cannot be checked", who, std::strerror(errno), whose,
+                              base::describe(policy)));
+  if (base::allows(policy, c.uid)) return {};
+  return Status(StatusCode::kPermissionDenied,
+                fmt::format("{} is pid {} uid {}, which {} {} does not allow (list uid {} there to "
+                            "trust it)", who, c.pid, c.uid, whose, base::describe(policy), c.uid));
 }
 
 bool is_local_host(const std::string& host) {

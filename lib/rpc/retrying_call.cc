@@ -38,6 +38,10 @@ struct RetryingCall : std::enable_shared_from_this<RetryingCall> {
     stop_waiting();
     sink(std::move(reply));
   }
+  // Ends the call with a status of its own (not an attempt's outcome).
+  void fail(Status status) {
+    finish(RawReply(core::ClientSession::named_status(options.method_name, std::move(status))));
+  }
   void stop_waiting() {
     waiting = false;
     if (deadline_timer != 0) loop->timers().cancel(deadline_timer);
@@ -57,8 +61,8 @@ struct RetryingCall : std::enable_shared_from_this<RetryingCall> {
     self->deadline_timer = 0;
     auto hold = std::move(self->keep);  // `self` lives to the end of this function
     if (!self->waiting) return;
-    self->finish(RawReply(Status(StatusCode::kDeadlineExceeded,
-                                 "deadline passed while the channel reconnected for a retry")));
+    self->fail(Status(StatusCode::kDeadlineExceeded,
+                      "deadline passed while the channel reconnected for a retry"));
   }
 };
 
@@ -85,9 +89,10 @@ CallHandle Channel::call(uint32_t method_id, RequestWriter writer, CallOptions o
     auto attempt = std::make_shared<std::function<void()>>();
     *attempt = [r, weak_attempt = std::weak_ptr<std::function<void()>>(attempt)]() {
       auto impl = r->channel.lock();
-      if (!impl) return r->finish(RawReply(Status(StatusCode::kCancelled, "channel closed")));
+      if (!impl) return r->fail(Status(StatusCode::kCancelled, "channel closed"));
       auto* pc = new core::PendingCall;
       pc->method_id = r->method_id;
+      pc->method_name = r->options.method_name;
       pc->writer = r->writer;
       pc->deadline = r->options.deadline;
       pc->send_bulk = r->options.send_segments;
@@ -110,11 +115,10 @@ CallHandle Channel::call(uint32_t method_id, RequestWriter writer, CallOptions o
         impl->with_session([r, again, failed = Status(reply.status())](const Status& st) {
           if (r->finished) return;  // its deadline or a cancel ended it while it waited
           r->stop_waiting();
-          if (r->cancelled) return r->finish(RawReply(Status(StatusCode::kCancelled, "cancelled by the caller")));
+          if (r->cancelled) return r->fail(Status(StatusCode::kCancelled, "cancelled by the caller"));
           if (!st.ok()) {
-            return r->finish(RawReply(Status(StatusCode::kUnavailable,
-                                             fmt::format("{}; reconnect failed: {}", failed.message(),
-                                                         st.message()))));
+            return r->fail(Status(StatusCode::kUnavailable,
+                                  fmt::format("{}; reconnect failed: {}", failed.message(), st.message())));
           }
           (*again)();
         });
@@ -134,7 +138,7 @@ CallHandle Channel::call(uint32_t method_id, RequestWriter writer, CallOptions o
       if (!impl || impl->closing.load()) return;
       impl->loop->run_or_post([impl, r] {
         if (r->waiting) {  // between attempts: no call of it is in a session
-          r->finish(RawReply(Status(StatusCode::kCancelled, "cancelled by the caller")));
+          r->fail(Status(StatusCode::kCancelled, "cancelled by the caller"));
           return;
         }
         if (impl->session)
@@ -144,6 +148,7 @@ CallHandle Channel::call(uint32_t method_id, RequestWriter writer, CallOptions o
   }
   auto* pc = new core::PendingCall;
   pc->method_id = method_id;
+  pc->method_name = options.method_name;
   pc->writer = std::move(writer);
   pc->sink = std::move(sink);
   pc->deadline = options.deadline;

@@ -82,6 +82,11 @@ Server::Server(std::shared_ptr<detail::RuntimeCore> runtime, Config config)
   impl_->admin = admin::make_service([this] { return metrics(); });
   Status st = add_service(guard_admin(admin::definition(*impl_->admin), *impl_));
   (void)st;  // the table is empty: cannot collide
+  // slotrpc.Health (lib/rpc/health/health.fbs): open to every peer, as
+  // load balancers and orchestrators ask it.
+  impl_->health_service = health::make_service(impl_->health);
+  st = add_service(health::definition(*impl_->health_service));
+  (void)st;
 }
 
 void Server::on_monitor_sample(std::function<void(const MetricsSnapshot&)> callback) {
@@ -112,6 +117,7 @@ Status Server::add_service(ServiceDefinition service) {
   Status st = impl_->methods.add(*owned);
   if (!st.ok()) return st;
   for (const MethodDescriptor& m : owned->methods()) metrics::remember_method_name(m.id, m.full_name);
+  impl_->health->add(owned->name());
   impl_->services.push_back(std::move(owned));
   return {};
 }
@@ -149,6 +155,13 @@ Status Server::start(const std::string& listen_address) {
     }
   }
   base::apply_log_level(impl_->config.log_level);
+  impl_->tls_context.reset();
+  if (impl_->config.tls) {
+    // The files are read now: a bad one fails start(), naming it.
+    auto context = transport::tls::Context::server(impl_->config);
+    if (!context.ok()) return context.status();
+    impl_->tls_context = std::move(context).value();
+  }
   if (impl_->config.transport == TransportKind::kAuto || impl_->config.transport == TransportKind::kVerbs) {
     auto probe = transport::verbs::probe(impl_->config);
     if (probe.ok()) {
@@ -173,8 +186,13 @@ Status Server::start(const std::string& listen_address) {
     return Status(StatusCode::kInvalidArgument,
                   "transport=shm needs a Unix socket, and SLOTRPC_UNIX_PATH=off turns it off");
   }
-  const bool shm_wanted = !shm_off && (impl_->config.transport == TransportKind::kAuto ||
-                                       impl_->config.transport == TransportKind::kShm);
+  // With TLS on, the default Unix socket is not opened: its peers are not
+  // authenticated by a certificate (docs/design.md, "TLS"); an explicit
+  // SLOTRPC_UNIX_PATH opens it, trusting what guards the socket instead.
+  const bool tls_without_unix = impl_->config.tls && impl_->config.unix_path.empty();
+  const bool shm_wanted = !shm_off && !tls_without_unix &&
+                          (impl_->config.transport == TransportKind::kAuto ||
+                           impl_->config.transport == TransportKind::kShm);
   if (rpc::is_unix_address(listen_address)) {
     if (!shm_wanted) {
       return Status(StatusCode::kInvalidArgument,
@@ -224,8 +242,22 @@ Status Server::start(const std::string& listen_address) {
                                                  ? std::string(" (transport=shm)")
                                                  : std::string(" (SLOTRPC_UNIX_PATH)")));
     } else {
-      base::log().warn("slotrpc: server on port {} serves no shm sessions: {}", impl_->port,
-                       fd.status().message());
+      // Name who holds it: another server of this port, or a process that
+      // took the name first to catch this server's shm clients (only
+      // clients whose SLOTRPC_SHM_PEER_UIDS allows its uid would talk to
+      // it; docs/design.md, "Trust and security").  The probe connects and
+      // closes, sending nothing.
+      std::string holder;
+      auto probe = rpc::connect_unix(unix_name,
+                                     std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
+      if (probe.ok()) {
+        holder = fmt::format(" (held by {}: a client on this host uses shm with it only if its "
+                             "SLOTRPC_SHM_PEER_UIDS allows that uid, TCP otherwise)",
+                             rpc::peer_credentials(probe.value()));
+        ::close(probe.value());
+      }
+      base::log().warn("slotrpc: server on port {} serves no shm sessions: {}{}", impl_->port,
+                       fd.status().message(), holder);
       unix_name.clear();
     }
   }
@@ -247,6 +279,7 @@ Status Server::start_listening(int tcp_fd, int unix_fd, const std::string& unix_
   } catch (const std::exception& e) {
     return Status(StatusCode::kUnavailable, fmt::format("cannot listen on {}: {}", listen_address, e.what()));
   }
+  impl_->acceptor->set_tls(impl_->tls_context);
 
   const uint32_t n = static_cast<uint32_t>(impl_->runtime->loops.size());
   impl_->sessions.resize(n);
@@ -262,6 +295,7 @@ Status Server::start_listening(int tcp_fd, int unix_fd, const std::string& unix_
     impl_->counters.push_back(std::move(counters));
     rpc::add_monitor_hook(*loop, impl_->monitor_hook);
   }
+  impl_->health->add("");  // the server as a whole
   {
     std::lock_guard<std::mutex> lock(impl_->state_mu);
     impl_->started = true;
@@ -269,8 +303,20 @@ Status Server::start_listening(int tcp_fd, int unix_fd, const std::string& unix_
   if (!impl_->config.metrics_address.empty()) {
     // Once the loops exist (a scrape reads them), before the first session:
     // a port that cannot be bound fails start() and undoes it.
-    auto http = metrics::HttpServer::start(impl_->config.metrics_address,
-                                           [this] { return to_prometheus(metrics()); });
+    // The same rule as slotrpc.Admin (Config::admin_access): the counters
+    // tell the same things.
+    auto http = metrics::HttpServer::start(
+        impl_->config.metrics_address, [this] { return to_prometheus(metrics()); },
+        [impl = impl_.get(), self = ::getuid()](int fd) {
+          if (impl->config.admin_access == AdminAccess::kAny) return Status();
+          const PeerInfo peer = rpc::identify_peer(fd, false, rpc::peer_name(fd));
+          Status st = rpc::admin_allows(peer, impl->config.admin_access, self);
+          if (!st.ok()) {
+            impl->refuse_log.warn(fmt::format("slotrpc: metrics port refused {}: {}", peer.describe(),
+                                              st.message()));
+          }
+          return st;
+        });
     if (!http.ok()) {
       stop();
       return http.status();
@@ -284,11 +330,63 @@ Status Server::start_listening(int tcp_fd, int unix_fd, const std::string& unix_
       : impl_->verbs_ok ? "tcp and verbs on " + impl_->verbs_note
                         : "tcp only: " + impl_->verbs_note;
   if (tcp_fd >= 0 && !unix_name.empty()) transports += "; shm on unix:" + unix_name;
+  if (impl_->tls_context != nullptr)
+    transports += fmt::format("; TLS, client certificates {}", to_string(impl_->config.tls_client_auth));
   base::log().info("slotrpc: server listening on {} ({}; {} event loop(s), up to {} slots of {} "
                "bytes; at most {} sessions; {})",
                listen_address, transports, n, impl_->config.slot_count,
                impl_->config.slot_size, impl_->config.max_sessions,
                impl_->admission->budget().rule);
+  return {};
+}
+
+Status Server::set_serving(const std::string& service, bool serving) {
+  if (!impl_->health->set(service, serving)) {
+    return Status(StatusCode::kNotFound,
+                  fmt::format("set_serving: this server runs no service '{}'", service));
+  }
+  return {};
+}
+
+void Server::shutdown(std::chrono::milliseconds grace) {
+  Impl& d = *impl_;
+  if (!d.started) return;
+  // Health watchers hear NOT_SERVING (and their watches end) first, so
+  // balancers stop sending while the calls in flight finish.
+  d.health->drain();
+  const auto give_up = std::chrono::steady_clock::now() + grace;
+  for (;;) {
+    const MetricsSnapshot m = metrics();
+    if (m.server.started <= m.server.finished_total()) break;
+    if (std::chrono::steady_clock::now() >= give_up) {
+      base::log().warn("slotrpc: server drained for {} ms with {} call(s) still running: stopping",
+                       grace.count(), m.server.started - m.server.finished_total());
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a drain, polled: no event to wait on
+  }
+  stop();
+}
+
+Status Server::reload_tls() {
+  if (!impl_->config.tls) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "reload_tls(): this server has TLS off (Config.tls / SLOTRPC_TLS)");
+  }
+  // Read outside the lock: a bad file leaves everything as it was.
+  auto context = transport::tls::Context::server(impl_->config);
+  if (!context.ok()) {
+    base::log().warn("slotrpc: TLS reload failed, the server keeps its certificate: {}",
+                     context.status().message());
+    return context.status();
+  }
+  std::lock_guard<std::mutex> lock(impl_->state_mu);
+  if (!impl_->started || impl_->acceptor == nullptr)
+    return Status(StatusCode::kFailedPrecondition, "reload_tls(): the server is not started");
+  impl_->tls_context = context.value();
+  impl_->acceptor->set_tls(std::move(context).value());
+  base::log().info("slotrpc: TLS reloaded on port {}: new connections use {} and {}", impl_->port,
+                   impl_->config.tls_cert, impl_->config.tls_key);
   return {};
 }
 

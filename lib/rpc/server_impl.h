@@ -2,7 +2,7 @@
 //   server.cc           the server: start, listening, stop, metrics
 //   server_sessions.cc  answering a Hello: admission, and the session opened
 //                       on the transport it agreed (tcp, verbs, shm), or a
-//                       TCP bulk lane handed to its session's link
+//                       connection attached to a session's link
 #pragma once
 
 #include "slotrpc/server.h"
@@ -32,6 +32,7 @@
 #include "rpc/loop_transports.h"
 #include "core/call_checks.h"
 #include "rpc/admin/admin.h"
+#include "rpc/health/health.h"
 #include "transport/verbs/monitor.h"
 #include "reactor/reactor.h"
 #include "rpc/acceptor.h"
@@ -79,6 +80,8 @@ struct Server::Impl {
   std::unique_ptr<rpc::Acceptor> acceptor;
   std::unique_ptr<metrics::HttpServer> metrics_port;  // SLOTRPC_METRICS_ADDRESS
   std::shared_ptr<admin::AdminServiceImpl> admin;     // slotrpc.Admin, on every server
+  std::shared_ptr<health::Registry> health = std::make_shared<health::Registry>();
+  std::shared_ptr<health::HealthServiceImpl> health_service;  // slotrpc.Health, on every server
   std::thread accept_thread;
   std::atomic<bool> stopping{false};
   // Written by start() and stop() under state_mu; read under it by
@@ -92,6 +95,9 @@ struct Server::Impl {
   bool started = false;
   mutable size_t readers = 0;
   rpc::RateLimitedLog refuse_log;  // refusals a client can provoke at will
+  // Config::tls: what start() (or the last reload_tls()) loaded; the
+  // acceptor holds its own reference.
+  std::shared_ptr<transport::tls::Context> tls_context;
 
   // Accept thread: a complete Hello.  Refuses it, or reserves its place and
   // hands it to an event loop.
@@ -118,14 +124,14 @@ struct Server::Impl {
                                                         const std::string& peer,
                                                         uint64_t ring_bytes,
                                                         transport::shm::ShmLink*& link);
-  Result<std::unique_ptr<core::ServerSession>> open_tcp(size_t loop_index, int fd,
+  Result<std::unique_ptr<core::ServerSession>> open_tcp(size_t loop_index, const rpc::PendingSession& p,
                                                         core::ServerSession::Geometry g,
-                                                        const std::string& peer,
                                                         uint64_t ring_bytes,
-                                                        uint64_t* lane_token);
-  // A connection that asks to be a tcp session's bulk lane (Hello of
-  // transport kTcpLane): routed by its token to the session's loop.
-  void on_lane_hello(rpc::PendingSession p);
+                                                        std::vector<std::byte>* attach_token);
+  // A connection to be attached to a session's link (Hello of transport
+  // kAttach): routed by its token to the session's loop, whose transport
+  // hands it to the link (transport.h, "Attached connections").
+  void on_attach_hello(rpc::PendingSession p);
   core::ServerSession::ClosedFn on_closed(size_t index, uint64_t ring_bytes) {
     return [this, index, ring_bytes](core::ServerSession* s) {
       if (sessions[index].erase(s) != 0) {

@@ -1,6 +1,7 @@
 // Server::Impl: answering a Hello (rpc/acceptor.h hands each one over):
 // admission, then the session opened on the transport the handshake agreed,
-// or a TCP bulk lane handed to its session's link.
+// or a connection attached to an existing session's link (transport.h,
+// "Attached connections").
 #include "rpc/server_impl.h"
 
 #include <fcntl.h>
@@ -45,7 +46,7 @@ std::string explain_setup_failure(const Status& st) {
 
 void Server::Impl::refuse(rpc::PendingSession& p, StatusCode code, const std::string& why) {
   refuse_log.warn(fmt::format("slotrpc: refused session from {}: {}", p.peer, why));
-  (void)rpc::send_hello_reply(p.fd, static_cast<uint16_t>(code), p.hello, why);
+  (void)rpc::send_hello_reply(p, static_cast<uint16_t>(code), why);
   ::close(p.fd);
   p.fd = -1;
 }
@@ -63,7 +64,7 @@ void Server::Impl::on_hello(rpc::PendingSession p) {
                   "this server accepts only the shm transport (SLOTRPC_TRANSPORT=shm)");
   }
   // --- end shm
-  if (h.transport == core::WireTransport::kTcpLane) return on_lane_hello(std::move(p));
+  if (h.transport == core::WireTransport::kAttach) return on_attach_hello(std::move(p));
   if (h.transport == core::WireTransport::kTcp && config.transport == TransportKind::kVerbs) {
     return refuse(p, StatusCode::kUnavailable,
                   "this server accepts only the verbs transport (SLOTRPC_TRANSPORT=verbs); the "
@@ -108,35 +109,33 @@ void Server::Impl::on_hello(rpc::PendingSession p) {
   });
 }
 
-void Server::Impl::on_lane_hello(rpc::PendingSession p) {
-  if (config.tcp_bulk_lane == 0)
-    return refuse(p, StatusCode::kUnavailable, "this server has bulk lanes off (tcp_bulk_lane = 0)");
-  if (p.extension.size() != core::kLaneTokenSize)
+void Server::Impl::on_attach_hello(rpc::PendingSession p) {
+  // The token is the transport's; only its route (the loop) is ours.
+  const std::optional<uint16_t> index = transport::attachment_route(p.extension);
+  if (!index || *index >= loops.size())
     return refuse(p, StatusCode::kInvalidArgument,
-                  fmt::format("a bulk lane hello carries an {}-byte token, not {} bytes",
-                              core::kLaneTokenSize, p.extension.size()));
-  const uint64_t token = core::decode_lane_token(p.extension.data());
-  const size_t index = token & 0xffff;
-  if (index >= loops.size())
-    return refuse(p, StatusCode::kInvalidArgument, "bulk lane token of no session");
-  loops[index]->post([this, index, token, p = std::move(p)]() mutable {
+                  fmt::format("an attach hello whose {}-byte token names no event loop of this server",
+                              p.extension.size()));
+  loops[*index]->post([this, index = *index, p = std::move(p)]() mutable {
     if (stopping.load()) return refuse(p, StatusCode::kUnavailable, "server stopping");
-    // As for a session: the lane gets a duplicate, the reply goes out on
-    // the original.  Nothing can go out on the lane before that reply:
-    // only the client's lane exposures make this side use it.
-    const int lane_fd = ::fcntl(p.fd, F_DUPFD_CLOEXEC, 0);
-    if (lane_fd < 0)
+    // As for a session: the link gets a duplicate, the reply goes out on
+    // the original.  Nothing goes out on the attached connection before
+    // that reply: the client decides when it is used.
+    const int attach_fd = ::fcntl(p.fd, F_DUPFD_CLOEXEC, 0);
+    if (attach_fd < 0)
       return refuse(p, StatusCode::kResourceExhausted, fmt::format("dup: {}", std::strerror(errno)));
-    Status st = rpc::loop_tcp(*loops[index]).accept_lane(token, lane_fd);
-    if (!st.ok()) return refuse(p, st.code(), "bulk lane refused: " + st.message());
-    if (!rpc::send_hello_reply(p.fd, 0, p.hello, std::string(), core::WireTransport::kTcpLane)) {
-      // The lane is attached but its client never hears so: it goes on
-      // without one, and this end's lane is idle until the session ends.
-      refuse_log.warn(fmt::format("slotrpc: bulk lane from {}: the HelloReply could not be written "
-                                  "at once", p.peer));
+    // Only tcp links offer tokens.
+    transport::Transport& t = rpc::loop_tcp(*loops[index]);
+    Status st = t.accept_attachment(p.extension, attach_fd);
+    if (!st.ok()) return refuse(p, st.code(), st.message());
+    if (!rpc::send_hello_reply(p, 0, std::string(), core::WireTransport::kAttach)) {
+      // Attached, but its client never hears so: it goes on without, and
+      // this end's side stays idle until the session ends.
+      refuse_log.warn(fmt::format("slotrpc: attached connection from {}: the HelloReply could not "
+                                  "be written at once", p.peer));
     }
     ::close(p.fd);
-    base::log().debug("slotrpc: bulk lane from {} on loop {}", p.peer, index);
+    base::log().debug("slotrpc: attached connection from {} on loop {}", p.peer, index);
   });
 }
 
@@ -188,8 +187,8 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
       }
     }
     if (!session) {
-      uint64_t lane_token = 0;
-      auto s = open_tcp(index, p.fd, g, p.peer, ring_bytes, &lane_token);
+      std::vector<std::byte> attach_token;
+      auto s = open_tcp(index, p, g, ring_bytes, &attach_token);
       if (!s.ok()) {
         const std::string why = explain_setup_failure(s.status());
         return fail(why != s.status().message() ? StatusCode::kResourceExhausted : s.status().code(),
@@ -197,10 +196,9 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
       }
       session = std::move(s.value());
       packing = true;
-      if (lane_token != 0) {
-        extension.resize(core::kLaneTokenSize);
-        core::encode_lane_token(lane_token, extension.data());
-        features |= core::kFeatureTcpLane;
+      if (!attach_token.empty()) {
+        extension = std::move(attach_token);
+        features |= core::kFeatureAttach;
       }
       if (config.tcp_bulk_push != 0) features |= core::kFeatureTcpPush;
     }
@@ -218,6 +216,12 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
   p.info.transport = transport == core::WireTransport::kShm     ? "shm"
                      : transport == core::WireTransport::kVerbs ? "verbs"
                                                                 : "tcp";
+  if (p.tls) {
+    p.info.tls = true;
+    p.info.tls_subject = p.tls_subject;
+    p.info.tls_sans = p.tls_sans;
+    session->set_tls_identity(p.tls_subject, p.tls_sans);
+  }
   session->set_peer_info(std::move(p.info));
   session->set_client_takes_trailers((p.hello.features & core::kFeatureMetadata) != 0);
   features |= core::kFeatureMetadata;
@@ -233,8 +237,7 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
   // counted first: a client that has its reply must find it in
   // session_count().
   ++session_count;
-  if (!rpc::send_hello_reply(p.fd, 0, p.hello,
-                             transport == core::WireTransport::kVerbs ? std::string() : tcp_note,
+  if (!rpc::send_hello_reply(p, 0, transport == core::WireTransport::kVerbs ? std::string() : tcp_note,
                              transport, extension, features)) {
     refuse_log.warn(fmt::format("slotrpc: handshake with {} failed: the HelloReply could not be "
                                 "written at once", p.peer));
@@ -255,6 +258,14 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
   ::close(p.fd);  // the link works on its own duplicate
   base::log().debug("slotrpc: session with {} on loop {}", p.peer, index);
   core::ServerSession* raw = session.get();
+  if (raw->tls()) {
+    // Who the client is, as its certificate says (what the session holds).
+    std::string who = raw->tls_subject().empty() ? std::string("no client certificate")
+                                                 : "client certificate " + raw->tls_subject();
+    for (size_t i = 0; i < raw->tls_sans().size(); ++i) who += (i == 0 ? " [" : ", ") + raw->tls_sans()[i];
+    if (!raw->tls_sans().empty()) who += "]";
+    base::log().info("slotrpc: TLS session with {} on loop {}: {}", p.peer, index, who);
+  }
   sessions[index].emplace(raw, std::move(session));
 }
 
@@ -282,13 +293,16 @@ Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_shm(
   }
   session.value()->set_counters(counters[index]);
   session.value()->set_max_bulk_bytes(config.max_bulk_bytes);
+  session.value()->set_bulk_timeout_ms(config.bulk_timeout_ms);
   base::log().info("slotrpc: shm session with {} on loop {}", peer, index);
   return session;
 }
 
 Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_tcp(
-    size_t index, int fd, core::ServerSession::Geometry g, const std::string& peer,
-    uint64_t ring_bytes, uint64_t* lane_token) {
+    size_t index, const rpc::PendingSession& p, core::ServerSession::Geometry g, uint64_t ring_bytes,
+    std::vector<std::byte>* attach_token) {
+  const int fd = p.fd;
+  const std::string& peer = p.peer;
   reactor::Reactor& loop = *loops[index];
   // The link gets a duplicate: the original stays ours for the reply, even
   // when a failure below destroys the link (and closes its fd).
@@ -296,16 +310,23 @@ Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_tcp(
   if (link_fd < 0) {
     return Status(StatusCode::kResourceExhausted, fmt::format("dup: {}", std::strerror(errno)));
   }
-  auto link = rpc::loop_tcp(loop).adopt(link_fd, fmt::format("tcp {} -> {}", rpc::local_name(fd), peer));
+  // A TLS link reads and writes through the handshake's stream, which the
+  // HelloReply is written through before any frame (open_session).
+  auto link = rpc::loop_tcp(loop).adopt(
+      link_fd, fmt::format("tcp{} {} -> {}", p.tls ? "+tls" : "", rpc::local_name(fd), peer), p.tls_stream);
   if (!link.ok()) return link.status();  // adopt() has closed link_fd
+  link.value()->configure(config);
   // Loop indexes fit the token's 16 route bits (reactor_threads <= 256).
-  if (config.tcp_bulk_lane != 0) *lane_token = link.value()->offer_lane(static_cast<uint16_t>(index));
+  // A TLS link offers none (TcpLink::offer_attachment): an attached
+  // connection would run outside TLS.
+  *attach_token = link.value()->offer_attachment(static_cast<uint16_t>(index));
   link.value()->accept_pushes(config.tcp_bulk_push != 0);  // announced below (kFeatureTcpPush)
   auto session = core::ServerSession::create(loop, std::move(link.value()), g, methods, peer,
                                              on_closed(index, ring_bytes));
   if (session.ok()) {
     session.value()->set_counters(counters[index]);
     session.value()->set_max_bulk_bytes(config.max_bulk_bytes);
+    session.value()->set_bulk_timeout_ms(config.bulk_timeout_ms);
     session.value()->set_flush_every(config.tcp_flush_every);
   }
   return session;
@@ -334,6 +355,7 @@ Result<std::vector<std::byte>> Server::Impl::open_verbs(size_t index, int fd,
   if (!session.ok()) return session.status();
   session.value()->set_counters(counters[index]);
   session.value()->set_max_bulk_bytes(config.max_bulk_bytes);
+  session.value()->set_bulk_timeout_ms(config.bulk_timeout_ms);
   // Never registered, never closed: a failure below just destroys it.
   Status st = raw_link->connect(remote, closer.fd, peer);
   if (!st.ok()) return st;

@@ -24,11 +24,15 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "transport/frame.h"
+#include "slotrpc/config.h"
 #include "slotrpc/result.h"
 #include "slotrpc/status.h"
 
@@ -50,7 +54,8 @@ enum class Access : uint8_t {
   kRemoteWrite,   // written by the session's peer
 };
 
-enum class Lane : uint8_t {
+// How a message reaches the peer.
+enum class Delivery : uint8_t {
   kSlot,     // bytes go into slot imm_slot(imm) of the peer's receive ring
   kControl,  // exactly one 32-byte header, delivered inside the Completion
 };
@@ -63,7 +68,7 @@ struct Outgoing {
   const std::byte* data = nullptr;
   uint32_t length = 0;
   uint32_t imm = 0;  // transport::make_imm(slot, generation)
-  Lane lane = Lane::kSlot;
+  Delivery delivery = Delivery::kSlot;
   // Messages this one carries: 1, or a PACK's count (lib/core/pack.h).
   // Transports only add it to LinkStats::messages.
   uint16_t messages = 1;
@@ -174,9 +179,12 @@ struct LinkStats {
   uint32_t max_inline = 0;      // verbs: the queue pair's real max_inline_data
   bool shared_receive_queue = false;  // verbs: receives come from the loop's SRQ
   bool memory_window = false;         // verbs: the peer writes through a type-2 window
-  bool bulk_lane = false;             // tcp: the session has its bulk lane
-  uint64_t lane_bytes_sent = 0;       // tcp: bytes sent on it
-  uint64_t lane_bytes_received = 0;   // tcp: bytes received on it
+  // The link's attached connection (Link::attachment_threshold below; tcp:
+  // its bulk lane): whether it has one now, and the bytes sent and
+  // received on it.
+  bool attached = false;
+  uint64_t attached_bytes_sent = 0;
+  uint64_t attached_bytes_received = 0;
 };
 
 class Link {
@@ -297,6 +305,49 @@ class Link {
                        const RemoteSegment& remote, uint64_t remote_offset, size_t length,
                        uint64_t token);
 
+  // ---- Attached connections.  Not hot path. ----
+  //
+  // A transport may move part of a session's traffic over a second
+  // connection to the same peer, attached to the session's link (TCP: its
+  // bulk lane, tcp/bulk_lanes.h, which keeps large transfers from
+  // delaying small calls).  What that connection is for is the transport's
+  // business; the layers above only carry it through the handshake
+  // (docs/protocol.md, "Attached connections"):
+  //   1. the server's link offers an opaque token (offer_attachment), sent
+  //      in the session's HelloReply;
+  //   2. when a bulk transfer of at least attachment_threshold() bytes is
+  //      about to start, the client connects again to the address it
+  //      dialled and presents the token in a Hello of its own kind;
+  //   3. the server routes that connection by the token's route (its first
+  //      two bytes, the server loop's index) to the loop's transport
+  //      (Transport::accept_attachment), which hands it to the link that
+  //      offered the token, and the client gives its socket to its own
+  //      link (attach_connection).
+  // A session without its attached connection works as before: attaching
+  // is an optimisation, and every failure leaves the session as it was.
+
+  // The session's own settings (a Channel's or Server's Config, which may
+  // differ from those of the loop whose transport made the link).  Called
+  // once, before attach().
+  virtual void configure(const Config&) {}
+  // Client: bulk transfers of at least this many bytes run on an attached
+  // connection once there is one; 0: this link wants none.
+  virtual uint64_t attachment_threshold() const { return 0; }
+  // Client: takes `connection`, a socket whose attach handshake the server
+  // accepted, or the reason there is none (the link logs what it means to
+  // the session).  Takes the fd even on failure.
+  virtual Status attach_connection(Result<int> connection) {
+    if (connection.ok()) close_fd(connection.value());
+    return Status(StatusCode::kUnimplemented, describe() + " takes no attached connection");
+  }
+  // Server: a token for the peer to present on a connection to be
+  // attached to this link (first two bytes: `route`, little endian), or
+  // empty when the link wants none.  Issued once.
+  virtual std::vector<std::byte> offer_attachment(uint16_t route) {
+    (void)route;
+    return {};
+  }
+
   // Shuts the link down; a kLinkDown completion follows.  Idempotent.
   virtual void close(std::string reason) = 0;
 
@@ -314,6 +365,8 @@ class Link {
     return true;
   }
   void size_arming(uint32_t slot_count) { armed_.assign(slot_count, false); }
+
+  static void close_fd(int fd) { ::close(fd); }
 
   std::string down_reason_;
   // Per send slot: slot messages from it not yet wholly sent (sending()).
@@ -360,6 +413,25 @@ class Transport {
   // that moved bytes as work, so it does not go idle in the middle of a
   // transfer.  A running total; transports without such data keep 0.
   virtual uint64_t bytes_moved() const { return 0; }
+
+  // Server, loop thread: `fd` presented `token` in an attach Hello
+  // (Link::offer_attachment); it becomes the offering link's attached
+  // connection.  Takes the fd; the error, for the client, says why not.
+  virtual Status accept_attachment(std::span<const std::byte> token, int fd);
 };
+
+// The server loop an attach token names (its first two bytes, little
+// endian); nullopt for a token too short to name one.
+inline std::optional<uint16_t> attachment_route(std::span<const std::byte> token) {
+  if (token.size() < 2) return std::nullopt;
+  return static_cast<uint16_t>(std::to_integer<uint16_t>(token[0]) |
+                               std::to_integer<uint16_t>(token[1]) << 8);
+}
+
+inline Status Transport::accept_attachment(std::span<const std::byte>, int fd) {
+  ::close(fd);
+  return Status(StatusCode::kUnimplemented,
+                std::string(name()) + " sessions take no attached connection");
+}
 
 }  // namespace slotrpc::transport

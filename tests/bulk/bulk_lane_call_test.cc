@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/handshake.h"
+#include "transport/tcp/tcp_transport.h"
 #include "../log_capture.h"
 #include "../process_util.h"
 #include "../raw_tcp_client.h"
@@ -70,6 +71,15 @@ Config tcp_config(uint32_t lane_bytes) {
   c.transport = TransportKind::kTcp;
   c.tcp_bulk_lane = lane_bytes;
   return c;
+}
+
+// The channel's tcp transport metrics: its bulk lane (bulk_lanes: 1 while
+// the session has it) and the bytes moved on it.
+slotrpc::TransportMetrics tcp_metrics(const Channel& ch) {
+  for (const auto& t : ch.metrics().transports)
+    if (t.transport == "tcp") return t;
+  FAIL("no tcp transport in the channel's metrics");
+  return {};
 }
 
 // One echo of `size` bytes; every byte checked.
@@ -183,19 +193,19 @@ TEST_CASE("a channel opens its bulk lane on the first call with a segment of tcp
   echo(**ch, 64 * 1024, 1);       // under the threshold: no lane
   echo(**ch, (1 << 20) - 1, 2);
   CHECK(lane_threads() == before);
-  CHECK_FALSE((*ch)->stats().bulk_lane);
+  CHECK(tcp_metrics(**ch).bulk_lanes == 0);
   // Opens the lane, and waits for it: this call's data moves there too.
   echo(**ch, 1 << 20, 3);
   CHECK(lane_threads() > before);
-  auto st = (*ch)->stats();
-  REQUIRE(st.bulk_lane);
+  auto st = tcp_metrics(**ch);
+  REQUIRE(st.bulk_lanes == 1);
   CHECK(st.bulk_lane_bytes_sent >= (1u << 20));      // the request data the server read
   CHECK(st.bulk_lane_bytes_received >= (1u << 20));  // the reply data it wrote
   for (uint8_t k = 0; k < 4; ++k) echo(**ch, (size_t{8} << 20) + k, 10 + k);
-  const auto before_small = (*ch)->stats();
+  const auto before_small = tcp_metrics(**ch);
   CHECK(before_small.bulk_lane_bytes_received >= st.bulk_lane_bytes_received + (size_t{32} << 20));
   echo(**ch, 4096, 20);            // small segments stay on the connection
-  CHECK((*ch)->stats().bulk_lane_bytes_received == before_small.bulk_lane_bytes_received);
+  CHECK(tcp_metrics(**ch).bulk_lane_bytes_received == before_small.bulk_lane_bytes_received);
   server.stop();
 }
 
@@ -210,10 +220,10 @@ TEST_CASE("a lane hello with a token no session offered is refused; the server's
     const int fd = raw_tcp::tcp_connect(server.port());
     std::vector<std::byte> hello(slotrpc::core::kHelloSize + ext);
     slotrpc::core::Hello h;
-    h.transport = slotrpc::core::WireTransport::kTcpLane;
+    h.transport = slotrpc::core::WireTransport::kAttach;
     h.extension_len = static_cast<uint32_t>(ext);
     slotrpc::core::encode_hello(h, hello.data());
-    if (ext == 8) slotrpc::core::encode_lane_token(0x1234'5678'9abc'0000ull, hello.data() + slotrpc::core::kHelloSize);
+    if (ext == 8) slotrpc::transport::TcpLink::encode_lane_token(0x1234'5678'9abc'0000ull, hello.data() + slotrpc::core::kHelloSize);
     const auto deadline = std::chrono::steady_clock::now() + 5s;
     REQUIRE(slotrpc::rpc::write_all(fd, hello, deadline).ok());
     std::array<std::byte, slotrpc::core::kHelloSize> buf;
@@ -242,7 +252,7 @@ TEST_CASE("with lanes off on the server, no lane is offered and large calls use 
   echo(**ch, 4 << 20, 6);
   echo(**ch, 4 << 20, 7);
   CHECK(lane_threads() == before);
-  CHECK_FALSE((*ch)->stats().bulk_lane);
+  CHECK(tcp_metrics(**ch).bulk_lanes == 0);
   server.stop();
 }
 
@@ -258,7 +268,7 @@ TEST_CASE("a lane that cannot be opened leaves the session as it was: large call
   // Waits for the lane attempt, which fails, then runs on the connection.
   echo(**ch, 2 << 20, 8);
   CHECK(proxy.refused() == 1);
-  CHECK_FALSE((*ch)->stats().bulk_lane);
+  CHECK(tcp_metrics(**ch).bulk_lanes == 0);
   CHECK(logs.matching({"no bulk lane"}).size() == 1);
   // One attempt per session: the next large call goes straight on.
   echo(**ch, 2 << 20, 9);

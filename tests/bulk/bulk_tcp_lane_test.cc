@@ -11,9 +11,7 @@
 #include <mutex>
 #include <thread>
 
-#include "base/cpu_list.h"
 #include "tcp_world.h"
-#include "transport/tcp/lane_placement.h"
 
 namespace {
 
@@ -67,7 +65,7 @@ TEST_CASE("an exposure of tcp_bulk_lane bytes or more is made on the lane and mo
   // owner only once every written byte is in place.
   owner->link->arm(2);
   std::vector<std::byte> msg(64, std::byte{0x11});
-  Outgoing o{msg.data(), 64, core::make_imm(2, 1), Lane::kSlot};
+  Outgoing o{msg.data(), 64, core::make_imm(2, 1), Delivery::kSlot};
   peer->link->post({&o, 1});
   REQUIRE(w.pump_until([&] { return owner->find(CKind::kMessage) || owner->down(); }));
   CHECK(back.front() == std::byte{0x5A});
@@ -113,7 +111,7 @@ TEST_CASE("a frame posted after a lane write's kBulkDone waits at the FENCE unti
     REQUIRE(w.pump_until([&] { return writer->find(CKind::kBulkDone, 9) || writer->down(); }));
     ok_done(*writer, 9);
     std::vector<std::byte> msg(64, std::byte{0x22});
-    Outgoing o{msg.data(), 64, core::make_imm(5, 1), Lane::kSlot};
+    Outgoing o{msg.data(), 64, core::make_imm(5, 1), Delivery::kSlot};
     writer->link->post({&o, 1});
     REQUIRE(w.pump_until([&] { return owner->link->fenced() || owner->down(); }));
     CHECK(owner->find(CKind::kMessage) == nullptr);
@@ -203,56 +201,6 @@ TEST_CASE("a lane thread stays awake through a transfer whose data keeps arrivin
   const uint64_t after = w.b.lane_sleeps();
   CHECK(w.pump_until([&] { return w.b.lane_sleeps() > after; }));
   ::close(raw);
-}
-
-// The spare rule's input (transport/tcp/lane_placement.h): the slot
-// frames a loop's links send and receive reach its lane thread, which
-// then keeps off the process's first CPU, and takes it back when they
-// stop.  Each check reads the kernel's mask of the lane thread.
-TEST_CASE("slot frames on a loop's links move its lane thread off the first CPU; when they stop it returns") {
-  const cpu_set_t process = base::process_cpus();
-  REQUIRE_MESSAGE(CPU_COUNT(&process) >= 2, "the rule spares one CPU of two or more");
-  const std::string full = base::format_cpu_list(process);
-  const std::string spared =
-      base::format_cpu_list(LaneSpare(process, 800, LaneSpare::Clock::now()).spare_mask());
-  Config c = lanes_from(1 << 20);
-  c.tcp_lane_spare_rate = 800;
-  World w(c);
-  End *a, *b;
-  std::tie(a, b) = w.connect();
-  w.lane(*a, *b);
-  auto mask = [](pid_t tid) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    REQUIRE(::sched_getaffinity(tid, sizeof set, &set) == 0);
-    return base::format_cpu_list(set);
-  };
-  REQUIRE(w.pump_until([&] { return w.a.lane_thread_id() != 0 && w.b.lane_thread_id() != 0; }));
-  const pid_t sender = w.a.lane_thread_id(), receiver = w.b.lane_thread_id();
-  CHECK(mask(sender) == full);
-  CHECK(mask(receiver) == full);
-
-  // 64 B messages a to b, one at a time, as fast as the two loops (this
-  // thread) move them: far above 800 a second.
-  std::array<std::byte, 64> body{};
-  uint32_t n = 0;
-  const bool moved = w.pump_until([&] {
-    const uint32_t slot = n % kSlots;
-    b->got.clear();
-    b->link->arm(slot);
-    Outgoing o{body.data(), body.size(), core::make_imm(slot, 1), Lane::kSlot};
-    a->link->post({&o, 1});
-    ++n;
-    if (!w.pump_until([&] { return b->find(CKind::kMessage) || b->down(); }) || b->down()) return true;
-    return mask(sender) == spared && mask(receiver) == spared;
-  });
-  REQUIRE(moved);
-  REQUIRE_FALSE(b->down());
-  CHECK(mask(sender) == spared);  // one sends the frames, the other receives them
-  CHECK(mask(receiver) == spared);
-  // No more frames: two quiet windows later both are back (the loops keep
-  // polling, as a server's would).
-  CHECK(w.pump_until([&] { return mask(sender) == full && mask(receiver) == full; }));
 }
 
 TEST_CASE("a lane that dies takes its session link with it; the lane's transfer ends before kLinkDown") {

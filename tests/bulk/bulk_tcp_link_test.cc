@@ -52,7 +52,7 @@ TEST_CASE("write pushes local memory into an exposed range; a slot frame posted 
     REQUIRE(w.pump_until([&] { return writer->find(CKind::kBulkDone, 9) || writer->down(); }));
     ok_done(*writer, 9);
     std::vector<std::byte> msg(64, std::byte{0x11});
-    Outgoing o{msg.data(), 64, core::make_imm(3, 1), Lane::kSlot};
+    Outgoing o{msg.data(), 64, core::make_imm(3, 1), Delivery::kSlot};
     writer->link->post({&o, 1});
     bool checked = false;
     REQUIRE(w.pump_until([&] {
@@ -148,7 +148,7 @@ TEST_CASE("slot frames posted while a large read is served go out between its ch
   REQUIRE(w.pump_until([&] { return owner->link->queued_bytes() > 0 || reader->down(); }));
   std::vector<std::byte> msg(64, std::byte{0x22});
   reader->link->arm(1);
-  Outgoing o{msg.data(), 64, core::make_imm(1, 1), Lane::kSlot};
+  Outgoing o{msg.data(), 64, core::make_imm(1, 1), Delivery::kSlot};
   owner->link->post({&o, 1});
   REQUIRE(w.pump_until([&] { return reader->find(CKind::kBulkDone, 5) || reader->down(); }));
   ok_done(*reader, 5);
@@ -176,7 +176,7 @@ TEST_CASE("slot frames posted while a large write is under way go out between it
   // front (as before) it would reach the owner after all 64 MiB.
   std::vector<std::byte> msg(64, std::byte{0x33});
   owner->link->arm(2);
-  Outgoing o{msg.data(), 64, core::make_imm(2, 1), Lane::kSlot};
+  Outgoing o{msg.data(), 64, core::make_imm(2, 1), Delivery::kSlot};
   writer->link->post({&o, 1});
   uint64_t landed_when_message = ~uint64_t{0};
   REQUIRE(w.pump_until([&] {
@@ -239,7 +239,7 @@ TEST_CASE("a slot frame goes ahead of bulk data frames queued before it") {
   REQUIRE(owner->link->bulk_serving() == 1);
   std::vector<std::byte> msg(64, std::byte{0x44});
   peer->link->arm(4);
-  Outgoing o{msg.data(), 64, core::make_imm(4, 1), Lane::kSlot};
+  Outgoing o{msg.data(), 64, core::make_imm(4, 1), Delivery::kSlot};
   owner->link->post({&o, 1});
   REQUIRE(w.pump_until([&] { return (peer->find(CKind::kBulkDone, 2) && owner->find(CKind::kBulkDone, 1)) || peer->down(); }));
   ok_done(*peer, 2);
@@ -340,7 +340,7 @@ TEST_CASE("bulk data alone on a connection grows its frames to 1 MiB; a slot fra
   auto post = [&](End& from, End& to) {
     std::vector<std::byte>& msg = bodies.emplace_back(64, std::byte{0x66});
     to.link->arm(slot);
-    Outgoing o{msg.data(), 64, core::make_imm(slot, 1), Lane::kSlot};
+    Outgoing o{msg.data(), 64, core::make_imm(slot, 1), Delivery::kSlot};
     from.link->post({&o, 1});
     ++slot;
   };
@@ -404,7 +404,7 @@ TEST_CASE("a slot frame on another session of the loop keeps a transfer's frames
   std::vector<std::byte> msg(64, std::byte{0x77});  // sent from here, maybe after post() returns
   auto other_call = [&] {
     o2->link->arm(0);
-    Outgoing o{msg.data(), 64, core::make_imm(0, 1), Lane::kSlot};
+    Outgoing o{msg.data(), 64, core::make_imm(0, 1), Delivery::kSlot};
     w2->link->post({&o, 1});
   };
   CHECK(write_frames(w, *o3, *w3, size, 7, other_call) == 1 + (size - (1u << 20)) / slice);
@@ -493,7 +493,7 @@ TEST_CASE("revoke during a served read: the reader's read fails, the link goes o
   // The same link still carries slot frames.
   owner->link->arm(2);
   std::vector<std::byte> msg(64, std::byte{0x33});
-  Outgoing o{msg.data(), 64, core::make_imm(2, 1), Lane::kSlot};
+  Outgoing o{msg.data(), 64, core::make_imm(2, 1), Delivery::kSlot};
   reader->link->post({&o, 1});
   REQUIRE(w.pump_until([&] { return owner->find(CKind::kMessage) || owner->down(); }));
   CHECK_FALSE(owner->down());

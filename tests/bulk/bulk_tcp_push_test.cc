@@ -37,7 +37,7 @@ struct PushPair {
   void post_request(uint16_t slot) {
     reader->link->arm(slot);
     msg.assign(64, std::byte{0x42});
-    Outgoing o{msg.data(), 64, core::make_imm(slot, 1), Lane::kSlot};
+    Outgoing o{msg.data(), 64, core::make_imm(slot, 1), Delivery::kSlot};
     owner->link->post({&o, 1});
   }
   // A range of `size` bytes (pattern `seed`) exposed for reading by the

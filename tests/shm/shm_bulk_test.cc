@@ -58,7 +58,7 @@ struct Pair {
   // Posts a control message from `from` carrying `seq`.
   static void control(End& from, uint64_t seq) {
     const auto h = control_bytes(seq);
-    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
+    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Delivery::kControl};
     from.link->post({&o, 1});
   }
 };

@@ -124,7 +124,7 @@ struct GoodLink {
     if (good.link->backlog() >= 64)
       REQUIRE(pump_until({&hub, &good}, [&] { return good.link->backlog() < 64; }));
     const auto h = control_bytes(sent++);
-    const Outgoing o{h.data(), 32, 0, Lane::kControl};
+    const Outgoing o{h.data(), 32, 0, Delivery::kControl};
     good.link->post({&o, 1});
     good.poll_once();
   }
@@ -246,7 +246,7 @@ TEST_CASE("shm: kill -9 of the peer process reports the link down at once, after
       uint64_t i = 0;
       for (; i < kFixed; ++i) {
         const auto h = control_bytes(i);
-        const Outgoing o{h.data(), 32, 0, Lane::kControl};
+        const Outgoing o{h.data(), 32, 0, Delivery::kControl};
         link.post({&o, 1});
         t.poll(buf);
       }
@@ -254,7 +254,7 @@ TEST_CASE("shm: kill -9 of the peer process reports the link down at once, after
       for (;;) {
         if (with_stream && link.backlog() < 64) {
           const auto h = control_bytes(i++);
-          const Outgoing o{h.data(), 32, 0, Lane::kControl};
+          const Outgoing o{h.data(), 32, 0, Delivery::kControl};
           link.post({&o, 1});
         }
         t.poll(buf);
@@ -354,7 +354,7 @@ TEST_CASE("shm: a peer that stops consuming while we have a backlog is closed af
   auto send_hub = [&](uint64_t n) {
     for (uint64_t i = 0; i < n; ++i) {
       const auto h = control_bytes(sent++);
-      const Outgoing o{h.data(), 32, 0, Lane::kControl};
+      const Outgoing o{h.data(), 32, 0, Delivery::kControl};
       hub.link->post({&o, 1});
     }
   };

@@ -49,11 +49,11 @@ void send_round(End& from, uint64_t& seq, bool in_place) {
                                : from.send.data() + size_t{s} * size;
     std::byte* msg = in_place ? slot + (size - len) : slot;
     fill(msg, len, seq++);
-    batch.push_back(Outgoing{msg, len, core::make_imm(s, 7), Lane::kSlot});
+    batch.push_back(Outgoing{msg, len, core::make_imm(s, 7), Delivery::kSlot});
   }
   const auto ctl = control_bytes(seq++);
   batch.push_back(Outgoing{ctl.data(), static_cast<uint32_t>(ctl.size()), core::make_imm(0, 0),
-                           Lane::kControl});
+                           Delivery::kControl});
   from.link->post(batch);
 }
 
@@ -127,7 +127,7 @@ TEST_CASE("shm: a full descriptor ring backlogs in order and flushes as the peer
   const uint64_t kCount = 2 * uint64_t{compute_layout(kSmall).value().desc_count};
   for (uint64_t i = 0; i < kCount; ++i) {
     const auto h = control_bytes(i);
-    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
+    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Delivery::kControl};
     a.link->post({&o, 1});
   }
   CHECK(a.link->shm_stats().backlogged > 0);
@@ -149,12 +149,12 @@ TEST_CASE("shm: a backlog over its budget (one more ring) fails the link and nam
   const uint64_t ring = compute_layout(kSmall).value().desc_count;
   for (uint64_t i = 0; i < 2 * ring; ++i) {
     const auto h = control_bytes(i);
-    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
+    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Delivery::kControl};
     a.link->post({&o, 1});
   }
   REQUIRE_FALSE(a.link->down());  // exactly at the budget: still fine
   const auto h = control_bytes(2 * ring);
-  const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
+  const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Delivery::kControl};
   a.link->post({&o, 1});
   REQUIRE(a.link->down());
   CHECK_MESSAGE(a.link->down_reason().find("send backlog over budget") != std::string::npos,
@@ -162,7 +162,7 @@ TEST_CASE("shm: a backlog over its budget (one more ring) fails the link and nam
   REQUIRE(pump_until({&a}, [&] { return a.has_link_down(); }));
 }
 
-TEST_CASE("shm: a sleeping receiver is woken through its eventfd") {
+TEST_CASE("shm: a sleeping receiver is woken through its socket") {
   End a, b;
   connect(a, b, kSmall);
   a.attach(kSmall);
@@ -211,7 +211,7 @@ TEST_CASE("shm: a sleeping receiver is woken through its eventfd") {
   for (uint64_t i = 0; i < kRounds; ++i) {
     REQUIRE(test_wait([&] { return asleep.load(); }));
     const auto h = control_bytes(i);
-    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
+    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Delivery::kControl};
     a.link->post({&o, 1});
     REQUIRE(test_wait([&] { return received.load() == i + 1; }));
   }
@@ -222,7 +222,7 @@ TEST_CASE("shm: a sleeping receiver is woken through its eventfd") {
     if (a.link->backlog() >= ring / 2)
       REQUIRE(pump_until({&a}, [&] { return a.link->backlog() < ring / 2; }));
     const auto h = control_bytes(i);
-    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Lane::kControl};
+    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Delivery::kControl};
     a.link->post({&o, 1});
     a.poll_once();  // flushes a's backlog when b lags
   }
@@ -265,7 +265,6 @@ TEST_CASE("shm: the peer cannot write our segment, and an unsealed peer segment 
       fake.layout = l.value();
       fake.memfd = Fd(::memfd_create("fake", MFD_CLOEXEC));
       REQUIRE(::ftruncate(fake.memfd.get(), static_cast<off_t>(fake.layout.total)) == 0);
-      fake.wake = Fd(::eventfd(0, EFD_CLOEXEC));
       REQUIRE(send_offer(a.get(), fake).ok());
       expect = "not sealed against shrinking";
     }
@@ -274,14 +273,42 @@ TEST_CASE("shm: the peer cannot write our segment, and an unsealed peer segment 
       REQUIRE(send_offer(a.get(), own.value()).ok());
       expect = "the session agreed on 8 of 256";
     }
-    SUBCASE("wake fd is not an eventfd") {
+    // An offer in this format from the test's own hand: `version`, and
+    // the segment's memfd followed by `extra` if that is an fd.
+    auto raw_offer = [&](uint32_t version, int extra) {
       auto own = create_own_segment(kSmall);
-      int pfd[2];
-      REQUIRE(::pipe2(pfd, O_CLOEXEC) == 0);
-      own.value().wake = Fd(pfd[0]);
-      ::close(pfd[1]);
-      REQUIRE(send_offer(a.get(), own.value()).ok());
-      expect = "not an eventfd";
+      REQUIRE(own.ok());
+      Offer o;
+      o.version = version;
+      o.slot_count = kSmall.slot_count;
+      o.slot_size = kSmall.slot_size;
+      o.desc_count = own.value().layout.desc_count;
+      o.segment_bytes = own.value().layout.total;
+      iovec iov{&o, sizeof o};
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 2)] = {};
+      const int fds[2] = {own.value().memfd.get(), extra};
+      const size_t nfds = extra >= 0 ? 2 : 1;
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+      std::memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
+      REQUIRE(::sendmsg(a.get(), &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof o));
+    };
+    SUBCASE("a wake eventfd beside the memfd (offer version 4's shape)") {
+      Fd ev(::eventfd(0, EFD_CLOEXEC));
+      raw_offer(kOfferVersion, ev.get());
+      expect = "offer carries 2 fds, expected 1";
+    }
+    SUBCASE("an older offer version") {
+      Fd ev(::eventfd(0, EFD_CLOEXEC));
+      raw_offer(4, ev.get());
+      expect = "the peer speaks shm offer version 4, this side 5";
     }
     SUBCASE("no offer at all") {
       expect = "no offer from the peer";
@@ -290,6 +317,92 @@ TEST_CASE("shm: the peer cannot write our segment, and an unsealed peer segment 
     REQUIRE_FALSE(r.ok());
     CHECK_MESSAGE(r.status().message().find(expect) != std::string::npos, r.status().message());
   }
+}
+
+// The wake-up is a byte on the link's own socket end, sent with
+// MSG_DONTWAIT: a peer that says it sleeps and never reads fills its
+// socket, and every later wake-up is refused at once instead of waiting
+// (docs/design.md, "Trust and security").
+TEST_CASE("shm: a peer that never drains its wake-ups costs the waker a refused send, never a wait") {
+  End a;
+  auto raw = connect_raw(a, Geometry{8, 256});
+  a.attach(Geometry{8, 256});
+  auto* ctl = reinterpret_cast<ControlBlock*>(raw.own.map.base());
+  std::atomic_ref<uint32_t>(ctl->sleeping).store(1, std::memory_order_seq_cst);
+  const auto* a_ctl = reinterpret_cast<const ControlBlock*>(raw.peer.map.base());
+  // The peer consumes every descriptor (so the ring never fills) and never
+  // reads its socket.
+  auto post_and_consume = [&](uint64_t i) {
+    const auto h = control_bytes(i);
+    const Outgoing o{h.data(), static_cast<uint32_t>(h.size()), 0, Delivery::kControl};
+    a.link->post({&o, 1});
+    std::atomic_ref<uint64_t>(ctl->tail).store(load_peer(a_ctl->head, std::memory_order_acquire),
+                                               std::memory_order_release);
+  };
+  // One announced sleep: one wake-up, however many batches follow.
+  for (uint64_t i = 0; i < 1000; ++i) post_and_consume(i);
+  CHECK(a.link->shm_stats().wakeups_sent == 1);
+  // A new announcement before each post: each post wakes the peer.  On a
+  // thread of its own, so that a send that waited (the bug) fails the
+  // test after 20 s instead of hanging it; the test then drains the
+  // peer's socket to free it.
+  std::atomic<uint64_t> posted{0};
+  std::atomic<bool> finished{false};
+  std::thread poster([&] {
+    for (uint64_t i = 0; i < 200000; ++i) {
+      std::atomic_ref<uint32_t>(ctl->sleeping)
+          .store(static_cast<uint32_t>(i + 2), std::memory_order_seq_cst);
+      post_and_consume(i);
+      posted.store(i + 1, std::memory_order_relaxed);
+    }
+    finished.store(true);
+  });
+  const bool in_time = test_wait([&] { return finished.load(); }, 20s);
+  CHECK_MESSAGE(in_time, "a wake-up send waited on the peer: " << posted.load()
+                                                                << " of 200000 posted in 20 s");
+  while (!finished.load()) {
+    std::array<char, 4096> sink;
+    [[maybe_unused]] const ssize_t n = ::recv(raw.sock.get(), sink.data(), sink.size(), MSG_DONTWAIT);
+  }
+  poster.join();
+  CHECK(posted.load() == 200000);
+  CHECK_FALSE(a.link->down());
+  CHECK(a.link->shm_stats().wakeups_sent == 200001);
+  // The socket filled long before: most wake-ups found it full, which is
+  // as good as delivered (the peer has a readable socket).
+  CHECK(a.link->shm_stats().wakeups_already_pending > 0);
+}
+
+// Bytes on the socket after the handshake are wake-ups, whatever they
+// are: drained a buffer per event, and the link goes on.
+TEST_CASE("shm: bytes on the socket are wake-ups: drained, the link stays up") {
+  End a;
+  auto raw = connect_raw(a, kSmall);
+  a.attach(kSmall);
+  std::vector<char> junk(64 * 1024, 'x');
+  size_t sent = 0;
+  while (sent < junk.size()) {
+    const ssize_t n = ::send(raw.sock.get(), junk.data() + sent, junk.size() - sent,
+                             MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+    } else {
+      REQUIRE((errno == EAGAIN || errno == EWOULDBLOCK));
+      a.transport.prepare_sleep();  // drains, as a loop about to sleep does
+      a.poll_once();                // and wakes up again
+    }
+  }
+  // All of it drained by the loop's sleep checks, never a failure.
+  REQUIRE(test_wait([&] {
+    a.transport.prepare_sleep();
+    a.poll_once();
+    pollfd pfd{a.transport.wait_fd(), POLLIN, 0};
+    return ::poll(&pfd, 1, 0) == 0;
+  }));
+  CHECK_FALSE(a.link->down());
+  raw.put_control(7);
+  REQUIRE(pump_until({&a}, [&] { return !a.got.empty(); }));
+  CHECK(a.got.back().kind == CKind::kControl);
 }
 
 // A raw peer's nonsense closes its link with the reason, while another
@@ -382,12 +495,6 @@ TEST_CASE("shm: hostile descriptors close only their link") {
          p.put(d);
        },
        "control descriptor"},
-      {"bytes on the socket after the handshake",
-       [](RawPeer& p) {
-         const char x = 'x';
-         REQUIRE(::send(p.sock.get(), &x, 1, MSG_NOSIGNAL) == 1);
-       },
-       "after the handshake"},
   };
   for (const Case& k : cases) {
     CAPTURE(k.name);
@@ -427,7 +534,7 @@ TEST_CASE("shm: hostile descriptors close only their link") {
 
     // The other link is untouched.
     const auto h = control_bytes(4242);
-    const Outgoing o{h.data(), 32, 0, Lane::kControl};
+    const Outgoing o{h.data(), 32, 0, Delivery::kControl};
     good.link->post({&o, 1});
     const size_t before = hub.got.size();
     REQUIRE(pump_until({&hub}, [&] { return hub.got.size() > before; }));
@@ -444,7 +551,7 @@ TEST_CASE("shm: a peer's consumed count that runs ahead of what we sent closes t
   // Fill our descriptor ring (the raw peer never consumes), then lie.
   const uint32_t ring = raw.own.layout.desc_count;
   const auto h = control_bytes(1);
-  const Outgoing o{h.data(), 32, 0, Lane::kControl};
+  const Outgoing o{h.data(), 32, 0, Delivery::kControl};
   for (uint32_t i = 0; i < ring; ++i) hub.link->post({&o, 1});
   CHECK(hub.link->shm_stats().backlogged == 0);
   std::atomic_ref<uint64_t>(raw.ctl()->tail).store(uint64_t{ring} * 5, std::memory_order_seq_cst);
@@ -462,7 +569,7 @@ TEST_CASE("shm: post refuses what would break the peer, and attach checks the ge
   a.attach(kSmall);
   // A message built in slot 2 of the shared area but sent as slot 3.
   std::byte* slot2 = a.link->send_slots().data() + 2 * 256;
-  const Outgoing o{slot2, 64, core::make_imm(3, 1), Lane::kSlot};
+  const Outgoing o{slot2, 64, core::make_imm(3, 1), Delivery::kSlot};
   a.link->post({&o, 1});
   REQUIRE(pump_until({&a}, [&] { return a.has_link_down(); }));
   CHECK_MESSAGE(a.link->down_reason().find("another slot") != std::string::npos,
@@ -487,7 +594,7 @@ TEST_CASE("shm: announce, re-check, then sleep: no message is left behind a slee
     return ::poll(&p, 1, 0) == 1;
   };
   const auto h = control_bytes(1);
-  const Outgoing o{h.data(), 32, 0, Lane::kControl};
+  const Outgoing o{h.data(), 32, 0, Delivery::kControl};
 
   CHECK(b.poll_once() == 0);
   a.link->post({&o, 1});  // b has not announced: no wake-up is sent
@@ -538,7 +645,7 @@ TEST_CASE("shm: slot messages up to kInlineMax bytes travel in the descriptor, l
     const uint64_t inline_before = a.link->shm_stats().inline_sends;
     std::vector<std::byte> msg(len);
     for (uint32_t i = 0; i < len; ++i) msg[i] = std::byte(uint8_t(len * 7 + i));
-    const Outgoing o{msg.data(), len, core::make_imm(slot, 1), Lane::kSlot};
+    const Outgoing o{msg.data(), len, core::make_imm(slot, 1), Delivery::kSlot};
     a.link->post({&o, 1});
     const size_t before = b.got.size();
     REQUIRE(pump_until({&b}, [&] { return b.got.size() > before; }));
@@ -568,7 +675,7 @@ TEST_CASE("shm: a SlotRing over send_slots() is sent in place and outlives its l
   constexpr uint32_t kLen = 200;  // past kInlineMax: through the slot
   std::byte* msg = ring.slot(3) + kSmall.slot_size - kLen;  // at the slot's end, as FlatBuffers build
   for (uint32_t i = 0; i < kLen; ++i) msg[i] = std::byte(uint8_t(i * 13 + 5));
-  const Outgoing o{msg, kLen, core::make_imm(3, 1), Lane::kSlot};
+  const Outgoing o{msg, kLen, core::make_imm(3, 1), Delivery::kSlot};
   a.link->post({&o, 1});
   REQUIRE(pump_until({&b}, [&] { return !b.got.empty(); }));
   REQUIRE(b.got.back().kind == CKind::kMessage);

@@ -143,9 +143,11 @@ TEST_CASE("zero copy: requests over shm are built in the shared segment, post() 
     const std::string err = pong_error(f.get(), seq, 4000);
     REQUIRE_MESSAGE(err.empty(), err);  // the server's replies, built in its segment, arrive intact
   }
-  const auto stats = (*ch)->stats();
-  CHECK(stats.noninline_sends == kCalls);
-  CHECK(stats.inline_sends == 0);
+  const auto metrics = (*ch)->metrics();
+  const slotrpc::TransportMetrics* shm = metrics.transport("shm");
+  REQUIRE(shm != nullptr);
+  CHECK(shm->noninline_sends == kCalls);
+  CHECK(shm->inline_sends == 0);
 }
 
 TEST_CASE("every poll mode answers over shm (blocking: a sleeping loop is woken by the eventfd)") {

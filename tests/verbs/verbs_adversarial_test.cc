@@ -82,7 +82,7 @@ using slotrpc::test::Ping;
 using slotrpc::test::Pong;
 using slotrpc::transport::Access;
 using slotrpc::transport::Completion;
-using slotrpc::transport::Lane;
+using slotrpc::transport::Delivery;
 using slotrpc::transport::MemoryRegion;
 using slotrpc::transport::Outgoing;
 using slotrpc::transport::verbs::QpInfo;
@@ -235,7 +235,7 @@ class RawVerbsPeer {
     REQUIRE(bytes.size() <= kSlotSize);
     std::byte* p = send_.data() + size_t{slot} * kSlotSize;
     std::memcpy(p, bytes.data(), bytes.size());
-    const Outgoing o{p, static_cast<uint32_t>(bytes.size()), core::make_imm(slot, generation), Lane::kSlot};
+    const Outgoing o{p, static_cast<uint32_t>(bytes.size()), core::make_imm(slot, generation), Delivery::kSlot};
     link_->post(std::span<const Outgoing>(&o, 1));
   }
   void send_request(uint32_t method, uint64_t request_id, uint16_t slot, uint32_t generation,
@@ -250,7 +250,7 @@ class RawVerbsPeer {
     std::vector<Outgoing> batch;
     for (size_t i = 0; i < headers.size(); ++i) {
       core::encode_header(headers[i], bytes[i].data());
-      batch.push_back(Outgoing{bytes[i].data(), core::kHeaderSize, core::make_imm(0, 0), Lane::kControl});
+      batch.push_back(Outgoing{bytes[i].data(), core::kHeaderSize, core::make_imm(0, 0), Delivery::kControl});
     }
     link_->post(batch);  // copies control headers before it returns
   }

@@ -50,7 +50,7 @@ using slotrpc::transport::BulkAccess;
 using slotrpc::transport::BulkRegistration;
 using slotrpc::transport::BulkSource;
 using slotrpc::transport::Completion;
-using slotrpc::transport::Lane;
+using slotrpc::transport::Delivery;
 using slotrpc::transport::MemoryRegion;
 using slotrpc::transport::Outgoing;
 using slotrpc::transport::RemoteSegment;
@@ -332,8 +332,8 @@ TEST_CASE("bulk: slot messages pass a 64 MiB read and an 8 MiB write; one posted
   for (uint16_t i = 0; i < 4; ++i) {
     fill(p.c->sslot(i), 100, 50 + i);
     fill(p.s->sslot(i), 100, 60 + i);
-    to_s.push_back(Outgoing{p.c->sslot(i), 100, slotrpc::core::make_imm(i, 1), Lane::kSlot});
-    to_c.push_back(Outgoing{p.s->sslot(i), 100, slotrpc::core::make_imm(i, 1), Lane::kSlot});
+    to_s.push_back(Outgoing{p.c->sslot(i), 100, slotrpc::core::make_imm(i, 1), Delivery::kSlot});
+    to_c.push_back(Outgoing{p.s->sslot(i), 100, slotrpc::core::make_imm(i, 1), Delivery::kSlot});
   }
   p.s->link->post(to_c);
   p.c->link->post(to_s);
@@ -365,13 +365,13 @@ TEST_CASE("bulk: slot messages pass a 64 MiB read and an 8 MiB write; one posted
   };
   REQUIRE(p.s->link->write(ssrc.reg, 0, wseg.value(), 0, kWrite, 2).ok());
   fill(p.s->sslot(5), 64, 70);
-  p.s->link->post(std::vector<Outgoing>{{p.s->sslot(5), 64, slotrpc::core::make_imm(5, 1), Lane::kSlot}});
+  p.s->link->post(std::vector<Outgoing>{{p.s->sslot(5), 64, slotrpc::core::make_imm(5, 1), Delivery::kSlot}});
   REQUIRE(p.run([&] { return early_at != 0 && p.s->done(2) != nullptr; }));
   CHECK(p.s->done(2)->bulk_status == kOk);
   CHECK_MESSAGE(early_at < kWrite + 1,
                 "the message posted during the write waited for all of it (byte " << early_at - 1 << ")");
   fill(p.s->sslot(6), 64, 71);
-  p.s->link->post(std::vector<Outgoing>{{p.s->sslot(6), 64, slotrpc::core::make_imm(6, 1), Lane::kSlot}});
+  p.s->link->post(std::vector<Outgoing>{{p.s->sslot(6), 64, slotrpc::core::make_imm(6, 1), Delivery::kSlot}});
   REQUIRE(p.run([&] { return after_at != 0; }));
   CHECK_MESSAGE(after_at == kWrite + 1,
                 "the message posted after the write's kBulkDone arrived before byte " << after_at - 1);
@@ -623,7 +623,7 @@ TEST_CASE("bulk: one doorbell per turn: binds with the message after them, a tur
   }
   CHECK(bells(*p.c) == c0);  // the binds wait for the message...
   fill(p.c->sslot(0), 100, 70);
-  const Outgoing msg{p.c->sslot(0), 100, slotrpc::core::make_imm(0, 1), Lane::kSlot};
+  const Outgoing msg{p.c->sslot(0), 100, slotrpc::core::make_imm(0, 1), Delivery::kSlot};
   p.c->link->post({&msg, 1});
   CHECK(bells(*p.c) == c0 + 1);  // ...and leave with it
   REQUIRE(p.run([&] { return p.s->count(CKind::kMessage) == 1; }));

@@ -42,7 +42,7 @@ using slotrpc::HwCounter;
 using slotrpc::MetricsSnapshot;
 using slotrpc::transport::Access;
 using slotrpc::transport::Completion;
-using slotrpc::transport::Lane;
+using slotrpc::transport::Delivery;
 using slotrpc::transport::MemoryRegion;
 using slotrpc::transport::Outgoing;
 using namespace slotrpc::transport::verbs;
@@ -182,9 +182,9 @@ TEST_CASE("monitor: real RNR NAKs move the counters, the monitor reports them, o
   // Use up every receive the receiver posted, then one WRITE_WITH_IMM.
   std::vector<std::array<std::byte, 32>> bodies(receives);
   std::vector<Outgoing> batch;
-  for (auto& body : bodies) batch.push_back(Outgoing{body.data(), 32, 0, Lane::kControl});
+  for (auto& body : bodies) batch.push_back(Outgoing{body.data(), 32, 0, Delivery::kControl});
   a->link->post(batch);
-  const Outgoing write{a->send.data(), 64, slotrpc::core::make_imm(0, 1), Lane::kSlot};
+  const Outgoing write{a->send.data(), 64, slotrpc::core::make_imm(0, 1), Delivery::kSlot};
   a->link->post(std::span<const Outgoing>(&write, 1));
 
   // The NAKs show in the device's counters.

@@ -383,13 +383,21 @@ int main(int argc, char** argv) { return verbs_test::main(argc, argv, run_child)
 
 // ====================================================== transport choice
 
+// The channel's verbs counters (Channel::metrics(), its "verbs" entry);
+// all 0 when the channel has used no verbs session.
+static slotrpc::TransportMetrics verbs_metrics(const Channel& ch) {
+  const auto m = ch.metrics();
+  const slotrpc::TransportMetrics* v = m.transport("verbs");
+  return v != nullptr ? *v : slotrpc::TransportMetrics{};
+}
+
 TEST_CASE("verbs: auto picks verbs when both ends have a device; tcp when either says tcp") {
   SUBCASE("both auto: verbs") {
     TestServer ts;
     auto ch = connect(ts.address);
     CHECK(ch->transport() == TransportKind::kVerbs);
     check_echo(*ch, 1);
-    const auto s = ch->stats();
+    const auto s = verbs_metrics(*ch);
     CHECK(s.max_inline > 0);
     CHECK(s.doorbells >= 1);
     CHECK(s.inline_sends >= 1);  // a 64-byte echo goes inline
@@ -404,7 +412,7 @@ TEST_CASE("verbs: auto picks verbs when both ends have a device; tcp when either
     CHECK(verbs->transport() == TransportKind::kVerbs);
     check_echo(*tcp, 2);
     check_echo(*verbs, 3);
-    CHECK(tcp->stats().max_inline == 0);
+    CHECK(verbs_metrics(*tcp).max_inline == 0);
     CHECK(ts.server->session_count() == 2);
   }
   SUBCASE("server tcp, client auto: the server answers tcp") {
@@ -475,8 +483,8 @@ TEST_CASE("verbs: shared receive queue and memory windows by default; SLOTRPC_SR
       auto b = connect(ts.address, c);
       REQUIRE(a->transport() == TransportKind::kVerbs);
       const bool shared = client_mode != SharedReceiveQueue::kOff;
-      CHECK(a->stats().shared_receive_queue == shared);
-      CHECK(a->stats().memory_window == shared);
+      CHECK(verbs_metrics(*a).srq_sessions == (shared ? 1u : 0u));
+      CHECK(verbs_metrics(*a).memory_window_sessions == (shared ? 1u : 0u));
       const uint64_t calls = verbs_test::load_calls(200, 50);
       for (uint64_t i = 0; i < calls; ++i) {
         check_echo(*a, i, i * 37 % 3000);
@@ -577,24 +585,25 @@ TEST_CASE("verbs: echo calls (100,000; fewer under sanitizers) with 32 outstandi
   const double secs = ms_since(t0) / 1000;
   CHECK_MESSAGE(failed.load() == 0, first_error);
   const auto s = ch->stats();
+  const auto v = verbs_metrics(*ch);
   MESSAGE(kCalls << " calls of " << kPayload << " B, 32 outstanding, over verbs: p50 " << latency_us.quantile(0.5)
           << " us, p99 " << latency_us.quantile(0.99) << " us, max " << latency_us.max() << " us, " << static_cast<uint64_t>(kCalls / secs)
-          << " calls/s; " << s.inline_sends << " inline / " << s.noninline_sends << " non-inline sends, "
-          << s.doorbells << " doorbells for " << s.messages_sent << " messages; "
+          << " calls/s; " << v.inline_sends << " inline / " << v.noninline_sends << " non-inline sends, "
+          << v.doorbells << " doorbells for " << s.messages_sent << " messages; "
           << s.packs_sent << " PACKs carried " << s.packed_requests << " requests; "
           << s.link_messages << " messages in " << s.work_requests << " work requests, "
-          << s.link_packets << " packets");
+          << v.packets << " packets");
   // Every work request was posted inline (a lone 32 + ~100 byte request)
   // or read from its slot (a PACK of several, too large to inline; in the
   // rxe VM all of them: 16 requests a PACK).
-  CHECK(s.inline_sends + s.noninline_sends == s.work_requests);
+  CHECK(v.inline_sends + v.noninline_sends == s.work_requests);
   // Replies arrive together, so the requests they release leave together:
   // with packing on (the default), PACKs carry many of them.
   CHECK(s.packs_sent >= 1);
   CHECK(s.link_messages > s.work_requests);
   // 32 calls outstanding: a loop turn sends what several replies released,
   // in one chain and one doorbell.
-  const double doorbells_per_message = double(s.doorbells) / double(s.messages_sent);
+  const double doorbells_per_message = double(v.doorbells) / double(s.messages_sent);
   MESSAGE("doorbells per message: " << doorbells_per_message);
   CHECK(doorbells_per_message < 0.5);  // rxe VM: about 0.05
   CHECK_FALSE(s.closed);
@@ -655,7 +664,7 @@ TEST_CASE("verbs: inline and non-inline sizes up to the slot size") {
   c.peer_timeout_ms = 120000;
   TestServer ts(c);
   auto ch = connect(ts.address, c);
-  const uint32_t mi = ch->stats().max_inline;
+  const uint32_t mi = verbs_metrics(*ch).max_inline;
   REQUIRE(mi > 0);
   // The request's size on the wire, computed the way the writer builds it.
   auto request_bytes = [](uint64_t seq, size_t n) {
@@ -681,9 +690,9 @@ TEST_CASE("verbs: inline and non-inline sizes up to the slot size") {
   uint64_t want_inline = 0, want_copy = 0;
   for (size_t n : payloads) {
     CAPTURE(n);
-    const auto before = ch->stats();
+    const auto before = verbs_metrics(*ch);
     check_echo(*ch, n, n);
-    const auto after = ch->stats();
+    const auto after = verbs_metrics(*ch);
     const size_t bytes = request_bytes(n, n);
     if (bytes <= mi) {
       ++want_inline;
@@ -1126,7 +1135,7 @@ TEST_CASE("verbs: invalid configuration is refused with the setting, value and w
       REQUIRE(ch->transport() == TransportKind::kVerbs);
       for (uint64_t i = 0; i < 20; ++i) check_echo(*ch, i, i * 300);
       if (std::string(var) == "SLOTRPC_INLINE_BYTES") {
-        const auto s = ch->stats();
+        const auto s = verbs_metrics(*ch);
         MESSAGE("inline_bytes " << std::string(value) << " -> max_inline " << s.max_inline);
         if (std::string(value) == "0") {
           CHECK(s.max_inline == 0);

@@ -34,7 +34,7 @@ using slotrpc::Config;
 using slotrpc::StatusCode;
 using slotrpc::transport::Access;
 using slotrpc::transport::Completion;
-using slotrpc::transport::Lane;
+using slotrpc::transport::Delivery;
 using slotrpc::transport::MemoryRegion;
 using slotrpc::transport::Outgoing;
 using namespace slotrpc::transport::verbs;
@@ -161,7 +161,7 @@ uint8_t pattern(uint32_t seed, size_t i) { return static_cast<uint8_t>((seed * 1
 Outgoing slot_message(End& e, uint16_t slot, uint32_t len, uint32_t gen) {
   std::byte* p = e.sslot(slot);
   for (uint32_t i = 0; i < len; ++i) p[i] = std::byte{pattern(gen + slot, i)};
-  return Outgoing{p, len, slotrpc::core::make_imm(slot, gen), Lane::kSlot};
+  return Outgoing{p, len, slotrpc::core::make_imm(slot, gen), Delivery::kSlot};
 }
 bool slot_holds(End& e, uint16_t slot, uint32_t len, uint32_t gen) {
   const std::byte* p = e.rslot(slot);
@@ -336,11 +336,11 @@ TEST_CASE("verbs link: slot writes and control sends both ways; setup and teardo
     batch.clear();
     for (uint16_t s = 0; s < kSlots; ++s) batch.push_back(slot_message(*b, s, 32 + s, round + 1));
     auto ctl = control_bytes(round);
-    batch.push_back(Outgoing{ctl.data(), 32, 0, Lane::kControl});
+    batch.push_back(Outgoing{ctl.data(), 32, 0, Delivery::kControl});
     b->link->post(batch);
     ctl.fill(std::byte{0});  // post() copied it
     auto ctl2 = control_bytes(round + 100);
-    a->link->post(std::vector<Outgoing>{Outgoing{ctl2.data(), 32, 0, Lane::kControl}});
+    a->link->post(std::vector<Outgoing>{Outgoing{ctl2.data(), 32, 0, Delivery::kControl}});
     REQUIRE(pump({ta.get(), tb.get()}, [&] { return a->got.size() == kSlots + 1 && b->got.size() == kSlots + 1; }));
     for (uint16_t s = 0; s < kSlots; ++s) CHECK(slot_holds(*a, s, 32 + s, round + 1));
     REQUIRE(a->got.back().kind == CKind::kControl);
@@ -455,7 +455,7 @@ TEST_CASE("verbs link: one doorbell per batch, selective signaling, overflow wai
     std::vector<std::array<std::byte, 32>> bodies;
     for (uint32_t i = 0; i < n; ++i) bodies.push_back(control_bytes(i));
     std::vector<Outgoing> batch;
-    for (auto& body : bodies) batch.push_back(Outgoing{body.data(), 32, 0, Lane::kControl});
+    for (auto& body : bodies) batch.push_back(Outgoing{body.data(), 32, 0, Delivery::kControl});
     a->link->post(batch);
     for (auto& body : bodies) body.fill(std::byte{0});  // copied by post()
     const auto s1 = a->link->stats();
@@ -571,7 +571,7 @@ TEST_CASE("verbs link: sessions share one SRQ up to its depth, then get their ow
       std::vector<Outgoing> batch;
       for (uint16_t k = 0; k < kSlots; ++k) batch.push_back(slot_message(*clients[i], k, 40 + 10 * k + i, r));
       auto ctl = control_bytes(r * 3 + i);
-      batch.push_back(Outgoing{ctl.data(), 32, 0, Lane::kControl});
+      batch.push_back(Outgoing{ctl.data(), 32, 0, Delivery::kControl});
       clients[i]->link->post(batch);
     }
     const size_t want = size_t{r + 1} * (kSlots + 1);
@@ -636,7 +636,7 @@ TEST_CASE("verbs link: with an SRQ, a torn-down queue pair's messages never reac
     std::vector<Outgoing> batch;
     for (uint16_t k = 0; k < kSlots; ++k) batch.push_back(slot_message(*c, k, 64, round));
     auto ctl = control_bytes(round);
-    batch.push_back(Outgoing{ctl.data(), 32, 0, Lane::kControl});
+    batch.push_back(Outgoing{ctl.data(), 32, 0, Delivery::kControl});
     c->link->post(batch);
     // Let them land in the server's CQ without polling it, then tear down.
     settle({tc.get()}, 10ms);  // the client's sends complete: they have landed
@@ -906,7 +906,7 @@ TEST_CASE("verbs link: a peer that takes none of our sends fails the link at the
   std::vector<std::array<std::byte, 32>> bodies;
   for (uint32_t i = 0; i < 16; ++i) bodies.push_back(control_bytes(i));
   std::vector<Outgoing> batch;
-  for (auto& body : bodies) batch.push_back(Outgoing{body.data(), 32, 0, Lane::kControl});
+  for (auto& body : bodies) batch.push_back(Outgoing{body.data(), 32, 0, Delivery::kControl});
   size_t posted = 0;
   while (a->count(CKind::kLinkDown) == 0 && posted < 4 * most) {
     a->link->post(batch);

@@ -35,8 +35,9 @@ void ServerCallBulk::on_done(uint64_t token, uint16_t status) {
 
 // One transfer: started on the link, then this fiber waits for its
 // kBulkDone.  The link reports every transfer exactly once, a failed link
-// too (before its kLinkDown), so the wait always ends.
-uint16_t ServerCallBulk::move(bool incoming, const transport::BulkRegistration& local,
+// too (before its kLinkDown), so the wait always ends: by itself, or once
+// on_timeout closed the session.
+uint16_t ServerCallBulk::move(bool incoming, size_t index, const transport::BulkRegistration& local,
                               size_t local_offset, const transport::RemoteSegment& seg,
                               uint64_t remote_offset, uint64_t length, Status* start_error) {
   token_ = (uint64_t{slot_} << 48) | (++seq_ & ((uint64_t{1} << 48) - 1));
@@ -48,11 +49,39 @@ uint16_t ServerCallBulk::move(bool incoming, const transport::BulkRegistration& 
     *start_error = std::move(started);
     return static_cast<uint16_t>(start_error->code());
   }
+  op_ = incoming ? "read_bulk" : "write_bulk";
+  index_ = index;
+  const auto bound = deadline_.has_value()
+                         ? *deadline_ + kRevokeGrace
+                         : std::chrono::steady_clock::now() + std::chrono::milliseconds(bulk_timeout_ms_);
+  // Cancelled however the wait ends (a server being destroyed unwinds this
+  // fiber from suspend()).
+  struct Timer {
+    base::TimerHeap& heap;
+    base::TimerHeap::TimerId id;
+    ~Timer() { heap.cancel(id); }
+  } timer{loop_.timers(), loop_.timers().add(bound, &ServerCallBulk::on_timeout, this, token_)};
   while (pending_) {
     waiter_ = base::FiberPool::current();
     base::FiberPool::suspend();
   }
   return status_;
+}
+
+void ServerCallBulk::on_timeout(void* self_ptr, uint64_t token) {
+  auto* self = static_cast<ServerCallBulk*>(self_ptr);
+  if (!self->pending_ || token != self->token_ || *self->closed_) return;
+  self->timed_out_ = true;
+  // The link ends the transfer (kBulkDone, UNAVAILABLE) as it goes down.
+  self->close_(self->close_ctx_,
+               fmt::format("{} of bulk segment {} not complete by {}: the client did not answer",
+                           self->op_, self->index_, self->bound_text()));
+}
+
+std::string ServerCallBulk::bound_text() const {
+  if (deadline_.has_value())
+    return fmt::format("the call's deadline (+{} ms)", kRevokeGrace.count());
+  return fmt::format("{} ms (SLOTRPC_BULK_TIMEOUT_MS; the call has no deadline)", bulk_timeout_ms_);
 }
 
 Status ServerCallBulk::transfer(bool incoming, size_t i, std::span<const BulkSegment> pieces,
@@ -92,6 +121,9 @@ Status ServerCallBulk::transfer(bool incoming, size_t i, std::span<const BulkSeg
       return st;
   }
   if (*closed_) return Status(StatusCode::kUnavailable, fmt::format("{}: the session is closed", op));
+  if (deadline_.has_value() && std::chrono::steady_clock::now() >= *deadline_)
+    return Status(StatusCode::kDeadlineExceeded,
+                  fmt::format("{}: the call's deadline has passed", op));
   if (base::FiberPool::current() == nullptr)
     return Status(StatusCode::kInternal, fmt::format("{} used outside its handler", op));
 
@@ -106,10 +138,11 @@ Status ServerCallBulk::transfer(bool incoming, size_t i, std::span<const BulkSeg
   uint64_t run_len = 0;
   uint64_t remote = offset;
   uint16_t code = 0;
+  timed_out_ = false;
   Status start_error;
   auto flush = [&]() {
     if (run_len == 0) return true;
-    code = move(incoming, reg, run_offset, seg, remote, run_len, &start_error);
+    code = move(incoming, i, reg, run_offset, seg, remote, run_len, &start_error);
     if (code == static_cast<uint16_t>(StatusCode::kOk)) moved_[incoming ? 1 : 0] += run_len;
     remote += run_len;
     run_len = 0;
@@ -151,14 +184,34 @@ Status ServerCallBulk::transfer(bool incoming, size_t i, std::span<const BulkSeg
     if (!incoming) written_[i] = std::max(written_[i], offset + len);
     return {};
   }
+  if (timed_out_)
+    return Status(StatusCode::kDeadlineExceeded,
+                  fmt::format("{} of segment {}: the client did not complete the transfer by {}; "
+                              "the session was closed",
+                              op, i, bound_text()));
+  // UNAVAILABLE is also what the link reports for a transfer it ended as it
+  // went down: only then was the session lost.
+  if (code == static_cast<uint16_t>(StatusCode::kUnavailable) &&
+      (*closed_ || !link_.down_reason().empty()))
+    return Status(StatusCode::kUnavailable,
+                  fmt::format("{} of segment {}: the session was lost during the transfer ({})", op,
+                              i, link_.down_reason().empty() ? "closed" : link_.down_reason()));
+  if (code == static_cast<uint16_t>(StatusCode::kInvalidArgument))
+    return Status(StatusCode::kInvalidArgument,
+                  fmt::format("{} of segment {}: the client's memory refused the transfer "
+                              "(its call ended and the segment was revoked)",
+                              op, i));
+  // The client ended the transfer itself, with a status of its own (TCP and
+  // shm: a failed READ_DATA).  A code this server does not know reaches the
+  // handler as UNAVAILABLE (docs/protocol.md), but the text says what came.
+  if (!is_known_status_code(code))
+    return Status(StatusCode::kUnavailable,
+                  fmt::format("{} of segment {}: the client ended the transfer with status {}{}, "
+                              "which is no status code this server knows",
+                              op, i, code, code == UINT16_MAX ? " or above" : ""));
   const auto status = static_cast<StatusCode>(code);
-  if (status == StatusCode::kInvalidArgument)
-    return Status(status, fmt::format("{} of segment {}: the client's memory refused the transfer "
-                                      "(its call ended and the segment was revoked)",
-                                      op, i));
-  if (status == StatusCode::kUnavailable)
-    return Status(status, fmt::format("{} of segment {}: the session was lost during the transfer", op, i));
-  return Status(status, fmt::format("{} of segment {} failed", op, i));
+  return Status(status, fmt::format("{} of segment {}: the client ended the transfer with status {}",
+                                    op, i, status_code_name(status)));
 }
 
 }  // namespace slotrpc::bulk

@@ -1,19 +1,67 @@
 #include "rpc/admin/admin.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <fmt/format.h>
+
 #include "admin.slotrpc.h"  // slotrpc-gen admin.fbs, at build time
 
 namespace slotrpc::admin {
 
 namespace fb = flatbuffers;
 
+// A snapshot costs the server far more than an echo: every loop walks its
+// sessions, and the reply is KiBs of histograms for a request of a few
+// bytes.  Answered for every call, a few clients with Admin calls in flight
+// took most of the server (two sessions with 64 each cut a bystander's
+// echo rate 24x, where the same load as echo calls cut it 4.8x).  So two
+// token buckets, server-wide:
+//  * answers: kAnswerBurst, refilled at kAnswersPerSecond; a call finding
+//    it empty is refused with RESOURCE_EXHAUSTED, a small error reply that
+//    costs what an echo costs;
+//  * fresh snapshots: kFreshBurst, refilled at kFreshPerSecond; an
+//    answered call finding it empty gets the latest snapshot's reply again
+//    (its taken_unix_ns says when it was taken), which costs a copy.
+// A client polling at human rates (slotrpc-stat --watch) always gets fresh
+// ones.
 class AdminServiceImpl final : public AdminService {
  public:
+  static constexpr double kAnswerBurst = 64;
+  static constexpr double kAnswersPerSecond = 200;
+  static constexpr double kFreshBurst = 8;
+  static constexpr double kFreshPerSecond = 20;
+
   explicit AdminServiceImpl(std::function<MetricsSnapshot()> snapshot) : snapshot_(std::move(snapshot)) {}
   Status Metrics(const AdminMetricsRequest& request, ReplyBuilder<AdminMetricsReply>& reply,
                  ServerCall& call) override;
 
  private:
+  using Clock = std::chrono::steady_clock;
+  struct Bucket {
+    double burst, per_second, tokens;
+    Clock::time_point refilled = Clock::now();
+    bool take(Clock::time_point now) {
+      tokens = std::min(burst, tokens + std::chrono::duration<double>(now - refilled).count() * per_second);
+      refilled = now;
+      if (tokens < 1) return false;
+      tokens -= 1;
+      return true;
+    }
+  };
+  enum class Ration { kRefuse, kAgain, kFresh };
+  // What this call gets; `again` is set for kAgain.
+  Ration ration(std::shared_ptr<const std::vector<uint8_t>>* again);
+
   std::function<MetricsSnapshot()> snapshot_;
+  std::mutex mu_;  // handlers run on every loop of the server
+  Bucket answers_{kAnswerBurst, kAnswersPerSecond, kAnswerBurst};  // under mu_
+  Bucket fresh_{kFreshBurst, kFreshPerSecond, kFreshBurst};        // under mu_
+  std::shared_ptr<const std::vector<uint8_t>> last_;                // under mu_: the latest fresh reply
 };
 
 namespace {
@@ -77,10 +125,34 @@ std::string str(const fb::String* s) { return s == nullptr ? std::string() : s->
 
 }  // namespace
 
+AdminServiceImpl::Ration AdminServiceImpl::ration(std::shared_ptr<const std::vector<uint8_t>>* again) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Clock::time_point now = Clock::now();
+  if (!answers_.take(now)) return Ration::kRefuse;
+  if (fresh_.take(now) || last_ == nullptr) return Ration::kFresh;
+  *again = last_;
+  return Ration::kAgain;
+}
+
 Status AdminServiceImpl::Metrics(const AdminMetricsRequest&, ReplyBuilder<AdminMetricsReply>& reply,
                                  ServerCall&) {
-  const MetricsSnapshot m = snapshot_();
   fb::FlatBufferBuilder& b = reply.fbb();
+  std::shared_ptr<const std::vector<uint8_t>> again;
+  switch (ration(&again)) {
+    case Ration::kRefuse:
+      return Status(StatusCode::kResourceExhausted,
+                    fmt::format("slotrpc.Admin/Metrics: this server answers at most {:.0f} calls a "
+                                "second (bursts of {:.0f}); retry later",
+                                kAnswersPerSecond, kAnswerBurst));
+    case Ration::kAgain:
+      // A finished buffer is a multiple of its alignment long: pushed whole
+      // at the slot's (aligned) end it stays aligned.
+      b.PushFlatBuffer(again->data(), again->size());
+      return {};
+    case Ration::kFresh:
+      break;
+  }
+  const MetricsSnapshot m = snapshot_();
   std::vector<fb::Offset<AdminMethod>> methods;
   for (const MethodMetrics& mm : m.methods) {
     methods.push_back(CreateAdminMethod(b, b.CreateString(mm.name), mm.id, mm.server, mm.started,
@@ -112,6 +184,10 @@ Status AdminServiceImpl::Metrics(const AdminMetricsRequest&, ReplyBuilder<AdminM
                                        b.CreateVector(transports), b.CreateVector(hw),
                                        b.CreateVectorOfStrings(m.hw_counters_absent),
                                        b.CreateVector(pools)));
+  auto copy = std::make_shared<const std::vector<uint8_t>>(b.GetBufferPointer(),
+                                                           b.GetBufferPointer() + b.GetSize());
+  std::lock_guard<std::mutex> lock(mu_);
+  last_ = std::move(copy);
   return {};
 }
 

@@ -1,6 +1,9 @@
 // slotrpc.Admin: the built-in service every Server registers (admin.fbs).
 // Metrics returns the server's MetricsSnapshot; slotrpc-stat --address and
-// tests fetch it with fetch_metrics().
+// tests fetch it with fetch_metrics().  Calls are rationed server-wide (64
+// at once, then 200 a second; beyond, RESOURCE_EXHAUSTED) and so are fresh
+// snapshots (8, then 20 a second; beyond, the latest again), so Admin calls
+// cannot take the server from its other calls (admin.cc says why).
 #pragma once
 
 #include <functional>

@@ -94,7 +94,7 @@ bool MemoryLink::deliver(const Outgoing& o) {
     fail("post: the peer's session has not attached its link yet");
     return false;
   }
-  if (o.lane == Lane::kControl) {
+  if (o.delivery == Delivery::kControl) {
     if (o.length != kHeaderSize) {
       fail("post: control message of " + std::to_string(o.length) + " bytes, expected " +
            std::to_string(kHeaderSize));

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -29,7 +28,7 @@ uint32_t next_pow2(uint32_t v) {
   return p;
 }
 
-constexpr int kOfferFds = 2;
+constexpr int kOfferFds = 1;  // the memfd
 
 }  // namespace
 
@@ -92,8 +91,6 @@ Result<OwnSegment> create_own_segment(Geometry g) {
   if (::fcntl(s.memfd.get(), F_ADD_SEALS,
               F_SEAL_FUTURE_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
     return Status(StatusCode::kUnavailable, errno_text("shm: sealing the segment", errno));
-  s.wake = Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (s.wake.get() < 0) return Status(StatusCode::kUnavailable, errno_text("shm: eventfd", errno));
   return s;
 }
 
@@ -114,10 +111,10 @@ Status send_offer(int sock, const OwnSegment& own) {
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
   c->cmsg_len = CMSG_LEN(sizeof(int) * kOfferFds);
-  const int fds[kOfferFds] = {own.memfd.get(), own.wake.get()};
+  const int fds[kOfferFds] = {own.memfd.get()};
   std::memcpy(CMSG_DATA(c), fds, sizeof fds);
   for (;;) {
-    const ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+    const ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Status(StatusCode::kUnavailable, errno_text("shm: sending the offer", errno));
     if (static_cast<size_t>(n) != sizeof o)
@@ -175,8 +172,13 @@ Result<PeerSegment> receive_offer(int sock, Geometry g, std::chrono::millisecond
     return Status(StatusCode::kInvalidArgument,
                   "shm: malformed offer (" + std::to_string(n) + " bytes, expected " +
                       std::to_string(sizeof o) + ")");
-  if (o.magic != kOfferMagic || o.version != kOfferVersion)
-    return Status(StatusCode::kInvalidArgument, "shm: offer with a wrong magic or version");
+  if (o.magic != kOfferMagic)
+    return Status(StatusCode::kInvalidArgument, "shm: offer with a wrong magic (not a slotrpc shm peer)");
+  if (o.version != kOfferVersion)
+    return Status(StatusCode::kInvalidArgument,
+                  "shm: the peer speaks shm offer version " + std::to_string(o.version) +
+                      ", this side " + std::to_string(kOfferVersion) +
+                      " (docs/protocol.md, \"Shared memory\"; run one slotrpc release on both sides)");
   if (o.slot_count != g.slot_count || o.slot_size != g.slot_size || o.desc_count != l.desc_count ||
       o.segment_bytes != l.total)
     return Status(StatusCode::kInvalidArgument,
@@ -186,7 +188,8 @@ Result<PeerSegment> receive_offer(int sock, Geometry g, std::chrono::millisecond
                       " of " + std::to_string(g.slot_size) + " (" + std::to_string(l.desc_count) + ")");
   if (fds.size() != kOfferFds)
     return Status(StatusCode::kInvalidArgument,
-                  "shm: offer carries " + std::to_string(fds.size()) + " fds, expected 2");
+                  "shm: offer carries " + std::to_string(fds.size()) + " fds, expected " +
+                      std::to_string(kOfferFds) + " (the segment's memfd)");
 
   const int memfd = fds[0].get();
   struct stat st{};
@@ -199,19 +202,12 @@ Result<PeerSegment> receive_offer(int sock, Geometry g, std::chrono::millisecond
     return Status(StatusCode::kInvalidArgument,
                   "shm: peer's segment is not sealed against shrinking (it could be truncated "
                   "under our mapping)");
-  // An eventfd is an anonymous inode named "[eventfd]".
-  char link_target[64] = {};
-  const std::string proc = "/proc/self/fd/" + std::to_string(fds[1].get());
-  const ssize_t tl = ::readlink(proc.c_str(), link_target, sizeof link_target - 1);
-  if (tl < 0 || std::strcmp(link_target, "anon_inode:[eventfd]") != 0)
-    return Status(StatusCode::kInvalidArgument, "shm: peer's wake fd is not an eventfd");
 
   void* p = ::mmap(nullptr, l.total, PROT_READ, MAP_SHARED, memfd, 0);
   if (p == MAP_FAILED) return Status(StatusCode::kUnavailable, errno_text("shm: mmap of the peer's segment", errno));
   PeerSegment peer;
   peer.layout = l;
   peer.map = Mapping(static_cast<std::byte*>(p), l.total);
-  peer.wake = std::move(fds[1]);
   // The mapping keeps the memory; the memfd itself is no longer needed.
   return peer;
 }

@@ -10,8 +10,10 @@
 //                        each descriptor's own sequence word instead)
 //              tail      descriptors of the PEER's ring this side consumed
 //                        (the peer's flow control)
-//              sleeping  1 while this side's event loop sleeps: the peer
-//                        then writes this side's eventfd after publishing
+//              sleeping  non-zero while this side's event loop sleeps, a
+//                        new number for each sleep: the peer then sends
+//                        one wake-up byte on the link's socket after
+//                        publishing (one per number)
 //              bulk_head, bulk_tail   the same two for the bulk rings
 //   descs    desc_count x 64-byte Descriptor (power of two), a ring; each
 //            carries its sequence word and up to kInlineMax payload bytes
@@ -29,7 +31,9 @@
 //
 // The owner maps its segment read-write, then seals it (F_SEAL_FUTURE_WRITE,
 // SHRINK, GROW, SEAL) and passes the memfd to the peer with SCM_RIGHTS over
-// a Unix domain socket, together with the eventfd that wakes the owner.
+// a Unix domain socket.  Nothing else is shared: the same socket carries
+// the wake-ups (ShmLink), so no descriptor the peer also holds is ever
+// written by a loop (docs/design.md, "Trust and security").
 // The seal means the kernel refuses the peer any writable mapping or
 // write(): a peer can scribble on its own segment only, never on ours.  So
 // what we read from the peer's segment is untrusted (see ShmLink), but what
@@ -75,8 +79,9 @@ inline constexpr size_t kCacheLine = 64;
 inline constexpr size_t kPage = 4096;
 inline constexpr uint32_t kOfferMagic = 0x314d4853;  // "SHM1"
 // 2: seq and inline payload in the descriptor; 3: the bulk staging area;
-// 4: 16 KiB bulk chunks and a bulk ring of 512 (was 128 KiB and 128)
-inline constexpr uint32_t kOfferVersion = 4;
+// 4: 16 KiB bulk chunks and a bulk ring of 512 (was 128 KiB and 128);
+// 5: the memfd alone, no wake eventfd (wake-ups are bytes on the socket)
+inline constexpr uint32_t kOfferVersion = 5;
 
 // Bulk transfers (shm_bulk.cc): bytes move through the sender's staging
 // area in chunks of at most kBulkChunkBytes, at most kStagingBytes of them
@@ -240,31 +245,29 @@ class Fd {
   int fd_ = -1;
 };
 
-// This side's segment and wake eventfd, created and sealed.
+// This side's segment, created and sealed.
 struct OwnSegment {
   Layout layout;
   Fd memfd;
-  Fd wake;  // eventfd the peer writes to wake us; we epoll it
   Mapping map;  // read-write
 };
 Result<OwnSegment> create_own_segment(Geometry g);
 
-// The peer's segment, mapped read-only, and the eventfd that wakes it.
+// The peer's segment, mapped read-only.
 struct PeerSegment {
   Layout layout;
-  Fd wake;
   Mapping map;  // read-only: PROT_READ, and sealed by its owner
 };
 
-// Sends our offer: the Offer struct plus [memfd, wake eventfd].  The socket
-// may be non-blocking; a short or refused send is an error (the offer is
-// tiny, the socket is fresh).
+// Sends our offer: the Offer struct plus [memfd], without waiting
+// (MSG_DONTWAIT): a short or refused send is an error (the offer is tiny,
+// the socket is fresh).
 Status send_offer(int sock, const OwnSegment& own);
 
 // Receives the peer's offer (waiting at most `timeout`), checks it against
 // the geometry WE agreed on, checks the memfd (regular file, exactly the
-// size of our layout, sealed against shrinking) and the eventfd, and maps
-// the segment read-only.  Any extra or missing fd is an error; fds received
+// size of our layout, sealed against shrinking), and maps the segment
+// read-only.  Any extra or missing fd is an error; fds received
 // are closed on every error path.
 Result<PeerSegment> receive_offer(int sock, Geometry g, std::chrono::milliseconds timeout);
 

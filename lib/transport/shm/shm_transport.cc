@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cassert>
 #include <cerrno>
@@ -21,8 +22,6 @@ namespace {
 // not serve a later read of the private copy by re-reading shared memory (a
 // copy it may otherwise elide).  A compiler barrier, no instruction.
 inline void copied_out() { asm volatile("" ::: "memory"); }
-
-constexpr uint64_t kSocketTag = 1;
 
 }  // namespace
 
@@ -44,7 +43,6 @@ ShmLink::ShmLink(ShmTransport& owner, Fd sock, OwnSegment own, PeerSegment peer,
 
 ShmLink::~ShmLink() {
   if (in_epoll_) {
-    ::epoll_ctl(owner_.epoll_fd_.get(), EPOLL_CTL_DEL, own_.wake.get(), nullptr);
     ::epoll_ctl(owner_.epoll_fd_.get(), EPOLL_CTL_DEL, sock_.get(), nullptr);
     in_epoll_ = false;
   }
@@ -114,7 +112,7 @@ void ShmLink::post(std::span<const Outgoing> batch) {
       fail("post: invalid message of " + std::to_string(o.length) + " bytes");
       return;
     }
-    if (o.lane == Lane::kControl) {
+    if (o.delivery == Delivery::kControl) {
       if (o.length != transport::kHeaderSize) {
         fail("post: control message of " + std::to_string(o.length) + " bytes, expected " +
              std::to_string(transport::kHeaderSize));
@@ -127,7 +125,7 @@ void ShmLink::post(std::span<const Outgoing> batch) {
     }
     // Order is kept: once anything waits, everything after it waits too.
     if (backlog_.empty() && write_descriptor(o, o.data)) {
-      ++(o.lane == Lane::kControl ? stats_.control_sends : stats_.slot_sends);
+      ++(o.delivery == Delivery::kControl ? stats_.control_sends : stats_.slot_sends);
       stats_.messages += o.messages;
       continue;
     }
@@ -142,7 +140,7 @@ void ShmLink::post(std::span<const Outgoing> batch) {
     if (backlog_.empty()) last_drain_ = std::chrono::steady_clock::now();
     Pending& p = backlog_.emplace_back();
     p.o = o;
-    if (o.lane == Lane::kControl) std::memcpy(p.control.data(), o.data, transport::kHeaderSize);
+    if (o.delivery == Delivery::kControl) std::memcpy(p.control.data(), o.data, transport::kHeaderSize);
     ++shm_stats_.backlogged;
   }
   publish();
@@ -158,7 +156,7 @@ bool ShmLink::write_descriptor(const Outgoing& o, const std::byte* source) {
   Descriptor d{};
   d.length = o.length;
   d.imm = o.imm;
-  if (o.lane == Lane::kControl) {
+  if (o.delivery == Delivery::kControl) {
     d.lane = static_cast<uint32_t>(DescLane::kControl);
     std::memcpy(d.payload, source, transport::kHeaderSize);
   } else if (o.length <= kInlineMax) {
@@ -230,9 +228,9 @@ void ShmLink::flush_backlog() {
   size_t i = 0;
   for (; i < backlog_.size(); ++i) {
     Pending& p = backlog_[i];
-    const std::byte* src = p.o.lane == Lane::kControl ? p.control.data() : p.o.data;
+    const std::byte* src = p.o.delivery == Delivery::kControl ? p.control.data() : p.o.data;
     if (!write_descriptor(p.o, src)) break;
-    ++(p.o.lane == Lane::kControl ? stats_.control_sends : stats_.slot_sends);
+    ++(p.o.delivery == Delivery::kControl ? stats_.control_sends : stats_.slot_sends);
     stats_.messages += p.o.messages;
   }
   if (down_) return;
@@ -271,12 +269,26 @@ void ShmLink::publish() {
 }
 
 void ShmLink::wake_peer_if_sleeping() {
-  if (load_peer(peer_ctl()->sleeping, std::memory_order_seq_cst) != 0) {
-    const uint64_t one = 1;
-    // EAGAIN means the counter is saturated: it is readable anyway.
-    [[maybe_unused]] const ssize_t n = ::write(peer_.wake.get(), &one, sizeof one);
-    ++shm_stats_.wakeups_sent;
-  }
+  // One wake-up per announced sleep: each announcement carries a new
+  // number, and a byte already sent for this one stays readable until the
+  // peer is awake (it drains only before announcing again).  So a burst of
+  // batches towards a sleeping peer costs one send, not one each.
+  const uint32_t sleep = load_peer(peer_ctl()->sleeping, std::memory_order_seq_cst);
+  if (sleep == 0 || sleep == woken_sleep_ || sock_.get() < 0) return;
+  woken_sleep_ = sleep;
+  // On our own end of the connection, which no other process holds, and
+  // MSG_DONTWAIT whatever its flags: a peer can refuse the byte (a full
+  // socket), never make this wait.  Not an eventfd the peer also holds:
+  // it could clear O_NONBLOCK on the shared description and fill the
+  // counter, and the write would block this loop for good (docs/design.md,
+  // "Trust and security").
+  const char wake = 1;
+  ++shm_stats_.wakeups_sent;
+  const ssize_t n = ::send(sock_.get(), &wake, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  // EAGAIN: the peer has not read earlier wake-ups, so its socket is
+  // readable and it wakes anyway.  EPIPE and the like: the hang-up ends
+  // the link through on_socket_event.
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) ++shm_stats_.wakeups_already_pending;
 }
 
 bool ShmLink::peer_has_more() {
@@ -433,7 +445,10 @@ bool ShmLink::announce_sleep() {
     if (now < bulk_spin_until_) return false;
     bulk_spin_until_ = {};
   }
-  store_own(own_ctl()->sleeping, uint32_t{1}, std::memory_order_seq_cst);
+  // A new number for each announcement (never 0): the peer sends one
+  // wake-up per number (wake_peer_if_sleeping).
+  if (++sleep_number_ == 0) sleep_number_ = 1;
+  store_own(own_ctl()->sleeping, sleep_number_, std::memory_order_seq_cst);
   sleep_announced_ = true;
   return !peer_has_more();
 }
@@ -447,13 +462,13 @@ void ShmLink::withdraw_sleep() {
 void ShmLink::on_socket_event(uint32_t events) {
   if (down_) return;
   if ((events & EPOLLIN) != 0) {
-    char b;
-    const ssize_t n = ::recv(sock_.get(), &b, 1, MSG_DONTWAIT | MSG_PEEK);
-    if (n > 0) {
-      fail("peer sent bytes on the shm socket after the handshake");
-      return;
-    }
-    if (n == 0) peer_gone_ = true;
+    // Wake-up bytes: their value means nothing (the rings say what
+    // arrived).  At most one buffer per event, so a peer that floods the
+    // socket costs one recv per turn; the rest stays readable.
+    std::array<char, 4096> sink;
+    const ssize_t n = ::recv(sock_.get(), sink.data(), sink.size(), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+      peer_gone_ = true;
   }
   if ((events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) != 0) peer_gone_ = true;
   if (!peer_gone_) return;
@@ -472,7 +487,6 @@ void ShmLink::fail(std::string reason) {
   base::log().debug("shm link {} down: {}", description_, down_reason_);
   withdraw_sleep();
   if (in_epoll_) {
-    ::epoll_ctl(owner_.epoll_fd_.get(), EPOLL_CTL_DEL, own_.wake.get(), nullptr);
     ::epoll_ctl(owner_.epoll_fd_.get(), EPOLL_CTL_DEL, sock_.get(), nullptr);
     in_epoll_ = false;
   }
@@ -553,17 +567,12 @@ Result<std::unique_ptr<ShmLink>> ShmTransport::make_link(Fd sock_fd, OwnSegment 
   const int sock = sock_fd.get();
   std::unique_ptr<ShmLink> link(new ShmLink(*this, std::move(sock_fd), std::move(own),
                                             std::move(peer), std::move(description)));
+  // The socket: the peer's wake-up bytes and its hang-up.
   epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = reinterpret_cast<uintptr_t>(link.get());
-  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, link->own_.wake.get(), &ev) != 0)
-    return Status(StatusCode::kInternal, errno_text("epoll_ctl", errno));
   ev.events = EPOLLIN | EPOLLRDHUP;
-  ev.data.u64 = reinterpret_cast<uintptr_t>(link.get()) | kSocketTag;
-  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, sock, &ev) != 0) {
-    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, link->own_.wake.get(), nullptr);
+  ev.data.u64 = reinterpret_cast<uintptr_t>(link.get());
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, sock, &ev) != 0)
     return Status(StatusCode::kInternal, errno_text("epoll_ctl", errno));
-  }
   link->in_epoll_ = true;
   links_.push_back(link.get());
   return link;
@@ -589,15 +598,8 @@ void ShmTransport::handle_events() {
   if (epoll_fd_.get() < 0) return;
   const int n = ::epoll_wait(epoll_fd_.get(), events_, kMaxEvents, 0);
   for (int i = 0; i < n; ++i) {
-    const uint64_t tag = events_[i].data.u64;
-    auto* link = reinterpret_cast<ShmLink*>(static_cast<uintptr_t>(tag & ~kSocketTag));
-    if ((tag & kSocketTag) != 0) {
-      link->on_socket_event(events_[i].events);
-    } else {
-      // Drain the wake-up; the ring itself says what arrived.
-      uint64_t v;
-      [[maybe_unused]] const ssize_t r = ::read(link->own_.wake.get(), &v, sizeof v);
-    }
+    auto* link = reinterpret_cast<ShmLink*>(static_cast<uintptr_t>(events_[i].data.u64));
+    link->on_socket_event(events_[i].events);
   }
 }
 
@@ -633,8 +635,8 @@ size_t ShmTransport::poll(std::span<Completion> out) {
 }
 
 bool ShmTransport::prepare_sleep() {
-  // Drains the eventfds before announcing: a wake-up written after the
-  // announcement stays readable and ends the sleep.
+  // Drains the sockets' wake-up bytes before announcing: a wake-up sent
+  // after the announcement stays readable and ends the sleep.
   handle_events();
   if (!ready_.empty()) return false;
   for (ShmLink* link : links_)

@@ -13,7 +13,9 @@
 // noninline_sends (verbs' meanings, "read from the send slot").  ShmLink
 // gives send_slots() from its creation, before attach(): the sessions map
 // their rings in their constructors.
-// If the peer announced it is going to sleep, its eventfd is written.
+// If the peer announced it is going to sleep, one byte is sent on the
+// link's Unix socket to wake it, with MSG_DONTWAIT: a peer can fill its
+// socket, never make the send wait (docs/design.md, "Trust and security").
 //
 // Receiving (poll): the busy poller reads the sequence word of the peer's
 // next descriptor (no separate head word on the hot path); each new
@@ -33,7 +35,7 @@
 // listens on a Unix domain socket for it (docs/design.md says how).
 //
 // Hot path: post() and poll() are one virtual call per batch; per message
-// no allocation, no lock, no system call (an eventfd write only for a
+// no allocation, no lock, no system call (a wake-up byte only for a
 // sleeping peer, once per batch).
 #pragma once
 
@@ -60,7 +62,10 @@ struct ShmLinkStats {
   uint64_t in_place_sends = 0;  // slot messages built in our segment: no copy
   uint64_t copied_sends = 0;    // slot messages copied into our segment by post()
   uint64_t inline_sends = 0;    // slot messages of <= kInlineMax bytes sent in the descriptor
-  uint64_t wakeups_sent = 0;    // eventfd writes for a sleeping peer
+  uint64_t wakeups_sent = 0;    // wake-up bytes for a sleeping peer (sends tried)
+  // ... of which found the peer's socket full: it has unread wake-ups, so
+  // it is woken all the same (a peer that never reads; never a wait)
+  uint64_t wakeups_already_pending = 0;
   uint64_t backlogged = 0;      // messages that waited for descriptor room
   uint64_t bulk_chunks_sent = 0;      // bulk chunks copied into our staging area
   uint64_t bulk_bytes_sent = 0;       // ... and their bytes
@@ -157,7 +162,7 @@ class ShmLink final : public Link {
   // Writes `d` at `slot`, its sequence word `seq` last (release).
   static void store_descriptor(Descriptor* slot, const Descriptor& d, uint64_t seq);
   // After a seq_cst store of one of our heads: the Dekker pair with the
-  // peer's announce_sleep(), and its eventfd if it sleeps.
+  // peer's announce_sleep(), and a wake-up byte on the socket if it sleeps.
   void wake_peer_if_sleeping();
   // Publishes a descriptor built by the bulk code; false when the ring is
   // full (or the peer's consumed count is nonsense: then the link failed).
@@ -215,6 +220,8 @@ class ShmLink final : public Link {
   bool down_ = false;
   bool peer_gone_ = false;  // the socket hung up; fail once the ring is drained
   bool sleep_announced_ = false;
+  uint32_t sleep_number_ = 0;  // of our last announcement (our `sleeping` word)
+  uint32_t woken_sleep_ = 0;   // the peer's announcement we last sent a wake-up for
   bool in_epoll_ = false;
   LinkStats stats_;
   ShmLinkStats shm_stats_;
@@ -355,7 +362,7 @@ class ShmTransport final : public Transport {
   bool prepare_sleep() override;
   uint64_t bytes_moved() const override { return bulk_bytes_moved_; }
 
-  // Busy polling checks the sockets and eventfds (epoll_wait, a system call)
+  // Busy polling checks the sockets (epoll_wait, a system call)
   // on one poll in this many; sleeping always checks them first.
   static constexpr uint32_t kEpollEvery = 1024;
 

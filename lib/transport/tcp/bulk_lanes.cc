@@ -19,8 +19,7 @@
 
 namespace slotrpc::transport {
 
-Result<std::unique_ptr<BulkLanes>> BulkLanes::start(const Config& loop_config, int loop_epoll_fd,
-                                                    uint64_t slot_frames) {
+Result<std::unique_ptr<BulkLanes>> BulkLanes::start(const Config& loop_config, int loop_epoll_fd) {
   std::unique_ptr<BulkLanes> l(new BulkLanes());
   auto sys_error = [](const char* what) {
     return Status(StatusCode::kResourceExhausted,
@@ -44,18 +43,19 @@ Result<std::unique_ptr<BulkLanes>> BulkLanes::start(const Config& loop_config, i
   ev.data.ptr = l.get();
   if (::epoll_ctl(loop_epoll_fd, EPOLL_CTL_ADD, l->wake_fd_, &ev) != 0) return sys_error("epoll_ctl");
   l->loop_epoll_fd_ = loop_epoll_fd;
-  l->batch_ = loop_config.tcp_lane_sched == LaneScheduling::kBatch;
   l->spin_ = std::chrono::microseconds(loop_config.tcp_lane_spin_us);
   l->lane_cpus_ = loop_config.tcp_lane_cpus;
   l->loop_cpus_ = loop_config.loop_cpus;
-  l->spare_rate_ = loop_config.tcp_lane_spare_rate;
-  l->slot_frames_.store(slot_frames, std::memory_order_relaxed);  // before the thread reads it
   try {
     l->thread_ = std::thread([p = l.get()] { p->run(); });
   } catch (const std::system_error& e) {
     errno = e.code().value();
     return sys_error("thread");
   }
+  // Named here, not by the thread itself: once start() returns, the thread
+  // shows as a lane thread (tools and tests that count them never see it
+  // under its creator's name).
+  pthread_setname_np(l->thread_.native_handle(), "slotrpc-lanes");
   return l;
 }
 
@@ -72,42 +72,14 @@ BulkLanes::~BulkLanes() {
 }
 
 void BulkLanes::run() {
-  pthread_setname_np(pthread_self(), "slotrpc-lanes");
   tid_.store(::gettid(), std::memory_order_release);
   place_thread();
-  // Neither CPU list set: the spare rule moves the thread off the
-  // process's first CPU while small calls go by (lane_placement.h says
-  // why).  A list set: the user placed the threads, and the rule stays off.
-  const bool listed = !lane_cpus_.empty() || !loop_cpus_.empty();
-  LaneSpare spare(base::process_cpus(), listed ? 0 : spare_rate_, LaneSpare::Clock::now());
-  // SCHED_BATCH (Config::tcp_lane_sched = batch): the kernel treats this
-  // thread as the background work it is and lets it preempt no one when it
-  // wakes, so an event loop that wakes for a small call runs first.  On 2
-  // vCPUs beside a 1 GiB transfer that took the small calls' p99 within 2x
-  // of idle in 7 runs of 8 against 3 of 8, but on a host whose cores are
-  // all busy every wake-up of this thread waits for a time slice, and bulk
-  // data moved up to 60 % slower (docs/benchmarks.md); so it is a choice,
-  // not the default.  Any process may choose it; where it cannot, the
-  // thread runs as it is.
-  if (batch_) {
-    sched_param param{};
-    if (int err = pthread_setschedparam(pthread_self(), SCHED_BATCH, &param); err != 0)
-      base::log().debug("bulk lanes: SCHED_BATCH refused: {}", std::strerror(err));
-  }
-  // A refused mask (a cpuset changed under the process) turns the rule
-  // off: the thread stays as it is rather than retry every window.
-  auto apply = [&spare](LaneSpare::Change change) {
-    if (change == LaneSpare::Change::kNone) return;
-    const cpu_set_t& mask = change == LaneSpare::Change::kSpare ? spare.spare_mask() : spare.full_mask();
-    base::log().debug("slotrpc: bulk lanes: {}: on CPUs {}",
-                      change == LaneSpare::Change::kSpare ? "small calls go by" : "small calls stopped",
-                      base::format_cpu_list(mask));
-    if (!base::pin_this_thread(mask)) {
-      base::log().warn("slotrpc: bulk lanes: cannot run on CPUs {} (SLOTRPC_TCP_LANE_SPARE_RATE): {}",
-                       base::format_cpu_list(mask), std::strerror(errno));
-      spare = LaneSpare(mask, 0, LaneSpare::Clock::now());
-    }
-  };
+  // Scheduled like any thread, not SCHED_BATCH: batch kept small calls'
+  // p99 beside a 1 GiB transfer within 2x of idle more often on 2 vCPUs,
+  // but on a host whose cores are all busy every wake-up of this thread
+  // then waited for a time slice and bulk data moved up to 60 % slower
+  // (docs/benchmarks.md).  Keeping bulk copies off the loops' cores is
+  // what SLOTRPC_TCP_LANE_CPUS / SLOTRPC_LOOP_CPUS are for (place_thread).
   std::array<Completion, 64> buf;
   std::array<epoll_event, 2> evs;
   // Spinning (Config::tcp_lane_spin_us): after the last sign of work the
@@ -128,8 +100,6 @@ void BulkLanes::run() {
   // "data that arrives is work").
   auto last_work = std::chrono::steady_clock::now();
   for (;;) {
-    if (spare.enabled())
-      apply(spare.observe(LaneSpare::Clock::now(), slot_frames_.load(std::memory_order_relaxed)));
     size_t n;
     bool moved;
     {

@@ -75,11 +75,7 @@ class BulkLanes {
 
   // Starts the lane thread.  `loop_epoll_fd` gets wake_fd() so that a loop
   // asleep in epoll_wait wakes for lane events.
-  // `slot_frames`: the loop's count so far (note_slot_frames()), so that
-  // the frames of the session's life before its first lane do not look
-  // like a burst to the spare rule.
-  static Result<std::unique_ptr<BulkLanes>> start(const Config& loop_config, int loop_epoll_fd,
-                                                  uint64_t slot_frames = 0);
+  static Result<std::unique_ptr<BulkLanes>> start(const Config& loop_config, int loop_epoll_fd);
   // Stops and joins the thread.  Every lane link must be destroyed first.
   ~BulkLanes();
   BulkLanes(const BulkLanes&) = delete;
@@ -90,14 +86,6 @@ class BulkLanes {
 
   // Loop thread.  pending(): cheap check (an atomic) for poll and sleep.
   bool pending() const { return pending_.load(std::memory_order_acquire); }
-  // Loop thread, every poll: its running count of slot frames
-  // (TcpTransport::slot_frames()), which the lane thread's spare rule
-  // reads (lane_placement.h).  Relaxed: one writer, and a reader that only
-  // wants a recent value.  Stored only when it changed, so that an idle
-  // loop does not take the cache line from the lane thread every turn.
-  void note_slot_frames(uint64_t frames) {
-    if (slot_frames_.load(std::memory_order_relaxed) != frames) slot_frames_.store(frames, std::memory_order_relaxed);
-  }
   // Appends every queued event to `out`, in order, and clears the wake.
   void take(std::vector<Event>& out);
   // Removes the queued events of `link` (it is being destroyed); with
@@ -130,13 +118,10 @@ class BulkLanes {
   int wake_fd_ = -1;   // eventfd: the loop's wake (in the loop's epoll set)
   int stop_fd_ = -1;   // eventfd: stops the lane thread
   int wait_fd_ = -1;   // epoll of the lane thread: transport_'s epoll fd and stop_fd_
-  bool batch_ = false;  // the thread runs SCHED_BATCH (Config::tcp_lane_sched)
   std::chrono::microseconds spin_{0};  // Config::tcp_lane_spin_us
   std::string lane_cpus_, loop_cpus_;  // Config::tcp_lane_cpus, Config::loop_cpus
   std::atomic<pid_t> tid_{0};
   std::atomic<uint64_t> sleeps_{0};
-  std::atomic<uint64_t> slot_frames_{0};  // note_slot_frames()
-  uint32_t spare_rate_ = 0;               // Config::tcp_lane_spare_rate
   std::thread thread_;
 
   std::mutex events_mu_;

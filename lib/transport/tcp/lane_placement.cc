@@ -26,43 +26,4 @@ std::optional<cpu_set_t> lane_placement(std::string_view lane_cpus, std::string_
   return rest;
 }
 
-LaneSpare::LaneSpare(const cpu_set_t& process, uint32_t rate, Clock::time_point now)
-    : rate_(rate), full_(process), spare_(process), window_start_(now) {
-  for (unsigned c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &spare_)) {
-      CPU_CLR(c, &spare_);  // the first CPU: the same one in every process
-      break;
-    }
-  }
-  enabled_ = rate != 0 && CPU_COUNT(&spare_) > 0;
-}
-
-LaneSpare::Change LaneSpare::observe(Clock::time_point now, uint64_t frames) {
-  if (!enabled_) return Change::kNone;
-  if (!counting_) {  // the first look only sets the baseline
-    counting_ = true;
-    frames_at_start_ = frames;
-    window_start_ = now;
-    return Change::kNone;
-  }
-  const Clock::duration elapsed = now - window_start_;
-  if (elapsed < kWindow) return Change::kNone;
-  // The rate over the whole time since the last verdict: a lane thread
-  // that slept 100 ms in epoll_wait judges those 100 ms, not the last 5.
-  const uint64_t seen = frames - frames_at_start_;
-  const bool busy = seen != 0 && static_cast<double>(seen) >= rate_ * std::chrono::duration<double>(elapsed).count();
-  frames_at_start_ = frames;
-  window_start_ = now;
-  if (busy) {
-    quiet_ = 0;
-    if (sparing_) return Change::kNone;
-    sparing_ = true;
-    return Change::kSpare;
-  }
-  if (!sparing_ || ++quiet_ < kQuietWindows) return Change::kNone;
-  sparing_ = false;
-  quiet_ = 0;
-  return Change::kRestore;
-}
-
 }  // namespace slotrpc::transport

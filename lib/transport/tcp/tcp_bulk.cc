@@ -403,7 +403,9 @@ bool TcpLink::on_bulk_header() {
           fail("peer sent a failed read with data");
           return false;
         }
-        end_read(it, peer_failure_status(h.status));
+        // The peer's code as it came (16 bits at most): the reader names it
+        // in its error, and takes one it does not know as UNAVAILABLE.
+        end_read(it, static_cast<StatusCode>(std::min<uint32_t>(h.status, UINT16_MAX)));
         flush_pending();
         return !down_;
       }

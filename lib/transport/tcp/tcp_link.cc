@@ -38,6 +38,7 @@ TcpLink::TcpLink(TcpTransport& owner, tcp::socket socket, std::string descriptio
       // Until attach() gives the geometry, only control frames are possible.
       budget_bytes_(TcpTransport::output_budget(0, 0)) {
   pending_.reserve(kPendingReserve);
+  read_budget_ = kReadBudget;
   staging_ = std::make_unique_for_overwrite<std::byte[]>(TcpTransport::kStagingBytes);
   // A session's link exposes with keys below kLaneKeyBit; a lane gets the
   // rest (attach_lane).
@@ -105,7 +106,7 @@ void TcpLink::post(std::span<const Outgoing> batch) {
       fail("post: invalid message of " + std::to_string(o.length) + " bytes");
       return;
     }
-    const bool control = o.lane == Lane::kControl;
+    const bool control = o.delivery == Delivery::kControl;
     if (control && o.length != transport::kHeaderSize) {
       fail("post: control message of " + std::to_string(o.length) + " bytes, expected " +
            std::to_string(transport::kHeaderSize));
@@ -150,7 +151,6 @@ void TcpLink::post(std::span<const Outgoing> batch) {
 }
 
 void TcpLink::flush_pending() {
-  const int fd = socket_.native_handle();
   std::vector<iovec>& iov = owner_.iov_;
   bool progress = false;
   uint64_t bulk_sent = 0;  // bulk body bytes handed to the kernel in this call
@@ -201,7 +201,7 @@ void TcpLink::flush_pending() {
     msg.msg_iovlen = n_iov;
     // sendmsg rather than writev: MSG_NOSIGNAL turns a dead peer into EPIPE
     // instead of a process-killing SIGPIPE.
-    const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n = send_fn_(*this, msg);
     ++stats_.doorbells;
     if (n < 0) {
       const int err = errno;
@@ -325,8 +325,7 @@ void TcpLink::on_readable(bool drain_all) {
   // Waiting at a FENCE (even on a broken socket: what is buffered may only
   // be delivered after the lane's data), or for a parked push's reader.
   if (fenced_ || parked_) return;
-  const int fd = socket_.native_handle();
-  for (int reads = 0; !down_ && (drain_all || reads < kReadBudget); ++reads) {
+  for (int reads = 0; !down_ && (drain_all || reads < read_budget_); ++reads) {
     // Completions not yet taken by poll() are memory a peer can grow too:
     // leave the rest in the socket (level-triggered epoll comes back).
     if (!drain_all && owner_.backlog() >= TcpTransport::kReadyLimit) return;
@@ -384,7 +383,7 @@ void TcpLink::on_readable(bool drain_all) {
         room = std::min(room, frame_left);
       }
     }
-    const ssize_t n = ::recv(fd, dst, room, MSG_DONTWAIT);
+    const ssize_t n = recv_fn_(*this, dst, room);
     if (n == 0) {
       fail("peer closed the connection");
       return;
@@ -412,7 +411,9 @@ void TcpLink::on_readable(bool drain_all) {
     // Fewer bytes than asked: the socket is drained; skip the EAGAIN call
     // (unless more of a bulk frame is on its way to a quiet link: above;
     // a short read never completes the frame).
-    if (static_cast<size_t>(n) < room && !drain_all && !read_on) return;
+    // (TLS: a read returns a record at most; the stream knows whether the
+    // socket came back short.)
+    if (!drain_all && !read_on && (tls_ == nullptr ? static_cast<size_t>(n) < room : tls_->drained())) return;
   }
 }
 
@@ -614,9 +615,9 @@ LinkStats TcpLink::stats() const {
   LinkStats s = stats_;
   if (lane_ != nullptr) {
     std::lock_guard<std::mutex> lock(owner_.lanes_->mu());
-    s.bulk_lane = true;
-    s.lane_bytes_sent = lane_->lane_out_;
-    s.lane_bytes_received = lane_->lane_in_.load(std::memory_order_relaxed);
+    s.attached = true;
+    s.attached_bytes_sent = lane_->lane_out_;
+    s.attached_bytes_received = lane_->lane_in_.load(std::memory_order_relaxed);
     // The lane's transfers are this session's (drop_lane keeps them once
     // the lane is gone).
     s.bulk_requests += lane_->stats_.bulk_requests;

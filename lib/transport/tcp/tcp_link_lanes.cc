@@ -99,6 +99,36 @@ Status TcpLink::attach_lane(int fd) {
   return Status::ok_status();
 }
 
+Status TcpLink::attach_connection(Result<int> connection) {
+  Status st = connection.ok() ? attach_lane(connection.value()) : connection.status();
+  // A session without its lane still works: bulk data shares its connection.
+  if (!st.ok())
+    base::log().warn("slotrpc: {}: no bulk lane, bulk data shares the connection: {}",
+                     description_, st.message());
+  return st;
+}
+
+std::vector<std::byte> TcpLink::offer_attachment(uint16_t route) {
+  if (lane_threshold_ == 0 || tls_ != nullptr) return {};  // none outside TLS
+  const uint64_t token = offer_lane(route);
+  if (token == 0) return {};
+  std::vector<std::byte> out(kLaneTokenSize);
+  encode_lane_token(token, out.data());
+  return out;
+}
+
+// Little endian, so the route (the low 16 bits) is the token's first two
+// bytes, as transport::attachment_route() reads them.
+void TcpLink::encode_lane_token(uint64_t token, std::byte* out) {
+  for (size_t i = 0; i < kLaneTokenSize; ++i) out[i] = static_cast<std::byte>(token >> (8 * i));
+}
+
+uint64_t TcpLink::decode_lane_token(const std::byte* in) {
+  uint64_t token = 0;
+  for (size_t i = 0; i < kLaneTokenSize; ++i) token |= std::to_integer<uint64_t>(in[i]) << (8 * i);
+  return token;
+}
+
 uint64_t TcpLink::offer_lane(uint16_t route) {
   if (lane_token_ != 0 || lane_ != nullptr || down_ || lane_mode_) return 0;
   // Unguessable: whoever presents it gets this session's lane.

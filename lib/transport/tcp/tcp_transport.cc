@@ -50,7 +50,8 @@ TcpTransport::~TcpTransport() {
   if (epoll_fd_ >= 0) ::close(epoll_fd_);
 }
 
-Result<std::unique_ptr<TcpLink>> TcpTransport::adopt(int fd, std::string description) {
+Result<std::unique_ptr<TcpLink>> TcpTransport::adopt(int fd, std::string description,
+                                                     std::shared_ptr<tls::Stream> tls) {
   // Ownership is taken even on failure, so the caller never has to work
   // out whether the fd still needs closing.
   auto refuse = [fd](StatusCode code, std::string why) -> Result<std::unique_ptr<TcpLink>> {
@@ -88,6 +89,12 @@ Result<std::unique_ptr<TcpLink>> TcpTransport::adopt(int fd, std::string descrip
   if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0)
     return Status(StatusCode::kInternal, errno_text("epoll_ctl", errno));
   link->in_epoll_ = true;
+  if (tls != nullptr) {
+    tls->set_fd(fd);
+    link->use_tls(std::move(tls));
+    // What OpenSSL read ahead during the handshake, epoll will not report.
+    if (link->tls_->pending_in()) watch_tls(link.get());
+  }
   return link;
 }
 
@@ -109,12 +116,9 @@ size_t TcpTransport::poll(std::span<Completion> out) {
   if (!stalled_.empty()) check_stalled();
   ++polls_;
   if (!push_watch_.empty()) check_pushes();
+  if (!tls_watch_.empty()) check_tls();
   // What the lane thread finished (one atomic load when there is nothing).
   if (lanes_pending()) drain_lane_events();
-  // The lane thread's spare rule (lane_placement.h) reads how many slot
-  // frames went by, up to the last turn: a compare, and a relaxed store
-  // when the count changed.
-  if (lanes_ != nullptr) lanes_->note_slot_frames(slot_frames_);
   size_t got = drain(out);
   // Already-queued work comes first; reading more before the consumer has
   // taken it would only grow the queue.
@@ -143,7 +147,11 @@ void TcpTransport::handle_event(const epoll_event& e) {
   {
     const uint32_t ev = e.events;
     const bool broken = (ev & (EPOLLERR | EPOLLHUP)) != 0;
-    if (!link->down_ && (ev & (EPOLLIN | EPOLLERR | EPOLLHUP))) link->on_readable(broken);
+    if (!link->down_ && (ev & (EPOLLIN | EPOLLERR | EPOLLHUP))) {
+      link->on_readable(broken);
+      if (link->tls_ != nullptr && !link->down_ && !link->tls_watched_ && link->tls_->pending_in())
+        watch_tls(link);
+    }
     if (!link->down_ && (ev & EPOLLOUT)) link->on_writable();
     if (!link->down_ && broken) {
       // Reading found neither EOF nor an error (it can happen with HUP and
@@ -198,6 +206,7 @@ void TcpTransport::forget(TcpLink* link) {
   completions_taken_ += static_cast<uint64_t>(ready_.end() - kept);  // never handed out: as good as taken
   ready_.erase(kept, ready_.end());
   if (link->push_watched_) std::erase(push_watch_, link);
+  if (link->tls_watched_) std::erase(tls_watch_, link);
   if (ready_head_ == ready_.size()) {
     ready_.clear();
     ready_head_ = 0;
@@ -207,7 +216,7 @@ void TcpTransport::forget(TcpLink* link) {
 Result<BulkLanes*> TcpTransport::lanes() {
   if (lanes_ == nullptr) {
     if (epoll_fd_ < 0) return Status(StatusCode::kInternal, errno_text("epoll_create1", epoll_errno_));
-    auto started = BulkLanes::start(config_, epoll_fd_, slot_frames_);
+    auto started = BulkLanes::start(config_, epoll_fd_);
     if (!started.ok()) return started.status();
     lanes_ = std::move(started.value());
   }
@@ -257,12 +266,24 @@ Status TcpTransport::accept_lane(uint64_t token, int fd) {
     ::close(fd);
     return Status(StatusCode::kInvalidArgument,
                   "no session of this loop offered that bulk lane token (its session may have "
-                  "ended, or it has its lane)");
+                  "ended, or it has its lane, or the server has lanes off)");
   }
   TcpLink* link = it->second;
   lane_offers_.erase(it);
   link->lane_token_ = 0;
   return link->attach_lane(fd);
+}
+
+Status TcpTransport::accept_attachment(std::span<const std::byte> token, int fd) {
+  // A server with lanes off offered no token, so accept_lane refuses
+  // every one (its sessions' Config decides, not the loop's).
+  if (token.size() != TcpLink::kLaneTokenSize) {
+    ::close(fd);
+    return Status(StatusCode::kInvalidArgument,
+                  fmt::format("a bulk lane hello carries an {}-byte token, not {} bytes",
+                              TcpLink::kLaneTokenSize, token.size()));
+  }
+  return accept_lane(TcpLink::decode_lane_token(token.data()), fd);
 }
 
 std::vector<Completion> TcpTransport::take_completions_of(TcpLink* link) {

@@ -63,6 +63,11 @@
 // side decides: such an exposure is made on the lane, and its rkey (bit 31
 // set) tells the peer's link to read or write it through the lane.  A
 // FENCE frame on this connection keeps each reply behind its lane data.
+//
+// TLS (tcp_tls_io.cc): a link adopted with a tls::Stream reads and writes
+// through it instead of the socket; the two I/O functions are chosen once,
+// when the link is made, and the framing above is the same.  Lanes are
+// off on TLS sessions (rpc/ never opens one).
 #pragma once
 
 #include <sys/epoll.h>
@@ -83,6 +88,7 @@
 #include "slotrpc/config.h"
 #include "transport/host_bulk.h"
 #include "transport/tcp/bulk_lanes.h"
+#include "transport/tls/tls_stream.h"
 #include "transport/transport.h"
 
 namespace slotrpc::transport {
@@ -161,6 +167,21 @@ class TcpLink final : public Link {
   bool push_parked() const { return parked_; }
 
   // ---- Bulk lanes (bulk_lanes.h; not hot path) ----
+  // The lane is this link's attached connection (transport.h, "Attached
+  // connections"): these overrides speak that interface, the methods
+  // after them are the lane's own.
+  // Reads the session's Config::tcp_bulk_lane (0: no lane for this session).
+  void configure(const Config& config) override { lane_threshold_ = config.tcp_bulk_lane; }
+  // TLS links have no lane: it would be a second connection outside TLS.
+  uint64_t attachment_threshold() const override { return tls_ != nullptr ? 0 : lane_threshold_; }
+  // Attaches the lane, or logs that the session goes on without one.
+  Status attach_connection(Result<int> connection) override;
+  // The lane token (offer_lane), little endian; empty with lanes off.
+  std::vector<std::byte> offer_attachment(uint16_t route) override;
+  static constexpr size_t kLaneTokenSize = 8;
+  static void encode_lane_token(uint64_t token, std::byte* out);
+  static uint64_t decode_lane_token(const std::byte* in);
+
   // Adopts `fd`, a connection whose handshake made it this link's lane
   // (either side), into the loop's lane thread.  Takes the fd even on failure.
   Status attach_lane(int fd);
@@ -191,8 +212,19 @@ class TcpLink final : public Link {
   void on_writable();
   void flush_pending();
   bool output_waiting() const {
-    return pending_head_ < pending_.size() || bulk_pending_head_ < bulk_pending_.size();
+    return pending_head_ < pending_.size() || bulk_pending_head_ < bulk_pending_.size() ||
+           (tls_ != nullptr && tls_->pending_out());
   }
+  // The link's I/O (tcp_tls_io.cc), chosen once: the socket's sendmsg and
+  // recv, or a TLS link's Stream.  Same contract as the system calls
+  // (bytes, or -1 with errno); a TLS error fails the link with its reason.
+  using SendFn = ssize_t (*)(TcpLink&, const msghdr&);
+  using RecvFn = ssize_t (*)(TcpLink&, std::byte*, size_t);
+  static ssize_t plain_send(TcpLink& l, const msghdr& msg);
+  static ssize_t plain_recv(TcpLink& l, std::byte* dst, size_t len);
+  static ssize_t tls_send(TcpLink& l, const msghdr& msg);
+  static ssize_t tls_recv(TcpLink& l, std::byte* dst, size_t len);
+  void use_tls(std::shared_ptr<tls::Stream> stream);
   void fail(std::string reason);
   void update_epoll_interest();
   // Starts or ends the backpressure and the drain clock after the queue of
@@ -341,6 +373,15 @@ class TcpLink final : public Link {
 
   TcpTransport& owner_;
   boost::asio::ip::tcp::socket socket_;
+  SendFn send_fn_ = &plain_send;
+  RecvFn recv_fn_ = &plain_recv;
+  // TLS: the Stream, and how reading differs.  A record is at most 16 KiB,
+  // so a short read does not mean the socket is drained (Stream::drained
+  // does), and an event may read more times; bytes OpenSSL read ahead are
+  // invisible to epoll, so the transport comes back for them (tls_watch_).
+  std::shared_ptr<tls::Stream> tls_;
+  int read_budget_ = 0;  // reads per event: tcp_limits::kReadBudget, more on TLS
+  bool tls_watched_ = false;
   std::string description_;
   void* context_ = nullptr;
   MemoryRegion ring_{};
@@ -457,6 +498,7 @@ class TcpLink final : public Link {
   bool fenced_ = false;
   uint64_t fence_at_ = 0;
   uint64_t lane_token_ = 0;           // server: offered, not yet claimed
+  uint64_t lane_threshold_ = 0;       // configure(): the session's tcp_bulk_lane
   uint64_t lane_out_ = 0;             // lane mode: bytes handed to the kernel
   std::atomic<uint64_t> lane_in_{0};  // lane mode: bytes received and in place
   std::atomic<uint64_t> fence_watch_{0};  // lane mode: 0, or what a FENCE waits for
@@ -474,14 +516,18 @@ class TcpTransport final : public Transport {
   ~TcpTransport() override;
 
   // Takes ownership of a connected socket (handshake already done on it).
-  // Sets O_NONBLOCK and TCP_NODELAY and watches it with epoll.
-  Result<std::unique_ptr<TcpLink>> adopt(int fd, std::string description);
+  // Sets O_NONBLOCK and TCP_NODELAY and watches it with epoll.  `tls`: the
+  // connection's TLS stream (its handshake done), which the link then
+  // reads and writes through.
+  Result<std::unique_ptr<TcpLink>> adopt(int fd, std::string description,
+                                         std::shared_ptr<tls::Stream> tls = nullptr);
 
   std::string_view name() const override { return "tcp"; }
   size_t poll(std::span<Completion> out) override;
   int wait_fd() const override { return epoll_fd_; }
   bool prepare_sleep() override {
-    return ready_head_ == ready_.size() && !lanes_pending() && push_watch_.empty();
+    return ready_head_ == ready_.size() && !lanes_pending() && push_watch_.empty() &&
+           (tls_watch_.empty() || !tls_readable());
   }
 
   static constexpr size_t kStagingBytes = 256 * 1024;
@@ -586,6 +632,8 @@ class TcpTransport final : public Transport {
   // Server loop: the connection `fd` presented `token` (TcpLink::offer_lane)
   // in its lane Hello; it becomes that link's lane.  Takes the fd.
   Status accept_lane(uint64_t token, int fd);
+  // The same for a token as the handshake carried it (its size checked).
+  Status accept_attachment(std::span<const std::byte> token, int fd) override;
   // The lane transport's completions for `link`, removed from its queue.
   std::vector<Completion> take_completions_of(TcpLink* link);
   // For tests: the lane thread's lock (null before the first lane), to
@@ -609,6 +657,12 @@ class TcpTransport final : public Transport {
   // poll() settles them first, see check_pushes().
   void watch_push(TcpLink* link);
   void check_pushes();
+  // TLS links whose Stream holds input epoll cannot see (tcp_tls_io.cc):
+  // poll() reads them until it is gone; the loop does not sleep while one
+  // of them may read.
+  void watch_tls(TcpLink* link);
+  void check_tls();
+  bool tls_readable() const;
   Result<BulkLanes*> lanes();  // started on the first lane
   bool lanes_pending() const;
   void drain_lane_events();
@@ -635,6 +689,7 @@ class TcpTransport final : public Transport {
   uint64_t completions_queued_ = 0;  // ever pushed to ready_ ...
   uint64_t completions_taken_ = 0;   // ... and handed out by poll()
   std::vector<TcpLink*> push_watch_;
+  std::vector<TcpLink*> tls_watch_;
   std::vector<iovec> iov_;  // writev scratch shared by all links (one thread)
   std::vector<Completion> ready_;
   size_t ready_head_ = 0;

@@ -29,7 +29,7 @@ void VerbsLink::post(std::span<const Outgoing> batch) {
     }
     Pending& p = backlog_.emplace_back();
     p.out = o;
-    if (o.lane == Lane::kControl) {
+    if (o.delivery == Delivery::kControl) {
       if (o.data == nullptr || o.length != transport::kHeaderSize) {
         backlog_.pop_back();
         return fail(fmt::format("post: control message of {} bytes, expected {}", o.length,
@@ -65,7 +65,7 @@ bool VerbsLink::prepare(size_t i, const Outgoing& o) {
   s.addr = reinterpret_cast<uintptr_t>(o.data);
   s.length = o.length;
   const uint64_t seq = send_seq_++;
-  if (o.lane == Lane::kControl) {
+  if (o.delivery == Delivery::kControl) {
     if (o.length != transport::kHeaderSize) {
       fail(fmt::format("post: control message of {} bytes, expected {}", o.length,
                        transport::kHeaderSize));
@@ -151,7 +151,7 @@ void VerbsLink::flush_backlog() {
   while (backlog_head_ < backlog_.size() && j < room) {
     Pending& p = backlog_[backlog_head_];
     if (p.kind == Pending::Kind::kMessage) {
-      if (p.out.lane == Lane::kControl) p.out.data = p.control.data();
+      if (p.out.delivery == Delivery::kControl) p.out.data = p.control.data();
       if (!prepare(j, p.out)) return;
       ++j;
     } else {

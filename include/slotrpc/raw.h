@@ -1,0 +1,138 @@
+// Raw, untyped calls: the request as a builder callback, the reply as
+// bytes read in place in its receive slot.  The typed layer (Reply<T> in
+// reply.h, typed.h, the stubs slotrpc-gen writes) is built on these; the
+// untyped entry points are the Channel members that take a RequestWriter
+// and a ReplySink or return a Future<RawReply> (channel.h: call,
+// call_stream, open_stream).
+//
+// A RawReply points into the Channel's receive ring: no copy is made.
+// While it lives, its slot stays reserved, which costs the Channel one
+// credit; destroy it (or call release()) once you are done.  Holding every
+// reply of a channel therefore stalls new calls, which then wait in the
+// channel's queue.
+#pragma once
+
+#include <flatbuffers/flatbuffers.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "slotrpc/metadata.h"
+#include "slotrpc/status.h"
+
+namespace slotrpc {
+
+namespace detail {
+// Implemented by the client session; returns a slot when a reply is dropped.
+class ReplyOwner;
+// The client session's access to what it fills in (lib/core/).
+struct ReplyAccess;
+SLOTRPC_API void release_reply(const std::shared_ptr<ReplyOwner>& owner, uint16_t slot, uint32_t generation);
+}  // namespace detail
+
+class RawReply {
+ public:
+  RawReply() = default;
+  explicit RawReply(Status status) : status_(std::move(status)) {}
+  RawReply(Status status, std::span<const std::byte> payload,
+           std::shared_ptr<detail::ReplyOwner> owner, uint16_t slot, uint32_t generation)
+      : status_(std::move(status)),
+        payload_(payload),
+        owner_(std::move(owner)),
+        slot_(slot),
+        generation_(generation) {}
+  // Member by member: a reply moves several times on its way to the
+  // caller, and constructing empty, then releasing nothing, then assigning
+  // cost more than the move itself.
+  RawReply(RawReply&& o) noexcept
+      : status_(std::move(o.status_)),
+        payload_(std::exchange(o.payload_, {})),
+        owner_(std::move(o.owner_)),
+        slot_(o.slot_),
+        generation_(o.generation_),
+        bulk_received_(std::move(o.bulk_received_)),
+        trailers_(std::move(o.trailers_)) {}
+  RawReply& operator=(RawReply&& o) noexcept {
+    if (this != &o) {
+      release();
+      status_ = std::move(o.status_);
+      payload_ = o.payload_;
+      owner_ = std::move(o.owner_);
+      slot_ = o.slot_;
+      generation_ = o.generation_;
+      bulk_received_ = std::move(o.bulk_received_);
+      trailers_ = std::move(o.trailers_);
+      o.payload_ = {};
+    }
+    return *this;
+  }
+  RawReply(const RawReply&) = delete;
+  RawReply& operator=(const RawReply&) = delete;
+  ~RawReply() { release(); }
+
+  const Status& status() const { return status_; }
+  bool ok() const { return status_.ok(); }
+  // The reply FlatBuffer (empty unless ok()).
+  std::span<const std::byte> payload() const { return payload_; }
+  const uint8_t* data() const { return reinterpret_cast<const uint8_t*>(payload_.data()); }
+  size_t size() const { return payload_.size(); }
+
+  // Bulk calls (CallOptions::receive_bulk): how many bytes the handler
+  // wrote into receive segment i (the end of the furthest write_bulk), 0
+  // for a segment it did not write.  Kept after release().
+  uint64_t bulk_received(size_t i) const { return i < bulk_received_.size() ? bulk_received_[i] : 0; }
+
+  // The server's trailers (ServerCall::add_trailer), on success and on
+  // failure alike; kept after release().
+  const Metadata& trailers() const { return trailers_; }
+  // The first trailer named `key`, or null.
+  const std::string* trailer(std::string_view key) const {
+    for (const auto& [k, v] : trailers_)
+      if (k == key) return &v;
+    return nullptr;
+  }
+
+  // Gives the slot back now; payload() is empty afterwards.
+  void release() {
+    if (owner_) {
+      detail::release_reply(owner_, slot_, generation_);
+      owner_.reset();
+    }
+    payload_ = {};
+  }
+
+ private:
+  friend struct detail::ReplyAccess;
+  // The client session fills it from the reply's descriptor block.
+  void set_bulk_received(std::vector<uint64_t> lengths) { bulk_received_ = std::move(lengths); }
+
+  Status status_;
+  std::span<const std::byte> payload_;
+  std::shared_ptr<detail::ReplyOwner> owner_;
+  uint16_t slot_ = 0;
+  uint32_t generation_ = 0;
+  std::vector<uint64_t> bulk_received_;  // empty unless the call had receive segments
+  Metadata trailers_;                    // empty unless the server sent some
+};
+
+
+// Builds the request FlatBuffer and calls Finish().  It runs on the
+// channel's event loop as soon as a slot is free, writing straight into the
+// registered send slot (zero copy) - possibly after call() returned, so
+// capture by value what it needs.  A request larger than the slot throws
+// inside the builder; the call then fails with RESOURCE_EXHAUSTED and
+// nothing is sent.
+using RequestWriter = std::function<void(flatbuffers::FlatBufferBuilder&)>;
+
+// Receives the outcome of a call on the channel's event loop.  Keep the
+// RawReply (move it) to read it later; drop it to free its slot at once.
+using ReplySink = std::function<void(RawReply&&)>;
+
+}  // namespace slotrpc
