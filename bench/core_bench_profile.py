@@ -35,8 +35,8 @@ PARTS = [
     ("wire header encode/decode/validate", r"slotrpc::core::(encode_header|decode_header|validate_header|control_header)"),
     ("server: handler (Echo, builds the reply)", r"(EchoHandler::|add_typed_unary|ReplyBuilder)"),
     ("application: request writer, reply sink", r"(anon.*Bench|\(anonymous namespace\)::Bench|Bench::Run)"),
-    ("server: dispatch, reply, slot state", r"slotrpc::core::ServerSession::|ServerCall"),
-    ("client: submit, send, reply, slot state", r"slotrpc::core::ClientSession::|slotrpc::core::PendingCall|release_reply|slotrpc::RawReply::|slotrpc::core::Outbox|slotrpc::core::SlotBuilder"),
+    ("server: dispatch, reply, slot state", r"slotrpc::core::ServerSession\b|ServerCall"),
+    ("client: submit, send, reply, slot state", r"slotrpc::core::ClientSession\b|slotrpc::core::PendingCall|release_reply|slotrpc::RawReply::|slotrpc::core::Outbox|slotrpc::core::SlotBuilder"),
     ("memory link (post, copy, completion queue)", r"slotrpc::transport::memory::"),
     ("reactor turn (poll loop, tasks, timers)", r"(slotrpc::reactor::Reactor::|slotrpc::core::Loop::|TimerHeap|MpscQueue)"),
 ]
@@ -48,9 +48,9 @@ SIDES = [
      r"(slotrpc::reactor::|slotrpc::core::Loop::|TimerHeap|MpscQueue|slotrpc::transport::memory::|"
      r"FiberPool::|jump_fcontext|ontop_fcontext|fiber_entry|fiber_record)"),
     ("server side (dispatch, verifier, handler, reply)",
-     r"(slotrpc::core::ServerSession::|ServerCall|EchoHandler::|add_typed_unary|ServiceDefinition::verify_as|ReplyBuilder)"),
+     r"(slotrpc::core::ServerSession\b|ServerCall|EchoHandler::|add_typed_unary|ServiceDefinition::verify_as|ReplyBuilder)"),
     ("client side (submit, writer, reply, verifier, sink)",
-     r"(slotrpc::core::ClientSession::|slotrpc::core::PendingCall|release_reply|slotrpc::RawReply::|slotrpc::Reply<|"
+     r"(slotrpc::core::ClientSession\b|slotrpc::core::PendingCall|release_reply|slotrpc::RawReply::|slotrpc::Reply<|"
      r"anon.*Bench|\(anonymous namespace\)::Bench|Bench::Run)"),
 ]
 SIDES = [(name, re.compile(rx)) for name, rx in SIDES]
