@@ -6,10 +6,11 @@
 // Bottom first: base, transport, core, reactor, metrics, rpc.  A folder may
 // include its own files, the folders below it, the public headers
 // (slotrpc/...) and the generated headers of the build.  On top of that:
-//   * transport/tcp, transport/verbs and transport/shm do not include one
-//     another: each transport depends on transport/'s own files and base/;
-//     transport/tls (TLS contexts and connections) is no transport: any
-//     of them, and rpc/, may use it, and it includes only base/;
+//   * transport/tcp, transport/verbs, transport/shm and transport/memory do
+//     not include one another: each transport depends on transport/'s own
+//     files and base/; transport/tls (TLS contexts and connections) is no
+//     transport: any of them, and rpc/, may use it, and it includes only
+//     base/;
 //   * core/ sees only the transport interface (transport/transport.h,
 //     transport/frame.h), never a concrete transport;
 //   * the reactor names no concrete transport either, and metrics/ neither:
@@ -45,7 +46,7 @@ const std::vector<std::string> kLayers = {"base", "transport", "core", "reactor"
 // Headers the build generates (no folder): allowed everywhere.
 const std::vector<std::string> kGenerated = {"slotrpc_verbs_config.h", "admin.slotrpc.h", "health.slotrpc.h"};
 
-const std::vector<std::string> kTransports = {"tcp", "verbs", "shm"};
+const std::vector<std::string> kTransports = {"tcp", "verbs", "shm", "memory"};
 
 int layer_of(const std::string& folder) {
   auto it = std::find(kLayers.begin(), kLayers.end(), folder);

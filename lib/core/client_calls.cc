@@ -75,14 +75,19 @@ void ClientSession::submit(PendingCall* call) {
   assert(loop_.on_this_thread());
   // Metrics: plain integers of this loop.  The first call of a method id on
   // this loop inserts its entry (one allocation per method and loop, ever);
-  // every later call finds it.
+  // every later call finds it, a call of the same method as the last one
+  // without a hash lookup (entries are never erased, so the pointer stays
+  // valid).
   core::SideCounters& counters = owner_counters().client;
   ++counters.calls.started;
   call->counters = &counters;
-  call->method_counters = &counters.methods[call->method_id];
+  if (last_method_.side != &counters || last_method_.id != call->method_id) {
+    last_method_ = {&counters, call->method_id, &counters.methods[call->method_id]};
+  }
+  call->method_counters = last_method_.counters;
   if (call->method_name != nullptr) call->method_counters->name = call->method_name;
   ++call->method_counters->started;
-  call->submitted = Clock::now();
+  call->submitted = loop_.stamp();  // a call issued by a callback: its batch's clock read
   if (closed_) return fail_later(call, close_status_);
   if (call->request_id == 0) call->request_id = next_request_id();
   if (call->client_stream && (peer_features_ & kFeatureClientStreams) == 0) {
@@ -273,7 +278,7 @@ void ClientSession::abort_call(uint16_t slot, Status status, uint16_t wire_statu
 // A bulk call ends: the peer loses access to its memory first (on verbs
 // the windows' invalidations are posted now and the call completes with
 // their kBulkDone).  Calls without bulk segments finish at once.
-void ClientSession::end_call(PendingCall* call, RawReply reply) {
+void ClientSession::end_call(PendingCall* call, RawReply&& reply) {
   if (hold_for_revoke(call, reply)) return;
   finish(call, std::move(reply));
 }
@@ -465,12 +470,16 @@ void ClientSession::count_bulk_in(const PendingCall& call, const std::vector<uin
   call.method_counters->bulk_bytes_in += n;
 }
 
-// Hot path: a clock read and a few increments of the loop's counters.
+// Hot path: at most one clock read and a few increments of the loop's counters.
 // Runs on the loop (completions and posted failures do).
 void ClientSession::count_finished(PendingCall* call, StatusCode code) {
   if (call->counters == nullptr) return;  // never submitted to a session
   ++call->counters->calls.finished[core::code_index(code)];
-  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - call->submitted);
+  // On the loop that ran the call (static: completions posted from any
+  // thread end here too); the batch's clock read inside a callback.
+  const core::Loop* loop = core::Loop::current();
+  const Clock::time_point end = loop != nullptr ? loop->stamp() : Clock::now();
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(end - call->submitted);
   call->method_counters->finish(code, static_cast<uint64_t>(std::max<int64_t>(0, us.count())));
   call->counters = nullptr;
 }

@@ -257,7 +257,7 @@ class ClientSession final : public SessionBase,
   void protocol_error(std::string reason);
   // Bulk calls: ends `call` with `reply` once its exposures are revoked
   // (at once when there are none, or they are unreachable already).
-  void end_call(PendingCall* call, RawReply reply);
+  void end_call(PendingCall* call, RawReply&& reply);
   bool hold_for_revoke(PendingCall* call, RawReply& reply);
   Status expose_bulk(PendingCall* call, SlotBuilder& b, size_t* block_bytes);
   // Writes the call's metadata block between the header and the bulk block
@@ -289,6 +289,12 @@ class ClientSession final : public SessionBase,
   PendingCall* queue_tail_ = nullptr;
   uint32_t queued_ = 0;
   std::atomic<uint64_t> last_request_id_{0};
+  // The method counters of the last call submitted (submit()).
+  struct LastMethod {
+    core::SideCounters* side = nullptr;
+    uint32_t id = 0;
+    core::MethodCounters* counters = nullptr;
+  } last_method_;
   uint64_t late_replies_dropped_ = 0;
   uint64_t messages_sent_ = 0;
   uint16_t peer_features_ = 0;

@@ -90,8 +90,17 @@ class Loop {
   }
   // Loop thread, inside a completion callback: when the batch being handed
   // out was polled (one clock read per batch): when a request arrived, for
-  // its deadline and the server's latency histogram.
+  // its deadline and the server's latency histogram.  Outside a batch (tasks,
+  // timers, resumed fibers, flushes) the zero time_point.
   Clock::time_point received_at() const { return received_at_; }
+  // A latency stamp: inside a completion callback the batch's clock read,
+  // elsewhere a fresh one.  A clock read costs more than the rest of a
+  // stamp (about 21 ns through the vDSO on the development VM, seven a
+  // call before: docs/benchmarks.md, "Cost of a call (core)"), and a call
+  // started or ended by a callback is stamped when its batch arrived.
+  Clock::time_point stamp() const {
+    return received_at_ != Clock::time_point{} ? received_at_ : Clock::now();
+  }
   // Loop thread.  Drops a session from the flush and heard lists (it is
   // going away).
   void forget(SessionBase* s);

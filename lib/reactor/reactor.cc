@@ -211,6 +211,7 @@ bool Reactor::run_turn() {
       auto* session = static_cast<core::SessionBase*>(c.context);
       if (session != nullptr) session->on_completion(session, c);
     }
+    received_at_ = {};  // outside a batch, Loop::stamp() reads the clock
     stats_.completions += n;
     worked = true;
   }
