@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <slotrpc/slotrpc.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "ping_payloads.h"
+#include "base/peer_credentials.h"
 #include "rpc/admin/admin.h"
 #include "rpc/peer_info.h"
 #include "test_messages_generated.h"
@@ -252,6 +254,45 @@ TEST_CASE("the metrics port: 403 naming the setting when admin_access = off") {
   REQUIRE(::waitpid(child, &status, 0) == child);
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 3);
+}
+
+TEST_CASE("a TCP peer's uid: from sock_diag, and from /proc/net/tcp where sock_diag has no answer") {
+  for (int family : {AF_INET, AF_INET6}) {
+    INFO("family ", family);
+    const int ls = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(ls >= 0);
+    sockaddr_storage a{};
+    socklen_t alen;
+    if (family == AF_INET) {
+      auto& in = reinterpret_cast<sockaddr_in&>(a);
+      in.sin_family = AF_INET;
+      in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      alen = sizeof in;
+    } else {
+      auto& in6 = reinterpret_cast<sockaddr_in6&>(a);
+      in6.sin6_family = AF_INET6;
+      in6.sin6_addr = in6addr_loopback;
+      alen = sizeof in6;
+    }
+    if (::bind(ls, reinterpret_cast<sockaddr*>(&a), alen) != 0) {
+      ::close(ls);
+      WARN_MESSAGE(family == AF_INET6, "no IPv6 loopback here: that family not checked");
+      REQUIRE(family == AF_INET6);
+      continue;
+    }
+    REQUIRE(::listen(ls, 1) == 0);
+    REQUIRE(::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &alen) == 0);
+    const int c = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(::connect(c, reinterpret_cast<sockaddr*>(&a), alen) == 0);
+    const int s = ::accept4(ls, nullptr, nullptr, SOCK_CLOEXEC);
+    REQUIRE(s >= 0);
+    CHECK(slotrpc::base::tcp_peer_is_loopback(s));
+    CHECK(slotrpc::base::same_host_tcp_peer_uid(s) == std::optional<uint32_t>(::geteuid()));
+    CHECK(slotrpc::base::proc_tcp_peer_uid(s) == std::optional<uint32_t>(::geteuid()));
+    ::close(s);
+    ::close(c);
+    ::close(ls);
+  }
 }
 
 TEST_CASE("the Admin rule: same host and same uid, unless any or off") {

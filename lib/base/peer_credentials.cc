@@ -15,7 +15,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <string>
 
 namespace slotrpc::base {
 
@@ -79,9 +81,65 @@ bool tcp_peer_is_loopback(int fd) {
   return endpoints(fd, local, peer) && peer.loopback;
 }
 
+namespace {
+
+std::optional<uint32_t> netlink_tcp_uid(const DiagAddress& local, const DiagAddress& peer);
+
+// The same lookup in /proc/net/tcp or tcp6, for kernels whose sock_diag
+// has no inet module loaded (a minimal VM): one line per socket, addresses
+// as the kernel's 32-bit words in hex, the uid in the eighth column.
+std::optional<uint32_t> proc_net_tcp_uid(const DiagAddress& local, const DiagAddress& peer) {
+  const bool v4 = peer.family == AF_INET;
+  std::FILE* f = std::fopen(v4 ? "/proc/net/tcp" : "/proc/net/tcp6", "re");
+  if (f == nullptr) return std::nullopt;
+  auto hex_address = [v4](const DiagAddress& a) {
+    char out[40];
+    if (v4) {
+      std::snprintf(out, sizeof out, "%08X:%04X", a.words[0], ntohs(a.port));
+    } else {
+      std::snprintf(out, sizeof out, "%08X%08X%08X%08X:%04X", a.words[0], a.words[1], a.words[2],
+                    a.words[3], ntohs(a.port));
+    }
+    return std::string(out);
+  };
+  // The client's socket: its local address is our peer, its remote is us.
+  const std::string want_local = hex_address(peer);
+  const std::string want_remote = hex_address(local);
+  std::optional<uint32_t> uid;
+  char line[512];
+  while (!uid && std::fgets(line, sizeof line, f) != nullptr) {
+    char l[64], r[64];
+    unsigned st = 0, u = 0;
+    unsigned long tx = 0, rx = 0, tm = 0, retr = 0;
+    int sl = 0;
+    if (std::sscanf(line, " %d: %63s %63s %x %lx:%lx %lx:%lx %lx %u", &sl, l, r, &st, &tx, &rx, &tm,
+                    &retr, &retr, &u) == 10 &&
+        want_local == l && want_remote == r) {
+      uid = u;
+    }
+  }
+  std::fclose(f);
+  return uid;
+}
+
+}  // namespace
+
 std::optional<uint32_t> same_host_tcp_peer_uid(int fd) {
   DiagAddress local, peer;
   if (!endpoints(fd, local, peer)) return std::nullopt;
+  if (auto uid = netlink_tcp_uid(local, peer)) return uid;
+  return proc_net_tcp_uid(local, peer);
+}
+
+std::optional<uint32_t> proc_tcp_peer_uid(int fd) {
+  DiagAddress local, peer;
+  if (!endpoints(fd, local, peer)) return std::nullopt;
+  return proc_net_tcp_uid(local, peer);
+}
+
+namespace {
+
+std::optional<uint32_t> netlink_tcp_uid(const DiagAddress& local, const DiagAddress& peer) {
   const int nl = ::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
   if (nl < 0) return std::nullopt;
   struct {
@@ -124,5 +182,7 @@ std::optional<uint32_t> same_host_tcp_peer_uid(int fd) {
   ::close(nl);
   return uid;
 }
+
+}  // namespace
 
 }  // namespace slotrpc::base

@@ -29,6 +29,10 @@ bool tcp_peer_is_loopback(int fd);
 // when no socket of this host (network namespace) is the other end: the
 // peer is elsewhere, or the lookup failed.  Works for loopback and for a
 // connection to one of this host's own interface addresses alike.
+// Where sock_diag cannot answer (no inet_diag module, as in a minimal VM),
+// the same lookup in /proc/net/tcp and tcp6.
 std::optional<uint32_t> same_host_tcp_peer_uid(int fd);
+// The /proc lookup alone, for tests of the fallback.
+std::optional<uint32_t> proc_tcp_peer_uid(int fd);
 
 }  // namespace slotrpc::base
