@@ -20,10 +20,12 @@ from ._server import (MethodDescriptor, MethodKind, Server, ServiceDescriptor,  
 Message = _core.Message
 Region = _core.Region
 method_id = _core.method_id
+# In a handler, waits without holding its event loop (time.sleep would).
+sleep = _core.sleep
 
 __all__ = ["Channel", "Future", "Message", "MethodDescriptor", "MethodKind", "Region",
            "ReplyIterator", "RpcError", "Server", "ServiceDescriptor", "ServicerContext",
-           "StatusCode", "method_id"]
+           "StatusCode", "method_id", "sleep"]
 
 
 @atexit.register

@@ -17,8 +17,9 @@ class MethodKind:
 
 
 class MethodDescriptor:
-    def __init__(self, name, kind, request_type=None, reply_type=None, idempotent=False):
-        self.name = name
+    def __init__(self, name, kind, request_type=None, reply_type=None, idempotent=False, attr=None):
+        self.name = name  # as in the schema: the method id is computed from it
+        self.attr = attr or name  # the servicer's attribute (keywords get a '_')
         self.kind = kind
         self.request_type = request_type
         self.reply_type = reply_type
@@ -189,7 +190,7 @@ class Server:
             raise TypeError(f"{type(servicer).__name__} has no SERVICE descriptor: subclass a "
                             "generated <Service>Servicer, or pass service=")
         for m in desc.methods:
-            self.add_method(desc.name, m.name, m.kind, getattr(servicer, m.name), m.request_type)
+            self.add_method(desc.name, m.name, m.kind, getattr(servicer, m.attr), m.request_type)
 
     def add_method(self, service, method, kind, handler, request_type=None):
         """Registers handler(request, context) for "service.method"."""

@@ -1,6 +1,7 @@
 // The binding's shared pieces (common.h) and the module's entry point.
 #include "common.h"
 
+#include <slotrpc/fiber.h>
 #include <slotrpc/service.h>
 
 #include <cstring>
@@ -83,27 +84,33 @@ std::string request_bytes(const py::handle& obj) {
 
 // ------------------------------------------------------------------ Message
 
-Message::Message(slotrpc::RawReply reply, py::object type)
-    : reply_(std::move(reply)), bytes_(reply_.payload()), type_(std::move(type)) {}
+Message::Message(slotrpc::RawReply reply, py::object type) : type_(std::move(type)) {
+  for (size_t i = 0; i < slotrpc::kMaxBulkSegments; ++i) bulk_received_.push_back(reply.bulk_received(i));
+  auto keeper = std::make_unique<SlotKeeper>();
+  keeper->reply = std::move(reply);
+  keeper->bytes = keeper->reply.payload();
+  bytes_ = keeper->bytes;
+  keeper_ = py::cast(keeper.release(), py::return_value_policy::take_ownership);
+}
 
 Message::Message(std::span<const std::byte> borrowed, py::object type)
-    : bytes_(borrowed), type_(std::move(type)) {}
-
-Message::~Message() { release(); }
+    : bytes_(borrowed), type_(std::move(type)) {
+  auto keeper = std::make_unique<SlotKeeper>();
+  keeper->bytes = borrowed;
+  keeper_ = py::cast(keeper.release(), py::return_value_policy::take_ownership);
+}
 
 void Message::check() const {
   if (!valid_)
     throw py::value_error(
-        "message released: a reply lives as long as its object (or until release()); a "
-        "handler's request until it returns or reads the next message (use .copy() to keep it)");
+        "message released: a reply lives as long as its object or a view of it (or until "
+        "release()); a handler's request until it returns or reads the next message (use "
+        ".copy() to keep it)");
 }
 
 py::object Message::data() {
   check();
-  if (!view_) {
-    view_ = py::memoryview::from_memory(const_cast<std::byte*>(bytes_.data()), static_cast<ssize_t>(bytes_.size()),
-                                        /*readonly=*/true);
-  }
+  if (!view_) view_ = py::memoryview(keeper_);  // holds the keeper, hence the slot
   return view_;
 }
 
@@ -123,13 +130,13 @@ py::object Message::message(py::object type) {
 void Message::release() {
   if (view_) {
     // Fails (BufferError) only while something still exports the view,
-    // e.g. numpy.frombuffer over it; the slot is given back all the same.
+    // e.g. numpy.frombuffer over it: then the slot is kept until that goes.
     if (PyObject_CallMethod(view_.ptr(), "release", nullptr) == nullptr) PyErr_Clear();
     view_ = py::object();
   }
   valid_ = false;
   bytes_ = {};
-  reply_.release();
+  keeper_ = py::object();
 }
 
 // ------------------------------------------------------------------ bulk
@@ -185,6 +192,23 @@ PYBIND11_MODULE(_core, m) {
   g_interp = PyInterpreterState_Get();
   m.def("method_id", [](const std::string& name) { return slotrpc::method_id(name); },
         "FNV-1a of a fully qualified method name, as slotrpc-gen computes it");
+
+  m.def(
+      "sleep",
+      [](double seconds) {
+        Unlocked unlocked;
+        slotrpc::this_fiber::sleep_for(std::chrono::duration_cast<std::chrono::nanoseconds>(
+            std::chrono::duration<double>(seconds)));
+      },
+      py::arg("seconds"),
+      "sleeps; in a handler suspends only its fiber (its loop serves on), elsewhere the thread");
+
+  py::class_<SlotKeeper>(m, "_Slot", py::buffer_protocol())
+      .def_buffer([](SlotKeeper& k) {
+        return py::buffer_info(const_cast<std::byte*>(k.bytes.data()), 1,
+                               py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<ssize_t>(k.bytes.size())}, {1}, /*readonly=*/true);
+      });
 
   py::class_<Message>(m, "Message",
                       "A message read in place in its slot (replies: while the object lives)")

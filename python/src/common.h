@@ -34,12 +34,47 @@ namespace py = pybind11;
 // The interpreter the module was imported into (set at import).
 extern PyInterpreterState* g_interp;
 
+// pybind11 keeps a per-OS-thread stack of its argument-conversion frames
+// (loader_life_support) and expects it LIFO.  Fibers of one loop interleave
+// on one OS thread, so each fiber keeps its own top: saved where a fiber
+// may suspend (Unlocked) and restored when it continues, and started empty
+// for a new handler (FiberPython).
+inline PYBIND11_TLS_KEY_REF frames_key() {
+#if PYBIND11_INTERNALS_VERSION == 4
+  return py::detail::get_local_internals().loader_life_support_tls_key;
+#else
+  return py::detail::get_internals().loader_life_support_tls_key;
+#endif
+}
+inline void* frames_top() { return PYBIND11_TLS_GET_VALUE(frames_key()); }
+inline void set_frames_top(void* top) { PYBIND11_TLS_REPLACE_VALUE(frames_key(), top); }
+// Likewise the thread state pybind11's gil_scoped_acquire uses on this OS
+// thread (an error_already_set's destructor takes one): it must be the
+// running fiber's, or pybind11 would wait for the GIL with another
+// fiber's thread state while this one holds it.
+inline void* pybind_tstate() { return PYBIND11_TLS_GET_VALUE(py::detail::get_internals().tstate); }
+inline void set_pybind_tstate(void* ts) {
+  if (ts == nullptr) {
+    PYBIND11_TLS_DELETE_VALUE(py::detail::get_internals().tstate);
+  } else {
+    PYBIND11_TLS_REPLACE_VALUE(py::detail::get_internals().tstate, ts);
+  }
+}
+
 // Holds the GIL with a thread state of its own, on a thread (or fiber) that
 // has none: an event loop's fiber running a handler, or a loop callback.
 class FiberPython {
  public:
-  FiberPython() : ts_(PyThreadState_New(g_interp)) { PyEval_RestoreThread(ts_); }
+  FiberPython() : ts_(PyThreadState_New(g_interp)) {
+    PyEval_RestoreThread(ts_);
+    outer_frames_ = frames_top();
+    set_frames_top(nullptr);
+    outer_tstate_ = pybind_tstate();
+    set_pybind_tstate(ts_);
+  }
   ~FiberPython() {
+    set_frames_top(outer_frames_);
+    set_pybind_tstate(outer_tstate_);
     PyThreadState_Clear(ts_);
     PyThreadState_DeleteCurrent();  // also releases the GIL
   }
@@ -48,17 +83,27 @@ class FiberPython {
 
  private:
   PyThreadState* ts_;
+  void* outer_frames_ = nullptr;
+  void* outer_tstate_ = nullptr;
 };
 
-// Releases the GIL for a wait (whatever thread state holds it).
+// Releases the GIL for a wait (whatever thread state holds it); the wait
+// may suspend a fiber, so this fiber's pybind11 frame stack is restored
+// afterwards.
 class Unlocked {
  public:
-  Unlocked() : ts_(PyEval_SaveThread()) {}
-  ~Unlocked() { PyEval_RestoreThread(ts_); }
+  Unlocked() : frames_(frames_top()), pybind_ts_(pybind_tstate()), ts_(PyEval_SaveThread()) {}
+  ~Unlocked() {
+    PyEval_RestoreThread(ts_);
+    set_frames_top(frames_);
+    set_pybind_tstate(pybind_ts_);
+  }
   Unlocked(const Unlocked&) = delete;
   Unlocked& operator=(const Unlocked&) = delete;
 
  private:
+  void* frames_;
+  void* pybind_ts_;
   PyThreadState* ts_;
 };
 
@@ -90,23 +135,30 @@ struct PyBytes {
   PyBytes(const PyBytes&) = delete;
 };
 
-// A message in its slot: a client's reply (owning its RawReply, hence the
-// slot, until the object dies or release()), or a handler's request
-// (borrowed: valid until the next stream read or until the handler
-// returns).  `.data` is a read-only memoryview over the slot; once the
-// message is released the view is released too, so a stale read raises
-// ValueError instead of seeing another call's bytes.
+// The slot behind a Message and the memoryviews over it: a client's reply
+// (owning its RawReply, hence the slot) or a handler's request (borrowed).
+// The views hold it, so a reply's slot stays reserved while the Message or
+// any view of it (a flatc root from message(), say) lives.
+struct SlotKeeper {
+  slotrpc::RawReply reply;
+  std::span<const std::byte> bytes;
+};
+
+// A message in its slot: a client's reply, valid while the object or a
+// view of it lives (or until release()), or a handler's request (borrowed:
+// valid until the next stream read or until the handler returns).  `.data`
+// is a read-only memoryview over the slot; release() releases that view,
+// so a stale read raises ValueError instead of seeing another call's bytes.
 class Message {
  public:
   Message(slotrpc::RawReply reply, py::object type);
   Message(std::span<const std::byte> borrowed, py::object type);
-  ~Message();
 
   py::object data();
   py::bytes copy() const;
   py::object message(py::object type);
   size_t size() const { return bytes_.size(); }
-  uint64_t bulk_received(size_t i) const { return reply_.bulk_received(i); }
+  uint64_t bulk_received(size_t i) const { return bulk_received_.size() > i ? bulk_received_[i] : 0; }
   bool valid() const { return valid_; }
   py::object type() const { return type_; }
   void set_type(py::object type) { type_ = std::move(type); }
@@ -114,10 +166,11 @@ class Message {
 
  private:
   void check() const;
-  slotrpc::RawReply reply_;
+  py::object keeper_;  // SlotKeeper
   std::span<const std::byte> bytes_;
+  std::vector<uint64_t> bulk_received_;
   py::object type_;
-  py::object view_;  // the memoryview handed out, released with the message
+  py::object view_;  // the memoryview handed out
   bool valid_ = true;
 };
 

@@ -1,0 +1,163 @@
+"""The four call kinds, replies read in place, errors, deadlines and
+cancellation, over TCP within one process."""
+
+import threading
+import time
+
+import flatbuffers
+import pytest
+
+import slotrpc
+from slotrpc import RpcError, StatusCode
+
+
+def test_unary_reply_read_in_place(stub, types):
+    reply = stub.Echo(types.ping(7, "hello", b"\x01\x02\x03"))
+    assert isinstance(reply.data, memoryview) and reply.data.readonly
+    pong = reply.message()
+    assert (pong.Seq(), pong.Text(), pong.Count()) == (7, b"hello", 3)
+    assert pong.PayloadAsNumpy().tobytes() == b"\x01\x02\x03"
+    kept = reply.copy()
+    assert isinstance(kept, bytes) and kept == bytes(reply.data)
+    view = reply.data
+    reply.release()  # the slot goes back; the view must not read it any more
+    with pytest.raises(ValueError):
+        bytes(view)
+    with pytest.raises(ValueError):
+        reply.message()
+    assert types.Pong.Pong.GetRootAs(kept, 0).Seq() == 7
+
+
+def test_request_as_prebuilt_bytes_and_builder(stub, types):
+    b = flatbuffers.Builder(64)
+    b.Finish(types.ping(11, "prebuilt")(b))
+    assert stub.Echo(b.Output()).message().Seq() == 11
+    assert stub.Echo(b).message().Text() == b"prebuilt"
+    unfinished = flatbuffers.Builder(64)
+    with pytest.raises(ValueError, match="not finished"):
+        stub.Echo(unfinished)
+
+
+def test_server_stream(stub):
+    replies = [m.message().Seq() for m in stub.Count(lambda b: _ping_seq(b, 100))]
+    assert replies == list(range(100))
+
+
+def _ping_seq(b, seq):
+    import pylab.Ping as P
+    P.PingStart(b)
+    P.PingAddSeq(b, seq)
+    return P.PingEnd(b)
+
+
+def test_client_stream(stub, types):
+    reply = stub.Gather(types.ping(i, "x") for i in range(50)).message()
+    assert (reply.Seq(), reply.Count(), reply.Text()) == (sum(range(50)), 50, b"x" * 50)
+
+
+def test_bidi(stub, types):
+    got = [(m.message().Seq(), m.message().Count()) for m in stub.Chat(types.ping(i) for i in range(30))]
+    assert got == [(2 * i, i + 1) for i in range(30)]
+
+
+def test_future_and_callback(stub, types):
+    done = threading.Event()
+    fut = stub.Echo.future(types.ping(5))
+    fut.add_done_callback(lambda f: done.set())
+    assert fut.result().message().Seq() == 5
+    assert fut.result().message().Seq() == 5  # cached
+    assert done.wait(10)
+
+
+def test_handler_errors(stub, types):
+    with pytest.raises(RpcError) as e:
+        stub.Fail(types.ping(code=int(StatusCode.NOT_FOUND)))
+    assert e.value.code() == StatusCode.NOT_FOUND and e.value.details() == "failing on purpose"
+    with pytest.raises(RpcError) as e:
+        stub.Fail(types.ping(code=99))
+    assert e.value.code() == StatusCode.UNKNOWN and "boom" in e.value.details()
+    with pytest.raises(RpcError) as e:
+        stub.Fail(types.ping(code=98))
+    assert e.value.code() == StatusCode.ALREADY_EXISTS and e.value.details() == "set, not raised"
+
+
+def test_unimplemented(lab, types):
+    server = slotrpc.Server()
+    server.add_servicer(lab.LabServicer())  # implements nothing
+    server.start("127.0.0.1:0")
+    with slotrpc.Channel(f"127.0.0.1:{server.port}", transport="tcp") as ch:
+        with pytest.raises(RpcError) as e:
+            lab.LabStub(ch).Echo(types.ping())
+        assert e.value.code() == StatusCode.UNIMPLEMENTED
+        with pytest.raises(RpcError) as e:
+            list(lab.LabStub(ch).Count(types.ping(3)))
+        assert e.value.code() == StatusCode.UNIMPLEMENTED
+        with pytest.raises(RpcError) as e:  # a method no one registered
+            ch.unary_unary("pylab.Lab.Nothing")(b"\0\0\0\0")
+        assert e.value.code() == StatusCode.UNIMPLEMENTED
+    server.stop()
+
+
+def test_connect_failure_is_unavailable():
+    with pytest.raises(RpcError) as e:
+        slotrpc.Channel("127.0.0.1:1", transport="tcp", connect_timeout_ms=2000)
+    assert e.value.code() == StatusCode.UNAVAILABLE
+
+
+def test_bad_setting_names_it():
+    with pytest.raises(TypeError, match="unknown setting 'slot_sise'"):
+        slotrpc.Channel("127.0.0.1:1", slot_sise=4096)
+    with pytest.raises(ValueError, match="transport='carrier-pigeon'"):
+        slotrpc.Channel("127.0.0.1:1", transport="carrier-pigeon")
+
+
+def test_deadline(stub, types):
+    t0 = time.monotonic()
+    with pytest.raises(RpcError) as e:
+        stub.Slow(types.ping(delay_ms=20000), timeout=0.2)
+    assert e.value.code() == StatusCode.DEADLINE_EXCEEDED
+    assert time.monotonic() - t0 < 10
+
+
+def test_cancel_unary(stub, types, lab_server):
+    servicer = lab_server.servicer
+    servicer.slow_started.clear()
+    servicer.slow_cancelled.clear()
+    fut = stub.Slow.future(types.ping(delay_ms=60000))
+    assert servicer.slow_started.wait(10)
+    assert fut.cancel()
+    with pytest.raises(RpcError) as e:
+        fut.result()
+    assert e.value.code() == StatusCode.CANCELLED
+    assert servicer.slow_cancelled.wait(10), "the handler never saw the cancel"
+
+
+def test_cancel_server_stream(stub, types):
+    it = stub.Count(types.ping(1000000, delay_ms=1))
+    assert next(it).message().Seq() == 0
+    it.cancel()
+    with pytest.raises(RpcError) as e:
+        for _ in it:
+            pass
+    assert e.value.code() == StatusCode.CANCELLED
+
+
+def test_gil_released_while_waiting(stub, types):
+    """A thread waiting on a call lets other Python threads run, and a
+    handler sleeping with slotrpc.sleep lets its loop serve other calls."""
+    ticks = [0]
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks[0] += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    slow = stub.Slow.future(types.ping(delay_ms=300))
+    # The same server loop answers an Echo while Slow's handler sleeps.
+    assert stub.Echo(types.ping(1), timeout=5).message().Seq() == 1
+    slow.result()
+    stop.set()
+    t.join()
+    assert ticks[0] > 1000
