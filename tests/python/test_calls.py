@@ -161,3 +161,27 @@ def test_gil_released_while_waiting(stub, types):
     stop.set()
     t.join()
     assert ticks[0] > 1000
+
+
+def test_error_while_another_handler_is_suspended(stub, types, lab_server):
+    """Two handlers interleave on one loop thread: Slow suspended in
+    slotrpc.sleep, Fail raising.  Each fiber has its own Python thread
+    state; pybind11's must follow the running fiber, or Fail's error would
+    wait for the GIL under Slow's thread state, forever."""
+    servicer = lab_server.servicer
+    servicer.slow_started.clear()
+    slow = stub.Slow.future(types.ping(3, delay_ms=500))
+    assert servicer.slow_started.wait(10)
+    for _ in range(3):
+        with pytest.raises(RpcError) as e:
+            stub.Fail(types.ping(code=int(StatusCode.NOT_FOUND)), timeout=10)
+        assert e.value.code() == StatusCode.NOT_FOUND
+    assert slow.result().message().Seq() == 3
+
+
+def test_handlers_suspend_and_resume_out_of_order(stub, types):
+    """Handlers sleeping at once on one loop resume in any order: each
+    fiber keeps its own pybind11 argument frames (they are a per-thread
+    LIFO stack in pybind11)."""
+    futures = [stub.Slow.future(types.ping(i, delay_ms=100 + 10 * i)) for i in range(4)]
+    assert [f.result().message().Seq() for f in futures] == list(range(4))
