@@ -411,7 +411,12 @@ int run(const Options& o) {
     run_flatc(flatc, args, log);
     for (const auto& entry : fs::recursive_directory_iterator(py_dir)) {
       if (!entry.is_regular_file()) continue;
-      const fs::path out = fs::path(o.outdir) / fs::relative(entry.path(), py_dir);
+      const fs::path rel = fs::relative(entry.path(), py_dir);
+      // A schema in namespace slotrpc.* (the examples'): flatc's empty
+      // slotrpc/__init__.py would shadow the slotrpc package.  Without it
+      // the directory is a portion the package adds to its own __path__.
+      if (rel == fs::path("slotrpc") / "__init__.py") continue;
+      const fs::path out = fs::path(o.outdir) / rel;
       out_dirs.insert(out.parent_path().string());
       outputs.add(out.string(), read_file(entry.path().string()));
       targets.push_back(out.string());
