@@ -62,6 +62,9 @@ PACKAGES=(
   python3-flatbuffers
   python3-numpy
   python3-pytest
+  # bench/python/vs_grpcio.py: the grpcio side of the comparison (small:
+  # python3-grpcio and python3-protobuf)
+  python3-grpcio
 )
 
 # With --test-vm: the Soft-RoCE VM test bed.  tests/rxe/rxe-vm.sh boots
