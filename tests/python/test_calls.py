@@ -185,3 +185,24 @@ def test_handlers_suspend_and_resume_out_of_order(stub, types):
     LIFO stack in pybind11)."""
     futures = [stub.Slow.future(types.ping(i, delay_ms=100 + 10 * i)) for i in range(4)]
     assert [f.result().message().Seq() for f in futures] == list(range(4))
+
+
+def test_handler_calls_another_service(stub, types, lab_server):
+    """A handler's own call waits on its fiber: the loop serves on."""
+    inner = slotrpc.Channel(f"127.0.0.1:{lab_server.port}", transport="tcp")
+
+    def relay(request, context):
+        seq = request.message(types.Ping.Ping).Seq()
+        return inner.unary_unary("pylab.Lab.Echo")(types.ping(seq + 1), timeout=10).copy()
+
+    front = slotrpc.Server()
+    front.add_method("pylab.Relay", "Relay", slotrpc.MethodKind.UNARY, relay)
+    front.start("127.0.0.1:0")
+    try:
+        with slotrpc.Channel(f"127.0.0.1:{front.port}", transport="tcp") as ch:
+            call = ch.unary_unary("pylab.Relay.Relay", reply_type=types.Pong.Pong)
+            futures = [call.future(types.ping(i)) for i in range(8)]
+            assert [f.result().message().Seq() for f in futures] == [i + 1 for i in range(8)]
+    finally:
+        front.stop()
+        inner.close()
