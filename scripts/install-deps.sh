@@ -62,6 +62,8 @@ PACKAGES=(
   python3-flatbuffers
   python3-numpy
   python3-pytest
+  # meson-python rewrites the RPATH of the wheel's ELF files with it
+  patchelf
   # bench/python/vs_grpcio.py: the grpcio side of the comparison (small:
   # python3-grpcio and python3-protobuf)
   python3-grpcio
