@@ -160,12 +160,14 @@ struct CallState {
   }
 };
 
+// Shared, so that close() on one thread cannot free the channel under a
+// call another thread is issuing (with the GIL released).
 struct PyChannel {
-  std::unique_ptr<slotrpc::Channel> channel;
+  std::shared_ptr<slotrpc::Channel> channel;
 
-  slotrpc::Channel& get() {
+  std::shared_ptr<slotrpc::Channel> get() {
     if (!channel) throw py::value_error("channel is closed");
-    return *channel;
+    return channel;
   }
 };
 
@@ -173,7 +175,8 @@ std::shared_ptr<CallState> start_call(PyChannel& self, uint32_t id, const py::ob
                                       const py::object& timeout, const py::object& send_bulk,
                                       const py::object& receive_bulk, bool idempotent,
                                       uint32_t max_retries) {
-  slotrpc::Channel& ch = self.get();
+  std::shared_ptr<slotrpc::Channel> keep = self.get();
+  slotrpc::Channel& ch = *keep;
   auto bytes = std::make_shared<const std::string>(request_bytes(request));
   slotrpc::CallOptions options = options_for(timeout);
   options.idempotent = idempotent;
@@ -188,6 +191,7 @@ std::shared_ptr<CallState> start_call(PyChannel& self, uint32_t id, const py::ob
   slotrpc::CallHandle handle =
       ch.call(id, writer_of(std::move(bytes)), std::move(options),
               [state](RawReply&& raw) { state->complete(std::move(raw)); });
+  keep.reset();  // without the GIL: it may be the last reference (close() raced)
   std::lock_guard<std::mutex> lock(state->reply.mu);
   state->handle = handle;
   return state;
@@ -318,7 +322,7 @@ void bind_client(py::module_& m) {
              }();
              if (!r.ok()) raise_status(r.status());
              auto* c = new PyChannel;
-             c->channel = std::move(r.value());
+             c->channel = std::shared_ptr<slotrpc::Channel>(std::move(r.value()));
              return c;
            }),
            py::arg("address"), py::arg("settings") = py::dict())
@@ -328,7 +332,8 @@ void bind_client(py::module_& m) {
       .def(
           "call_stream",
           [](PyChannel& self, uint32_t id, const py::object& request, const py::object& timeout) {
-            slotrpc::Channel& ch = self.get();
+            std::shared_ptr<slotrpc::Channel> keep = self.get();
+            slotrpc::Channel& ch = *keep;
             auto bytes = std::make_shared<const std::string>(request_bytes(request));
             slotrpc::CallOptions options = options_for(timeout);
             auto in = std::make_shared<InStream>();
@@ -338,13 +343,15 @@ void bind_client(py::module_& m) {
                 id, writer_of(std::move(bytes)), std::move(options),
                 [st](RawReply&& m) { st->push(std::move(m)); }, [st](Status s) { st->finish(std::move(s)); });
             in->cancel = [h] { h.cancel(); };
+            keep.reset();  // without the GIL, as in call()
             return in;
           },
           py::arg("method_id"), py::arg("request"), py::arg("timeout") = py::none())
       .def(
           "open_stream",
           [](PyChannel& self, uint32_t id, bool bidi, const py::object& timeout) {
-            slotrpc::Channel& ch = self.get();
+            std::shared_ptr<slotrpc::Channel> keep = self.get();
+            slotrpc::Channel& ch = *keep;
             slotrpc::CallOptions options = options_for(timeout);
             auto call = std::make_shared<OutCall>();
             if (bidi) {
@@ -354,6 +361,7 @@ void bind_client(py::module_& m) {
               call->out = ch.open_stream(
                   id, true, std::move(options), [st](RawReply&& m) { st->push(std::move(m)); },
                   [st](Status s) { st->finish(std::move(s)); });
+              keep.reset();  // without the GIL, as in call()
               std::weak_ptr<slotrpc::detail::OutStreamState> out = call->out;
               call->in->cancel = [out] {
                 if (auto o = out.lock()) o->post_cancel();
@@ -365,6 +373,7 @@ void bind_client(py::module_& m) {
               call->out = ch.open_stream(
                   id, false, std::move(options), [st](RawReply&& m) { st->complete(std::move(m)); },
                   nullptr);
+              keep.reset();  // without the GIL, as in call()
               std::weak_ptr<slotrpc::detail::OutStreamState> out = call->out;
               st->handle = slotrpc::CallHandle([out] {
                 if (auto o = out.lock()) o->post_cancel();
@@ -379,19 +388,20 @@ void bind_client(py::module_& m) {
             auto r = std::make_unique<Region>();
             r->bytes.emplace(obj, false, "register_memory");
             slotrpc::Result<slotrpc::MemoryRegion> mr =
-                self.get().register_memory(std::span<std::byte>(r->bytes->data, r->bytes->size));
+                self.get()->register_memory(std::span<std::byte>(r->bytes->data, r->bytes->size));
             if (!mr.ok()) raise_status(mr.status());
             r->region = std::move(mr.value());
             return r;
           },
           py::arg("obj"))
       .def_property_readonly("transport",
-                             [](PyChannel& self) { return std::string(slotrpc::to_string(self.get().transport())); })
-      .def_property_readonly("peer", [](PyChannel& self) { return self.get().peer(); })
-      .def_property_readonly("slot_size", [](PyChannel& self) { return self.get().slot_size(); })
+                             [](PyChannel& self) { return std::string(slotrpc::to_string(self.get()->transport())); })
+      .def_property_readonly("peer", [](PyChannel& self) { return self.get()->peer(); })
+      .def_property_readonly("slot_size", [](PyChannel& self) { return self.get()->slot_size(); })
       .def("close", [](PyChannel& self) {
-        // Fails what is outstanding with CANCELLED; waits for the loop.
-        std::unique_ptr<slotrpc::Channel> ch = std::move(self.channel);
+        // Fails what is outstanding with CANCELLED; waits for the loop
+        // (here, or in the last call still being issued).
+        std::shared_ptr<slotrpc::Channel> ch = std::move(self.channel);
         Unlocked unlocked;
         ch.reset();
       });

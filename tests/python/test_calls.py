@@ -206,3 +206,39 @@ def test_handler_calls_another_service(stub, types, lab_server):
     finally:
         front.stop()
         inner.close()
+
+
+def test_close_while_other_threads_call(lab_server, types):
+    """close() while threads are issuing calls: each call succeeds or fails
+    cleanly (CANCELLED, UNAVAILABLE, or 'channel is closed')."""
+    ch = slotrpc.Channel(f"127.0.0.1:{lab_server.port}", transport="tcp")
+    echo = ch.unary_unary("pylab.Lab.Echo")
+    outcomes = []
+    started = threading.Barrier(5)
+    first = threading.Event()
+
+    def caller():
+        started.wait()
+        for i in range(200):
+            try:
+                echo(types.ping(i), timeout=10)
+                outcomes.append("ok")
+                first.set()
+            except RpcError as e:
+                assert e.code() in (StatusCode.CANCELLED, StatusCode.UNAVAILABLE), e
+                outcomes.append("failed")
+            except ValueError as e:
+                assert "closed" in str(e)
+                outcomes.append("closed")
+                return
+
+    threads = [threading.Thread(target=caller) for _ in range(4)]
+    for t in threads:
+        t.start()
+    started.wait()
+    assert first.wait(10), "no call succeeded"
+    ch.close()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive()
+    assert "closed" in outcomes
