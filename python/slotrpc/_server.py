@@ -122,8 +122,30 @@ class _Requests:
         return m
 
 
-def _adapt(fn, kind, request_type):
+def _adapt(fn, kind, request_type, pool=None):
     """The (request, core call) -> reply bytes function the core runs."""
+    if kind == MethodKind.UNARY and pool is not None:
+        def unary_on_worker(request, call):
+            if request_type is not None:
+                request.type = request_type
+            ctx = ServicerContext(call)
+            done = _core.Notifier()
+            box = {}
+
+            def work():
+                try:
+                    box["reply"] = message_bytes(fn(request, ctx), "a reply")
+                except BaseException as e:  # noqa: B902 - re-raised on the loop
+                    box["error"] = e
+                finally:
+                    done.notify()
+            pool.submit(work)
+            done.wait()  # suspends the handler's fiber only, without the GIL
+            if "error" in box:
+                raise box["error"]
+            ctx._check()
+            return box["reply"]
+        return unary_on_worker
     if kind == MethodKind.UNARY:
         def unary(request, call):
             if request_type is not None:
@@ -178,8 +200,16 @@ class Server:
     handler holds its loop while it runs Python code, and releases both
     whenever it waits on the network (docs/python.md, "Threads")."""
 
-    def __init__(self, **settings):
+    def __init__(self, max_workers=None, **settings):
+        """max_workers: run unary handlers on a thread pool of that many
+        threads, so a handler that computes does not hold its event loop
+        (its fiber waits without the GIL); streaming handlers, and bulk
+        transfers, stay on the loop."""
         self._core = _core.Server(settings)
+        self._pool = None
+        if max_workers:
+            from concurrent.futures import ThreadPoolExecutor
+            self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="slotrpc-handler")
         _live_servers.add(self)
 
     def add_servicer(self, servicer, service=None):
@@ -194,7 +224,7 @@ class Server:
 
     def add_method(self, service, method, kind, handler, request_type=None):
         """Registers handler(request, context) for "service.method"."""
-        return self._core.add_method(service, method, kind, _adapt(handler, kind, request_type))
+        return self._core.add_method(service, method, kind, _adapt(handler, kind, request_type, self._pool))
 
     def start(self, address="127.0.0.1:0"):
         self._core.start(address)
@@ -214,6 +244,8 @@ class Server:
     def stop(self):
         """Closes every session (running handlers finish first)."""
         self._core.stop()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
 
     def __enter__(self):
         return self

@@ -8,7 +8,9 @@
 // or write, read_bulk, write_bulk, a call it makes) only its fiber suspends
 // and the GIL is released, so the loop serves on.  Handlers that compute
 // for long should hand the work to a thread and wait for it.
+#include <slotrpc/fiber.h>
 #include <slotrpc/server.h>
+#include <slotrpc/stream.h>
 #include <slotrpc/service.h>
 
 #include <map>
@@ -33,6 +35,16 @@ class PyServerCall {
       throw py::value_error("this ServerCall is over: its handler returned");
     return *call_;
   }
+  // What moves data (stream reads and writes, bulk) runs on the handler's
+  // fiber only, not on a worker thread (Server(max_workers=...)).
+  ServerCall& fiber_call(const char* what) {
+    ServerCall& c = call();
+    if (!slotrpc::this_fiber::in_fiber())
+      throw py::value_error(std::string(what) +
+                            ": only on the server's event loop; a handler on a worker thread "
+                            "(max_workers) has its request and its reply only");
+    return c;
+  }
   void end() {
     drop_last();
     call_ = nullptr;
@@ -50,7 +62,7 @@ class PyServerCall {
   // read() or the handler's return), None once the client half-closed;
   // RpcError when the stream ended otherwise (cancelled, deadline, lost).
   py::object read() {
-    ServerCall& c = call();
+    ServerCall& c = fiber_call("read()");
     if (c.inbound() == nullptr) throw py::value_error("read(): this call has no client stream");
     drop_last();  // read() gives the previous message's slot back
     std::span<const std::byte> msg;
@@ -71,7 +83,7 @@ class PyServerCall {
   // Server streaming and bidi: sends one message; False once the stream is
   // over (the client cancelled, the deadline passed, the session closed).
   bool write(const py::object& reply) {
-    ServerCall& c = call();
+    ServerCall& c = fiber_call("write()");
     if (c.stream() == nullptr) throw py::value_error("write(): this call has no server stream");
     PyBytes b(reply, false, "a reply");
     Unlocked unlocked;
@@ -92,7 +104,7 @@ class PyServerCall {
 
  private:
   uint64_t bulk(bool incoming, size_t i, const py::object& buf, uint64_t offset) {
-    ServerCall& c = call();
+    ServerCall& c = fiber_call(incoming ? "read_bulk()" : "write_bulk()");
     Status st;
     size_t length = 0;
     if (py::isinstance<Region>(buf)) {
@@ -174,6 +186,15 @@ slotrpc::Handler make_handler(PyObject* fn, slotrpc::MethodKind kind) {
 }  // namespace
 
 void bind_server(py::module_& m) {
+  // A handler fiber waits for its worker thread without holding the loop.
+  py::class_<slotrpc::Notifier>(m, "Notifier")
+      .def(py::init<>())
+      .def("notify", [](slotrpc::Notifier& n) { n.notify(); })
+      .def("wait", [](slotrpc::Notifier& n) {
+        Unlocked unlocked;
+        n.wait();
+      });
+
   py::class_<PyServerCall>(m, "ServerCall", "What a handler sees of its call (valid while it runs)")
       .def("cancelled", &PyServerCall::cancelled)
       .def("time_remaining", &PyServerCall::time_remaining, "seconds to the caller's deadline, or None")

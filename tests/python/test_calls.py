@@ -242,3 +242,42 @@ def test_close_while_other_threads_call(lab_server, types):
         t.join(30)
         assert not t.is_alive()
     assert "closed" in outcomes
+
+
+@pytest.mark.parametrize("workers", [None, 2])
+def test_computing_handler_and_the_loop(workers):
+    """A unary handler that computes holds its loop, unless the server runs
+    handlers on worker threads (max_workers): then a call to another method
+    of the same loop is answered meanwhile."""
+    started = threading.Event()
+    release = threading.Event()
+
+    def compute(request, context):
+        started.set()
+        # Python work that never waits on the network: holds the loop
+        # unless on a worker thread.
+        while not release.is_set():
+            sum(range(1000))
+        return b"done"
+
+    server = slotrpc.Server(max_workers=workers)
+    server.add_method("t.W", "Compute", slotrpc.MethodKind.UNARY, compute)
+    server.add_method("t.W", "Quick", slotrpc.MethodKind.UNARY, lambda r, c: b"quick")
+    server.start("127.0.0.1:0")
+    try:
+        with slotrpc.Channel(f"127.0.0.1:{server.port}", transport="tcp") as ch:
+            slow = ch.unary_unary("t.W.Compute").future(b"")
+            assert started.wait(10)
+            try:
+                quick = ch.unary_unary("t.W.Quick")(b"", timeout=0.5).copy()
+            except RpcError as e:
+                quick = e.code()
+            release.set()
+            assert slow.result().copy() == b"done"
+            if workers:
+                assert quick == b"quick"
+            else:
+                assert quick == StatusCode.DEADLINE_EXCEEDED  # the loop was held
+    finally:
+        release.set()
+        server.stop()
