@@ -9,7 +9,13 @@
 // another starts.  A single PyThreadState per OS thread would then see two
 // interleaved Python stacks, so each handler call gets a PyThreadState of its
 // own (FiberPython), created on entry and deleted on return: to Python, a
-// fiber looks like a short-lived thread.
+// fiber looks like a short-lived thread.  PyGILState, which keeps one
+// thread state per OS thread, does not know about them: PyGILState_Check()
+// is false in a handler while another handler of its loop is suspended, and
+// C code that calls PyGILState_Ensure() from a handler (a ctypes callback)
+// would wait for the GIL it holds.  pybind11's own thread state is kept per
+// fiber below, and the module is compiled with NDEBUG so that pybind11 does
+// not assert PyGILState_Check().
 #pragma once
 
 #include <pybind11/pybind11.h>
