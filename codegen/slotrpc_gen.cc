@@ -1,7 +1,7 @@
 // slotrpc-gen: the slotrpc IDL compiler.
 //
 //   slotrpc-gen [-I DIR]... [--flatc PATH] [--no-flatc-cpp] [--depfile FILE]
-//               -o OUTDIR SCHEMA.fbs
+//               [--python] -o OUTDIR SCHEMA.fbs
 //
 // Compiles SCHEMA.fbs with flatc to a binary schema (--binary --schema
 // --bfbs-builtins, so that the `streaming` and `idempotent` attributes
@@ -9,7 +9,9 @@
 // and writes OUTDIR/<name>.slotrpc.h: per service a descriptor (names,
 // method ids), an abstract <Svc>Service to implement and a <Svc>Client over
 // a slotrpc::Channel.  Unless --no-flatc-cpp it also runs flatc --cpp, so
-// OUTDIR/<name>_generated.h (the message types) sits next to it.
+// OUTDIR/<name>_generated.h (the message types) sits next to it.  With
+// --python it writes OUTDIR/<name>_slotrpc.py instead (emit_python.h), with
+// flatc --python's message classes next to it.
 //
 // Exit status 0 on success, 1 on an error (one line on stderr, starting with
 // "slotrpc-gen: "), 2 on a usage error.  Outputs are written under a
@@ -29,12 +31,14 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <set>
 #include <system_error>
 #include <vector>
 
 #include <flatbuffers/reflection_generated.h>
 
 #include "emit.h"
+#include "emit_python.h"
 #include "model.h"
 
 extern char** environ;
@@ -53,7 +57,7 @@ using slotrpc_gen::GenError;
 
 constexpr const char* kUsage =
     "usage: slotrpc-gen [-I DIR]... [--flatc PATH] [--no-flatc-cpp] [--depfile FILE]\n"
-    "                   -o OUTDIR SCHEMA.fbs\n"
+    "                   [--python] -o OUTDIR SCHEMA.fbs\n"
     "\n"
     "Writes OUTDIR/<name>.slotrpc.h (service descriptors, <Svc>Service and\n"
     "<Svc>Client classes for every rpc_service declared in SCHEMA.fbs) and, with\n"
@@ -64,6 +68,8 @@ constexpr const char* kUsage =
     ", else flatc on PATH)\n"
     "  --no-flatc-cpp  do not write <name>_generated.h\n"
     "  --depfile FILE  write a Make-style dependency file (the schema and its includes)\n"
+    "  --python        write OUTDIR/<name>_slotrpc.py (<Svc>Servicer, <Svc>Stub) and flatc\n"
+    "                  --python's message classes instead of the C++ headers\n"
     "  -o OUTDIR       output directory (created if missing)\n";
 
 struct UsageError {
@@ -74,6 +80,7 @@ struct Options {
   std::vector<std::string> includes;
   std::string flatc;
   bool flatc_cpp = true;
+  bool python = false;
   std::string depfile;
   std::string outdir;
   std::string schema;
@@ -103,6 +110,8 @@ Options parse_args(int argc, char** argv) {
       o.flatc = value("a path");
     } else if (a == "--no-flatc-cpp") {
       o.flatc_cpp = false;
+    } else if (a == "--python") {
+      o.python = true;
     } else if (a == "--depfile") {
       o.depfile = value("a file name");
     } else if (a == "-o") {
@@ -393,7 +402,29 @@ int run(const Options& o) {
   Outputs outputs;
   const std::string out_header = (fs::path(o.outdir) / (stem + ".slotrpc.h")).string();
   std::vector<std::string> targets;
-  if (o.flatc_cpp) {
+  std::set<std::string> out_dirs;  // flatc --python's package directories
+  if (o.python) {
+    const std::string py_dir = work + "/py";
+    args = {"--python"};
+    args.insert(args.end(), includes.begin(), includes.end());
+    args.insert(args.end(), {"-o", py_dir, input});
+    run_flatc(flatc, args, log);
+    for (const auto& entry : fs::recursive_directory_iterator(py_dir)) {
+      if (!entry.is_regular_file()) continue;
+      const fs::path rel = fs::relative(entry.path(), py_dir);
+      // A schema in namespace slotrpc.* (the examples'): flatc's empty
+      // slotrpc/__init__.py would shadow the slotrpc package.  Without it
+      // the directory is a portion the package adds to its own __path__.
+      if (rel == fs::path("slotrpc") / "__init__.py") continue;
+      const fs::path out = fs::path(o.outdir) / rel;
+      out_dirs.insert(out.parent_path().string());
+      outputs.add(out.string(), read_file(entry.path().string()));
+      targets.push_back(out.string());
+    }
+    const std::string out_py = (fs::path(o.outdir) / (stem + "_slotrpc.py")).string();
+    outputs.add(out_py, slotrpc_gen::emit_python(model, input_path.filename().string()));
+    targets.push_back(out_py);
+  } else if (o.flatc_cpp) {
     args = {"--cpp"};
     args.insert(args.end(), includes.begin(), includes.end());
     args.insert(args.end(), {"-o", cpp_dir, input});
@@ -402,8 +433,10 @@ int run(const Options& o) {
     outputs.add(out_cpp, read_file(cpp_out));
     targets.push_back(out_cpp);
   }
-  outputs.add(out_header, header);
-  targets.push_back(out_header);
+  if (!o.python) {
+    outputs.add(out_header, header);
+    targets.push_back(out_header);
+  }
   if (!o.depfile.empty()) {
     std::string dep;
     for (const std::string& t : targets) {
@@ -420,6 +453,7 @@ int run(const Options& o) {
     throw GenError("cannot create output directory " + o.outdir +
                    (ec ? ": " + ec.message() : std::string()));
   }
+  for (const std::string& dir : out_dirs) fs::create_directories(dir, ec);
   outputs.commit();
   return 0;
 }

@@ -51,6 +51,24 @@ PACKAGES=(
   # with the sanitizer runtimes, which Debian ships in libclang-rt-14-dev
   clang
   libclang-rt-14-dev
+  # Python binding (python/, -Dpython=auto): pybind11 and Debian's python3
+  # headers build the extension; meson-python lets
+  # `/usr/bin/python3 -m pip install --no-build-isolation .` build it with
+  # nothing fetched; flatbuffers (the runtime of flatc --python's types),
+  # numpy (bulk payloads) and pytest run tests/python.  All belong to
+  # Debian's interpreter, /usr/bin/python3.
+  python3-dev
+  pybind11-dev
+  python3-pybind11
+  python3-mesonpy
+  python3-flatbuffers
+  python3-numpy
+  python3-pytest
+  # meson-python rewrites the RPATH of the wheel's ELF files with it
+  patchelf
+  # bench/python/vs_grpcio.py: the grpcio side of the comparison (small:
+  # python3-grpcio and python3-protobuf)
+  python3-grpcio
 )
 
 # With --test-vm: the Soft-RoCE VM test bed.  tests/rxe/rxe-vm.sh boots

@@ -1,0 +1,174 @@
+#!/usr/bin/python3
+"""slotrpc's Python binding beside grpcio, the same messages, two processes.
+
+    PYTHONPATH=python:build/python /usr/bin/python3 bench/python/vs_grpcio.py
+
+Starts one server process serving both (slotrpc and grpcio, each its own
+port), then measures from this process:
+  * unary 64 B request, p50 at 1 outstanding (sync stubs);
+  * calls/s at 32 outstanding (asyncio: slotrpc.aio and grpc.aio);
+  * a 64 MiB tensor round trip (slotrpc: send_bulk/receive_bulk, a numpy
+    array each way; grpcio: 64 MiB request and reply messages).
+slotrpc over TCP and over shared memory, grpcio over TCP.  The messages are
+examples/echo/echo.fbs's EchoRequest (seq and a payload); both servers
+answer with the request's bytes, which is a valid EchoReply (same layout).
+"""
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+SERVICE = "slotrpc.examples.Echo"
+TENSOR = 64 << 20
+
+
+def echo_request(seq, payload):
+    import flatbuffers
+    b = flatbuffers.Builder(256)
+    p = b.CreateByteVector(payload)
+    b.StartObject(2)
+    b.PrependUOffsetTRelativeSlot(1, p, 0)
+    b.PrependUint64Slot(0, seq, 0)
+    b.Finish(b.EndObject())
+    return bytes(b.Output())
+
+
+def serve():
+    from concurrent import futures
+
+    import grpc
+
+    import slotrpc
+
+    def tensor(request, context):
+        buf = np.empty(context.bulk_in(0), dtype=np.uint8)
+        context.read_bulk(0, into=buf)
+        context.write_bulk(0, buf)
+        return request.copy()
+
+    server = slotrpc.Server()
+    server.add_method(SERVICE, "Echo", slotrpc.MethodKind.UNARY, lambda req, ctx: req.copy())
+    server.add_method(SERVICE, "Tensor", slotrpc.MethodKind.UNARY, tensor)
+    server.start("127.0.0.1:0")
+
+    handlers = {
+        "Echo": grpc.unary_unary_rpc_method_handler(lambda req, ctx: req),
+        "Tensor": grpc.unary_unary_rpc_method_handler(lambda req, ctx: req),
+    }
+    limit = [("grpc.max_receive_message_length", 2 * TENSOR), ("grpc.max_send_message_length", 2 * TENSOR)]
+    gserver = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=limit)
+    gserver.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    gport = gserver.add_insecure_port("127.0.0.1:0")
+    gserver.start()
+    print(server.port, gport, flush=True)
+    sys.stdin.read()
+    gserver.stop(0)
+    server.stop()
+
+
+def p50_us(call, request, n):
+    for _ in range(n // 10):
+        call(request)
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        call(request)
+        times.append(time.perf_counter_ns() - t0)
+    return statistics.median(times) / 1000
+
+
+async def rate(call, request, outstanding, seconds):
+    stop = time.monotonic() + seconds
+    done = [0]
+
+    async def worker():
+        while time.monotonic() < stop:
+            await call(request)
+            done[0] += 1
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(outstanding)))
+    return done[0] / (time.monotonic() - t0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--serve", action="store_true")
+    ap.add_argument("--calls", type=int, default=5000)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    args = ap.parse_args()
+    if args.serve:
+        return serve()
+
+    import grpc
+
+    import slotrpc
+    import slotrpc.aio
+
+    server = subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    port, gport = map(int, server.stdout.readline().split())
+    small = echo_request(1, bytes(range(40)))  # 64 B with its FlatBuffers framing
+    limit = [("grpc.max_receive_message_length", 2 * TENSOR), ("grpc.max_send_message_length", 2 * TENSOR)]
+    rows = []
+    try:
+        for transport in ("tcp", "shm"):
+            ch = slotrpc.Channel(f"127.0.0.1:{port}", transport=transport)
+            echo = ch.unary_unary(SERVICE + ".Echo")
+            p50 = p50_us(echo, small, args.calls)
+
+            async def aio_rate():
+                async with slotrpc.aio.Channel(f"127.0.0.1:{port}", transport=transport) as ach:
+                    return await rate(ach.unary_unary(SERVICE + ".Echo"), small, 32, args.seconds)
+            cps = asyncio.run(aio_rate())
+
+            src = np.random.default_rng(1).integers(0, 256, TENSOR, dtype=np.uint8)
+            out = np.empty_like(src)
+            rs = ch.register_memory(src)
+            ro = ch.register_memory(out)
+            tensor = ch.unary_unary(SERVICE + ".Tensor")
+            times = []
+            for _ in range(5):
+                out[:] = 0
+                t0 = time.perf_counter()
+                tensor(small, send_bulk=[rs], receive_bulk=[ro], timeout=60)
+                times.append(time.perf_counter() - t0)
+                assert np.array_equal(src, out)
+            rows.append((f"slotrpc {transport}", p50, cps, statistics.median(times) * 1000))
+            ch.close()
+
+        gch = grpc.insecure_channel(f"127.0.0.1:{gport}", options=limit)
+        gecho = gch.unary_unary(f"/{SERVICE}/Echo")
+        gp50 = p50_us(gecho, small, max(args.calls // 5, 500))
+
+        async def grpc_rate():
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gport}") as ach:
+                return await rate(ach.unary_unary(f"/{SERVICE}/Echo"), small, 32, args.seconds)
+        gcps = asyncio.run(grpc_rate())
+        big = os.urandom(TENSOR)
+        gtensor = gch.unary_unary(f"/{SERVICE}/Tensor")
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            r = gtensor(big, timeout=60)
+            times.append(time.perf_counter() - t0)
+            assert r == big
+        rows.append(("grpcio tcp", gp50, gcps, statistics.median(times) * 1000))
+        gch.close()
+    finally:
+        server.stdin.close()
+        server.wait(timeout=30)
+
+    print(f"{'':14} {'64 B p50 (us)':>14} {'calls/s @32':>12} {'64 MiB round trip (ms)':>23}")
+    for name, p50, cps, ms in rows:
+        print(f"{name:14} {p50:14.1f} {cps:12.0f} {ms:23.1f}")
+
+
+if __name__ == "__main__":
+    main()

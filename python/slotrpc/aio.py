@@ -1,0 +1,169 @@
+"""asyncio for slotrpc clients: `await stub.Get(request)`, `async for` over
+streams, on the same C++ event loops.
+
+    channel = slotrpc.aio.Channel("host:7000")
+    stub = kv_slotrpc.KvStub(channel)          # the generated stub, unchanged
+    reply = await stub.Get(request, timeout=1)
+    async for m in stub.Scan(request): ...
+
+A unary call's completion is posted to the asyncio loop with
+call_soon_threadsafe from the channel's event loop: no thread waits for it.
+Stream messages are waited for on the loop's default executor (a thread
+each while it waits).  Cancelling the awaiting task cancels the call."""
+
+import asyncio
+
+from . import _channel
+from ._bulk import bulk_list, message_bytes
+
+_END = object()
+
+
+class Channel:
+    """An asyncio view of a slotrpc.Channel (same arguments)."""
+
+    def __init__(self, address, **settings):
+        self.sync = _channel.Channel(address, **settings)
+
+    def unary_unary(self, method, reply_type=None, idempotent=False):
+        return _UnaryUnary(self.sync, _channel._method_id(method), reply_type, idempotent)
+
+    def unary_stream(self, method, reply_type=None):
+        return _UnaryStream(self.sync, _channel._method_id(method), reply_type)
+
+    def stream_unary(self, method, reply_type=None):
+        return _StreamUnary(self.sync, _channel._method_id(method), reply_type)
+
+    def stream_stream(self, method, reply_type=None):
+        return _StreamStream(self.sync, _channel._method_id(method), reply_type)
+
+    def register_memory(self, obj):
+        return self.sync.register_memory(obj)
+
+    def close(self):
+        self.sync.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        self.close()
+
+
+async def _completion(core, reply_type):
+    """Awaits a core CallFuture without a thread; cancels it if the task is."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def resolve():
+        if not done.done():
+            done.set_result(None)
+
+    def on_done():  # on the channel's event loop
+        try:
+            loop.call_soon_threadsafe(resolve)
+        except RuntimeError:
+            pass  # the asyncio loop is closed: no one awaits any more
+
+    core.add_done_callback(on_done)
+    try:
+        await done
+    except asyncio.CancelledError:
+        core.cancel()
+        raise
+    return _channel.Future(core, reply_type).result()  # ready: does not wait
+
+
+class _UnaryUnary:
+    def __init__(self, channel, method_id, reply_type, idempotent):
+        self._channel = channel
+        self._id = method_id
+        self._reply_type = reply_type
+        self._idempotent = idempotent
+
+    async def __call__(self, request, timeout=None, send_bulk=None, receive_bulk=None, max_retries=0):
+        core = self._channel._core.call(self._id, message_bytes(request), timeout, bulk_list(send_bulk),
+                                        bulk_list(receive_bulk), self._idempotent, max_retries)
+        return await _completion(core, self._reply_type)
+
+
+class _Replies:
+    """`async for` over a stream's replies."""
+
+    def __init__(self, sync_iterator):
+        self._it = sync_iterator
+
+    def _next(self):
+        try:
+            return next(self._it)
+        except StopIteration:
+            return _END
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        try:
+            m = await asyncio.get_running_loop().run_in_executor(None, self._next)
+        except asyncio.CancelledError:
+            self._it.cancel()
+            raise
+        if m is _END:
+            raise StopAsyncIteration
+        return m
+
+    def cancel(self):
+        self._it.cancel()
+
+
+class _UnaryStream:
+    def __init__(self, channel, method_id, reply_type):
+        self._sync = _channel.UnaryStream(channel, method_id, reply_type)
+
+    def __call__(self, request, timeout=None):
+        return _Replies(self._sync(request, timeout))
+
+
+async def _feed(call, requests):
+    """Writes an async (or plain) iterable of requests, then half-closes;
+    each write may wait for a credit, on the default executor."""
+    loop = asyncio.get_running_loop()
+    try:
+        if hasattr(requests, "__aiter__"):
+            async for r in requests:
+                if not await loop.run_in_executor(None, call.write, message_bytes(r)):
+                    return
+        else:
+            for r in requests:
+                if not await loop.run_in_executor(None, call.write, message_bytes(r)):
+                    return
+        call.writes_done()
+    except BaseException:
+        call.cancel()
+        raise
+
+
+class _StreamUnary:
+    def __init__(self, channel, method_id, reply_type):
+        self._channel = channel
+        self._id = method_id
+        self._reply_type = reply_type
+
+    async def __call__(self, request_iterator, timeout=None):
+        call = self._channel._core.open_stream(self._id, False, timeout)
+        await _feed(call, request_iterator)
+        return await _completion(call.reply, self._reply_type)
+
+
+class _StreamStream:
+    def __init__(self, channel, method_id, reply_type):
+        self._channel = channel
+        self._id = method_id
+        self._reply_type = reply_type
+
+    def __call__(self, request_iterator, timeout=None):
+        call = self._channel._core.open_stream(self._id, True, timeout)
+        writer = asyncio.get_running_loop().create_task(_feed(call, request_iterator))
+        replies = _Replies(_channel.ReplyIterator(call.replies, self._reply_type, on_cancel=call.cancel))
+        replies.writer = writer  # keeps the task referenced
+        return replies

@@ -1,0 +1,214 @@
+// The Python binding's shared pieces: the GIL on event-loop fibers, errors,
+// messages read in place, buffers and bulk segments.
+//
+// Threads and the GIL.  Every wait on the network (a call, a stream read, a
+// stream write's credit, stop()) releases the GIL, so Python threads and the
+// event loops run on.  A Python handler runs on a fiber of a server's event
+// loop; a loop runs many fibers on one OS thread, and one of them may suspend
+// in the middle of Python code (read_bulk, a stream read or write) while
+// another starts.  A single PyThreadState per OS thread would then see two
+// interleaved Python stacks, so each handler call gets a PyThreadState of its
+// own (FiberPython), created on entry and deleted on return: to Python, a
+// fiber looks like a short-lived thread.  PyGILState, which keeps one
+// thread state per OS thread, does not know about them: PyGILState_Check()
+// is false in a handler while another handler of its loop is suspended, and
+// C code that calls PyGILState_Ensure() from a handler (a ctypes callback)
+// would wait for the GIL it holds.  pybind11's own thread state is kept per
+// fiber below, and the module is compiled with NDEBUG so that pybind11 does
+// not assert PyGILState_Check().
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <slotrpc/call.h>
+#include <slotrpc/channel.h>
+#include <slotrpc/memory.h>
+#include <slotrpc/reply.h>
+#include <slotrpc/status.h>
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace slotrpc_py {
+
+namespace py = pybind11;
+
+// The interpreter the module was imported into (set at import).
+extern PyInterpreterState* g_interp;
+
+// pybind11 keeps a per-OS-thread stack of its argument-conversion frames
+// (loader_life_support) and expects it LIFO.  Fibers of one loop interleave
+// on one OS thread, so each fiber keeps its own top: saved where a fiber
+// may suspend (Unlocked) and restored when it continues, and started empty
+// for a new handler (FiberPython).
+inline PYBIND11_TLS_KEY_REF frames_key() {
+#if PYBIND11_INTERNALS_VERSION == 4
+  return py::detail::get_local_internals().loader_life_support_tls_key;
+#else
+  return py::detail::get_internals().loader_life_support_tls_key;
+#endif
+}
+inline void* frames_top() { return PYBIND11_TLS_GET_VALUE(frames_key()); }
+inline void set_frames_top(void* top) { PYBIND11_TLS_REPLACE_VALUE(frames_key(), top); }
+// Likewise the thread state pybind11's gil_scoped_acquire uses on this OS
+// thread (an error_already_set's destructor takes one): it must be the
+// running fiber's, or pybind11 would wait for the GIL with another
+// fiber's thread state while this one holds it.
+inline void* pybind_tstate() { return PYBIND11_TLS_GET_VALUE(py::detail::get_internals().tstate); }
+inline void set_pybind_tstate(void* ts) {
+  if (ts == nullptr) {
+    PYBIND11_TLS_DELETE_VALUE(py::detail::get_internals().tstate);
+  } else {
+    PYBIND11_TLS_REPLACE_VALUE(py::detail::get_internals().tstate, ts);
+  }
+}
+
+// Holds the GIL with a thread state of its own, on a thread (or fiber) that
+// has none: an event loop's fiber running a handler, or a loop callback.
+class FiberPython {
+ public:
+  FiberPython() : ts_(PyThreadState_New(g_interp)) {
+    PyEval_RestoreThread(ts_);
+    outer_frames_ = frames_top();
+    set_frames_top(nullptr);
+    outer_tstate_ = pybind_tstate();
+    set_pybind_tstate(ts_);
+  }
+  ~FiberPython() {
+    set_frames_top(outer_frames_);
+    set_pybind_tstate(outer_tstate_);
+    PyThreadState_Clear(ts_);
+    PyThreadState_DeleteCurrent();  // also releases the GIL
+  }
+  FiberPython(const FiberPython&) = delete;
+  FiberPython& operator=(const FiberPython&) = delete;
+
+ private:
+  PyThreadState* ts_;
+  void* outer_frames_ = nullptr;
+  void* outer_tstate_ = nullptr;
+};
+
+// Releases the GIL for a wait (whatever thread state holds it); the wait
+// may suspend a fiber, so this fiber's pybind11 frame stack is restored
+// afterwards.
+class Unlocked {
+ public:
+  Unlocked() : frames_(frames_top()), pybind_ts_(pybind_tstate()), ts_(PyEval_SaveThread()) {}
+  ~Unlocked() {
+    PyEval_RestoreThread(ts_);
+    set_frames_top(frames_);
+    set_pybind_tstate(pybind_ts_);
+  }
+  Unlocked(const Unlocked&) = delete;
+  Unlocked& operator=(const Unlocked&) = delete;
+
+ private:
+  void* frames_;
+  void* pybind_ts_;
+  PyThreadState* ts_;
+};
+
+// Raises slotrpc.RpcError(code, details) (defined in slotrpc/_status.py).
+[[noreturn]] void raise_status(const slotrpc::Status& status);
+// The status a Python exception stands for: an RpcError's code and
+// details, else UNKNOWN naming the exception (grpcio's "Exception calling
+// application").  Clears the error.
+slotrpc::Status status_of(py::error_already_set& error, const std::string& where);
+
+// A timeout in seconds (None: no deadline) as call options.
+slotrpc::CallOptions options_for(const py::object& timeout);
+
+// A contiguous buffer of a Python object, kept alive with it.  `writable`
+// asks for a writable one (a destination), and fails clearly otherwise.
+struct PyBytes {
+  py::object owner;  // keeps the exporter alive
+  std::byte* data = nullptr;
+  size_t size = 0;
+  bool writable = false;
+  Py_buffer view{};
+  bool have_view = false;
+
+  PyBytes() = default;
+  PyBytes(const py::handle& obj, bool need_writable, const char* what);
+  ~PyBytes();
+  PyBytes(PyBytes&& o) noexcept;
+  PyBytes& operator=(PyBytes&&) = delete;
+  PyBytes(const PyBytes&) = delete;
+};
+
+// The slot behind a Message and the memoryviews over it: a client's reply
+// (owning its RawReply, hence the slot) or a handler's request (borrowed).
+// The views hold it, so a reply's slot stays reserved while the Message or
+// any view of it (a flatc root from message(), say) lives.
+struct SlotKeeper {
+  slotrpc::RawReply reply;
+  std::span<const std::byte> bytes;
+};
+
+// A message in its slot: a client's reply, valid while the object or a
+// view of it lives (or until release()), or a handler's request (borrowed:
+// valid until the next stream read or until the handler returns).  `.data`
+// is a read-only memoryview over the slot; release() releases that view,
+// so a stale read raises ValueError instead of seeing another call's bytes.
+class Message {
+ public:
+  Message(slotrpc::RawReply reply, py::object type);
+  Message(std::span<const std::byte> borrowed, py::object type);
+
+  py::object data();
+  py::bytes copy() const;
+  py::object message(py::object type);
+  size_t size() const { return bytes_.size(); }
+  uint64_t bulk_received(size_t i) const { return bulk_received_.size() > i ? bulk_received_[i] : 0; }
+  bool valid() const { return valid_; }
+  py::object type() const { return type_; }
+  void set_type(py::object type) { type_ = std::move(type); }
+  void release();
+
+ private:
+  void check() const;
+  py::object keeper_;  // SlotKeeper
+  std::span<const std::byte> bytes_;
+  std::vector<uint64_t> bulk_received_;
+  py::object type_;
+  py::object view_;  // the memoryview handed out
+  bool valid_ = true;
+};
+
+// A registered buffer (Channel/Server.register_memory): the region and
+// the Python object whose memory it is, kept alive while the region is.
+struct Region {
+  std::optional<PyBytes> bytes;
+  slotrpc::MemoryRegion region;
+  size_t size() const { return region.size(); }
+};
+
+// Python objects of a call's bulk attachments, held until it completes.
+struct BulkHold {
+  std::vector<PyBytes> buffers;
+  std::vector<py::object> regions;
+};
+
+// Fills options.send_segments / receive_segments from Python lists whose
+// items are buffers (numpy arrays, bytearrays...), Regions, or
+// (Region, offset, length) tuples.
+void add_bulk(slotrpc::CallOptions& options, const py::object& send, const py::object& receive,
+              BulkHold& hold);
+
+// The bytes of a request or a reply: a bytes-like object.
+std::string request_bytes(const py::handle& obj);
+
+// Config from keyword arguments (transport="tcp", slot_size=..., ...);
+// an unknown name is a TypeError listing the known ones.  The library
+// validates the values (naming the setting and its range).
+slotrpc::Config config_from(const py::dict& settings);
+
+void bind_client(py::module_& m);
+void bind_server(py::module_& m);
+
+}  // namespace slotrpc_py
