@@ -39,11 +39,13 @@ HeaderError reference_validate(const uint8_t* b, size_t received, uint32_t slot_
   if (b[2] != 1) return HeaderError::kBadVersion;
   const unsigned kind = b[3] & 0x0f, flags = b[3] & 0xf0;
   if (kind < 1 || kind > 12) return HeaderError::kBadKind;
-  // 0x10 server stream, 0x20 client stream, 0x40 bulk: on requests; 0x40
-  // alone on a reply (protocol.md, section 4); nothing else anywhere.
-  const bool request_flags = (flags & ~0x70u) == 0 && kind == 1;
-  const bool reply_flags = flags == 0x40 && kind == 2;
-  if (flags != 0 && !request_flags && !reply_flags) return HeaderError::kBadKind;
+  // 0x10 server stream, 0x20 client stream, 0x40 bulk, 0x80 metadata: any
+  // of them on a request; 0x40 and 0x80 on a reply; 0x80 on an error
+  // (protocol.md, section 4); nothing on another kind.
+  const bool request_flags = kind == 1;
+  const bool reply_flags = kind == 2 && (flags & ~0xc0u) == 0;
+  const bool error_flags = kind == 3 && (flags & ~0x80u) == 0;
+  if (flags != 0 && !request_flags && !reply_flags && !error_flags) return HeaderError::kBadKind;
   const uint64_t total = 32 + uint64_t{le32(b + 16)};
   if (total != received || total > slot_size) return HeaderError::kBadLength;
   const uint16_t slot = le16(b + 20);
