@@ -85,17 +85,6 @@ class ServerSession final : public SessionBase {
   // The client announced kFeatureMetadata: it takes trailers.  Without it
   // a handler's trailers are dropped (an older client would refuse the flag).
   void set_client_takes_trailers(bool yes) { client_trailers_ = yes; }
-  // TLS (Config::tls): the client certificate's subject and subject
-  // alternative names, set once before the session serves (mTLS); tls()
-  // false on a plain session.  Loop thread, like peer().
-  void set_tls_identity(std::string subject, std::vector<std::string> sans) {
-    tls_ = true;
-    tls_subject_ = std::move(subject);
-    tls_sans_ = std::move(sans);
-  }
-  bool tls() const { return tls_; }
-  const std::string& tls_subject() const { return tls_subject_; }
-  const std::vector<std::string>& tls_sans() const { return tls_sans_; }
   uint32_t running_handlers() const { return running_; }
   // Loop thread, cold: the link, for its counters (metrics).
   const transport::Link& link() const { return *link_; }
@@ -204,9 +193,6 @@ class ServerSession final : public SessionBase {
   PeerInfo peer_info_;
   const CallChecks* checks_ = nullptr;
   bool client_trailers_ = false;
-  bool tls_ = false;
-  std::string tls_subject_;
-  std::vector<std::string> tls_sans_;
   ClosedFn on_closed_;
   SlotRing recv_ring_;
   SlotRing send_ring_;

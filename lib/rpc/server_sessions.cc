@@ -218,9 +218,8 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
                                                                 : "tcp";
   if (p.tls) {
     p.info.tls = true;
-    p.info.tls_subject = p.tls_subject;
-    p.info.tls_sans = p.tls_sans;
-    session->set_tls_identity(p.tls_subject, p.tls_sans);
+    p.info.tls_subject = std::move(p.tls_subject);
+    p.info.tls_sans = std::move(p.tls_sans);
   }
   session->set_peer_info(std::move(p.info));
   session->set_client_takes_trailers((p.hello.features & core::kFeatureMetadata) != 0);
@@ -258,12 +257,12 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
   ::close(p.fd);  // the link works on its own duplicate
   base::log().debug("slotrpc: session with {} on loop {}", p.peer, index);
   core::ServerSession* raw = session.get();
-  if (raw->tls()) {
-    // Who the client is, as its certificate says (what the session holds).
-    std::string who = raw->tls_subject().empty() ? std::string("no client certificate")
-                                                 : "client certificate " + raw->tls_subject();
-    for (size_t i = 0; i < raw->tls_sans().size(); ++i) who += (i == 0 ? " [" : ", ") + raw->tls_sans()[i];
-    if (!raw->tls_sans().empty()) who += "]";
+  if (const PeerInfo& peer = raw->peer_info(); peer.tls) {
+    // Who the client is, as its certificate says (the session's PeerInfo).
+    std::string who = peer.tls_subject.empty() ? std::string("no client certificate")
+                                               : "client certificate " + peer.tls_subject;
+    for (size_t i = 0; i < peer.tls_sans.size(); ++i) who += (i == 0 ? " [" : ", ") + peer.tls_sans[i];
+    if (!peer.tls_sans.empty()) who += "]";
     base::log().info("slotrpc: TLS session with {} on loop {}: {}", p.peer, index, who);
   }
   sessions[index].emplace(raw, std::move(session));
