@@ -64,7 +64,7 @@ struct Load {
   void issue() {
     if (stop.load(std::memory_order_relaxed)) return;
     ++live;
-    ch.call(
+    slotrpc::raw::call(ch,
         method,
         [this](flatbuffers::FlatBufferBuilder& fbb) {
           if (method == kAdmin) {

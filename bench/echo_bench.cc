@@ -55,7 +55,7 @@ Result run(slotrpc::Channel& ch, uint64_t calls, uint64_t size, uint64_t outstan
     const uint64_t i = issued.fetch_add(1);
     if (i >= calls) return;
     const auto start = std::chrono::steady_clock::now();
-    ch.call(
+    slotrpc::raw::call(ch,
         kEcho,
         [&payload](flatbuffers::FlatBufferBuilder& fbb) { fbb.PushFlatBuffer(payload.data(), payload.size()); },
         {},

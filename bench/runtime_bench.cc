@@ -131,7 +131,7 @@ struct Driver {
       live.fetch_sub(1);
       return;
     }
-    ch->call(
+    slotrpc::raw::call(*ch,
         kEcho, [this](flatbuffers::FlatBufferBuilder& fbb) { fbb.PushFlatBuffer(payload.data(), payload.size()); },
         {},
         [this, start](slotrpc::RawReply&& r) {
@@ -290,8 +290,7 @@ int run_nested(bool same_runtime, uint64_t calls, size_t size) {
   slotrpc::ServiceDefinition svc("slotrpc.bench.Front");
   svc.add_method("Relay", [inner](slotrpc::ServerCall& call) {
     const auto req = call.request();
-    auto r = inner
-                 ->call(kEcho, [&req](flatbuffers::FlatBufferBuilder& fbb) {
+    auto r = slotrpc::raw::call(*inner, kEcho, [&req](flatbuffers::FlatBufferBuilder& fbb) {
                    fbb.PushFlatBuffer(reinterpret_cast<const uint8_t*>(req.data()), req.size());
                  })
                  .get();  // the handler's fiber waits
@@ -310,8 +309,7 @@ int run_nested(bool same_runtime, uint64_t calls, size_t size) {
   const uint64_t warmup = std::min<uint64_t>(1000, calls / 10);
   for (uint64_t i = 0; i < warmup + calls; ++i) {
     const auto t0 = Clock::now();
-    auto r = client.value()
-                 ->call(kRelay, [&](flatbuffers::FlatBufferBuilder& fbb) {
+    auto r = slotrpc::raw::call(*client.value(), kRelay, [&](flatbuffers::FlatBufferBuilder& fbb) {
                    fbb.PushFlatBuffer(payload.data(), payload.size());
                  })
                  .get();

@@ -400,7 +400,7 @@ class BulkDriver final : public EchoDriver {
     if (direction_ != Direction::kWrite) o.send_bulk(p.src_region, 0, size);
     if (direction_ != Direction::kRead) o.receive_bulk(p.dst_region, 0, size);
     const bool check = direction_ != Direction::kRead;
-    channel_->call(
+    slotrpc::raw::call(*channel_,
         kBulkEcho,
         [page = page_, per_page = per_page_](flatbuffers::FlatBufferBuilder& fbb) {
           fbb.Finish(fbb.CreateVector(std::vector<uint64_t>{page, per_page ? 1u : 0u}));

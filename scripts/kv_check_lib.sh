@@ -6,14 +6,15 @@
 
 server_pid=
 
-# recipe NAME: README's fenced block that follows <!-- recipe:NAME -->.
+# recipe NAME [FILE]: the fenced block that follows <!-- recipe:NAME --> in
+# FILE (a path under the checkout; README.md when omitted).
 recipe() {
   awk -v marker="<!-- recipe:$1 -->" '
     $0 == marker { found = 1; next }
     found == 1 && /^```/ { found = 2; next }
     found == 2 && /^```/ { exit }
     found == 2 { print }
-  ' "$ROOT/README.md"
+  ' "$ROOT/${2:-README.md}"
 }
 
 # copy_kv DIR: the example's sources, without its in-tree meson.build.

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # slotrpc as a Meson subproject: a consumer project outside the
-# source tree, whose meson.build is README's subproject recipe exactly as
-# README has it (the fenced block after `<!-- recipe:subproject -->`), with
-# this checkout as subprojects/slotrpc (a symbolic link), builds
-# examples/kv with `meson setup` (plus two compile-speed settings, see below)
-# and `meson compile` as README says, then
+# source tree, whose meson.build is docs/guide.md's subproject recipe
+# exactly as the guide has it (the fenced block after
+# `<!-- recipe:subproject -->`), with this checkout as subprojects/slotrpc
+# (a symbolic link), builds examples/kv with `meson setup` (plus two
+# compile-speed settings, see below) and `meson compile` as the guide says, then
 # runs its kv_client against its kv_server.
 #
 #   scripts/subproject_check.sh
@@ -32,21 +32,21 @@ trap cleanup EXIT
 src=$work/kv
 copy_kv "$src"
 mkdir -p "$src/subprojects"
-recipe subproject > "$src/meson.build"
-[[ -s $src/meson.build ]] || die "README has no <!-- recipe:subproject --> block"
+recipe subproject docs/guide.md > "$src/meson.build"
+[[ -s $src/meson.build ]] || die "docs/guide.md has no <!-- recipe:subproject --> block"
 # The checkout itself: Meson ignores the build directories inside it
 # (each has its own meson-private/ and is never read as source).
 ln -s "$ROOT" "$src/subprojects/slotrpc"
 
-log "README's subproject recipe in $src, subprojects/slotrpc -> $ROOT"
+log "the guide's subproject recipe in $src, subprojects/slotrpc -> $ROOT"
 # README's `meson setup build`, plus two settings that change what the
 # compiler does, not what the recipe wires up: no optimisation or debug
 # information (plain), and the library as unity sources.  This checks the
 # wiring; the suite's other builds check the code.
 (cd "$src" && meson setup build --buildtype=plain -Dslotrpc:unity_library=true) > "$work/setup.log" 2>&1 \
-  || { cat "$work/setup.log" >&2; die "meson setup of README's subproject recipe failed"; }
+  || { cat "$work/setup.log" >&2; die "meson setup of the guide's subproject recipe failed"; }
 (cd "$src" && meson compile -C build) > "$work/compile.log" 2>&1 \
-  || { tail -n 60 "$work/compile.log" >&2; die "meson compile of README's subproject recipe failed"; }
+  || { tail -n 60 "$work/compile.log" >&2; die "meson compile of the guide's subproject recipe failed"; }
 log "built: $(cd "$src/build" && ls kv_server kv_client | tr '\n' ' ')"
 
 run_kv "$src/build"

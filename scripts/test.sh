@@ -15,7 +15,7 @@
 #   2c. the TCP-only build (scripts/tcp_only_check.sh: -Dverbs=auto where
 #      pkg-config cannot find libibverbs builds without verbs, says so, and
 #      serves over TCP), and slotrpc as a Meson subproject of a consumer
-#      built with README's subproject recipe (scripts/subproject_check.sh);
+#      built with the guide's subproject recipe (scripts/subproject_check.sh);
 #      both run in the background while step 2's tests run, and are
 #      reported after 2b
 #   3. build-asan/ debug + ASan/UBSan -> meson setup, compile, test; its

@@ -402,7 +402,7 @@ TEST_CASE("client interceptors run before a call is sent: a refusal completes it
 
   // The callback form and a server stream's end see the same refusal.
   std::promise<Status> ended;
-  ch->call_stream(kSecret, ping(2, "x"), {}, [](slotrpc::RawReply&&) {},
+  slotrpc::raw::call_stream(*ch, kSecret, ping(2, "x"), {}, [](slotrpc::RawReply&&) {},
                   [&ended](Status st) { ended.set_value(std::move(st)); });
   auto end = ended.get_future();
   REQUIRE(end.wait_for(std::chrono::seconds(10)) == std::future_status::ready);

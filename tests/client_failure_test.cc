@@ -80,7 +80,7 @@ void reissuing_client_survives(Death death, size_t window, std::optional<std::ch
       break;
   }
   // Later calls fail fast with the session's status too.
-  auto f = ch->call(kEcho, echo_request(1, 8));
+  auto f = slotrpc::raw::call(*ch, kEcho, echo_request(1, 8));
   REQUIRE(f.wait_for(5000ms));
   const RawReply r = f.get();
   CHECK(r.status().code() == StatusCode::kUnavailable);
@@ -161,12 +161,12 @@ TEST_CASE("fail-fast: a call on a dead channel completes with the session's stat
   std::mutex mu;
   Status outer, inner;
   std::atomic<bool> inner_ran{false}, inner_ran_inside_call{true}, done{false};
-  ch->call(kEcho, echo_request(1, 8), {}, [&](RawReply&& a) {
+  slotrpc::raw::call(*ch, kEcho, echo_request(1, 8), {}, [&](RawReply&& a) {
     {
       std::lock_guard<std::mutex> lock(mu);
       outer = a.status();
     }
-    ch->call(kEcho, echo_request(2, 8), {}, [&](RawReply&& b) {
+    slotrpc::raw::call(*ch, kEcho, echo_request(2, 8), {}, [&](RawReply&& b) {
       std::lock_guard<std::mutex> lock(mu);
       inner = b.status();
       inner_ran = true;
@@ -189,14 +189,14 @@ TEST_CASE("fail-fast: a deadline already passed completes later, not on the call
   std::mutex mu;
   Status outer, inner;
   std::atomic<bool> inner_ran{false}, inner_ran_inside_call{true}, done{false};
-  ch->call(kEcho, echo_request(1, 8), {}, [&](RawReply&& a) {
+  slotrpc::raw::call(*ch, kEcho, echo_request(1, 8), {}, [&](RawReply&& a) {
     {
       std::lock_guard<std::mutex> lock(mu);
       outer = a.status();
     }
     CallOptions past;
     past.deadline = Clock::now() - 1ms;
-    ch->call(kEcho, echo_request(2, 8), past, [&](RawReply&& b) {
+    slotrpc::raw::call(*ch, kEcho, echo_request(2, 8), past, [&](RawReply&& b) {
       std::lock_guard<std::mutex> lock(mu);
       inner = b.status();
       inner_ran = true;
@@ -225,16 +225,16 @@ TEST_CASE("fail-fast: a full call queue refuses later, not on the caller's stack
   std::atomic<bool> in_call{false};
   // Two calls take the slots, one waits in the queue, the fourth is refused.
   std::atomic<bool> issued{false};
-  ch->call(kEcho, echo_request(0, 8), CallOptions::with_timeout(300ms), [&](RawReply&&) {});
-  ch->call(kEcho, echo_request(1, 8), CallOptions::with_timeout(300ms), [&](RawReply&&) {});
-  ch->call(kEcho, echo_request(2, 8), CallOptions::with_timeout(300ms), [&](RawReply&&) {});
+  slotrpc::raw::call(*ch, kEcho, echo_request(0, 8), CallOptions::with_timeout(300ms), [&](RawReply&&) {});
+  slotrpc::raw::call(*ch, kEcho, echo_request(1, 8), CallOptions::with_timeout(300ms), [&](RawReply&&) {});
+  slotrpc::raw::call(*ch, kEcho, echo_request(2, 8), CallOptions::with_timeout(300ms), [&](RawReply&&) {});
   // The fourth is issued on the loop (a stats() snapshot runs there too, so
   // post it through a call that fails fast: a deadline already passed).
   CallOptions past;
   past.deadline = Clock::now() - 1ms;
-  ch->call(kEcho, echo_request(3, 8), past, [&](RawReply&&) {
+  slotrpc::raw::call(*ch, kEcho, echo_request(3, 8), past, [&](RawReply&&) {
     in_call = true;
-    ch->call(kEcho, echo_request(4, 8), {}, [&](RawReply&& r) {
+    slotrpc::raw::call(*ch, kEcho, echo_request(4, 8), {}, [&](RawReply&& r) {
       if (in_call.load()) ++ran_inside_call;
       std::lock_guard<std::mutex> lock(mu);
       refused.push_back(r.status());
@@ -260,7 +260,7 @@ TEST_CASE("reconnect backoff: against a dead address, idempotent retries do not 
     EchoServerProcess server;
     address = server.address();
     ch = connect(address);
-    auto f = ch->call(kEcho, echo_request(1, 8));
+    auto f = slotrpc::raw::call(*ch, kEcho, echo_request(1, 8));
     REQUIRE(f.wait_for(10000ms));
     REQUIRE(f.get().ok());
     server.kill();
@@ -281,7 +281,7 @@ TEST_CASE("reconnect backoff: against a dead address, idempotent retries do not 
   uint64_t backing_off = 0;
   std::string backoff_message;
   while (Clock::now() - t0 < 1500ms) {
-    auto f = ch->call(kEcho, echo_request(2, 8), idempotent);
+    auto f = slotrpc::raw::call(*ch, kEcho, echo_request(2, 8), idempotent);
     REQUIRE(f.wait_for(10000ms));
     const RawReply r = f.get();
     ++calls;

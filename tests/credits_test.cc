@@ -99,7 +99,7 @@ struct Harness {
   }
 
   Future<RawReply> echo(uint64_t seq, uint32_t sleep_ms = 0) {
-    return channel->call(kEcho, [seq, sleep_ms](flatbuffers::FlatBufferBuilder& fbb) {
+    return slotrpc::raw::call(*channel, kEcho, [seq, sleep_ms](flatbuffers::FlatBufferBuilder& fbb) {
       fbb.Finish(slotrpc::test::CreatePing(fbb, seq, 0, 0, sleep_ms));
     });
   }
@@ -274,7 +274,7 @@ TEST_CASE("credits: 200 calls through 4 slots all complete (callback form)") {
   std::atomic<uint64_t> wrong{0};
   std::vector<std::atomic<int>> seen(kCalls);
   for (uint64_t i = 0; i < kCalls; ++i) {
-    h.channel->call(
+    slotrpc::raw::call(*h.channel,
         kEcho,
         [i](flatbuffers::FlatBufferBuilder& fbb) {
           fbb.Finish(slotrpc::test::CreatePing(fbb, i, 0, 0, i % 5 == 0 ? 1 : 0));

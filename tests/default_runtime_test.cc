@@ -86,7 +86,7 @@ TEST_CASE("a server and a channel given no runtime run on loops of their own") {
   REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
   std::promise<std::pair<std::string, std::string>> done;  // handler's thread, callback's thread
   auto result = done.get_future();
-  ch.value()->call(kEcho, ping(1, "x"), {}, [&done](RawReply&& r) {
+  slotrpc::raw::call(*ch.value(), kEcho, ping(1, "x"), {}, [&done](RawReply&& r) {
     std::string handler = "call failed: " + r.status().to_string();
     if (r.ok()) {
       const auto* pong = flatbuffers::GetRoot<Pong>(r.data());

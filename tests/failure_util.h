@@ -188,7 +188,7 @@ class Reissuer {
     out_.fetch_add(1);
     slotrpc::CallOptions o;
     if (timeout_) o = slotrpc::CallOptions::with_timeout(*timeout_);
-    ch_.call(kEcho, echo_request(idx, payload_), o,
+    slotrpc::raw::call(ch_, kEcho, echo_request(idx, payload_), o,
              [this, idx](slotrpc::RawReply&& r) { done(idx, r.status()); });
   }
 

@@ -153,7 +153,7 @@ TEST_CASE("call metadata reaches the handler and trailers come back, over tcp an
     std::promise<Status> ended;
     CallOptions so;
     so.add_metadata("stream-key", "v");
-    ch->call_stream(kCount, ping(8, "x"), so,
+    slotrpc::raw::call_stream(*ch, kCount, ping(8, "x"), so,
                     [&first](slotrpc::RawReply&& m) {
                       flatbuffers::Verifier v(m.data(), m.size());
                       REQUIRE(v.VerifyBuffer<Pong>(nullptr));

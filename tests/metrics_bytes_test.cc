@@ -170,7 +170,7 @@ void run(Server& server, slotrpc::TransportKind transport, uint64_t put_bytes) {
   // Unary: varied sizes.
   for (uint64_t i = 0; i < 20; ++i) {
     uint64_t sent = 0;
-    auto r = ch->call(kEcho, [&sent, i](flatbuffers::FlatBufferBuilder& fbb) {
+    auto r = slotrpc::raw::call(*ch, kEcho, [&sent, i](flatbuffers::FlatBufferBuilder& fbb) {
                     std::vector<uint8_t> body(16 + i * 37, static_cast<uint8_t>(i));
                     fbb.PushFlatBuffer(body.data(), body.size());
                     sent = fbb.GetSize();
@@ -200,7 +200,7 @@ void run(Server& server, slotrpc::TransportKind transport, uint64_t put_bytes) {
     std::atomic<bool> ended{false};
     std::atomic<bool> ok{false};
     uint64_t sent = 0;
-    ch->call_stream(
+    slotrpc::raw::call_stream(*ch,
         kScan,
         [&sent](flatbuffers::FlatBufferBuilder& fbb) {
           fbb.Finish(ping(kScanMessages, 0)(fbb));
@@ -238,7 +238,7 @@ void run(Server& server, slotrpc::TransportKind transport, uint64_t put_bytes) {
     uint64_t sent = 0;
     CallOptions o;
     o.send_bulk(std::span<const std::byte>(tensor));
-    auto r = ch->call(kPut, [&sent](flatbuffers::FlatBufferBuilder& fbb) {
+    auto r = slotrpc::raw::call(*ch, kPut, [&sent](flatbuffers::FlatBufferBuilder& fbb) {
                     fbb.Finish(ping(1, 0)(fbb));
                     sent = fbb.GetSize();
                   }, o).get();
@@ -263,7 +263,7 @@ void run(Server& server, slotrpc::TransportKind transport, uint64_t put_bytes) {
     uint64_t sent = 0;
     CallOptions o;
     o.receive_bulk(std::span<std::byte>(into));
-    auto r = ch->call(kGet, [&sent](flatbuffers::FlatBufferBuilder& fbb) {
+    auto r = slotrpc::raw::call(*ch, kGet, [&sent](flatbuffers::FlatBufferBuilder& fbb) {
                     fbb.Finish(ping(2, 0)(fbb));
                     sent = fbb.GetSize();
                   }, o).get();

@@ -144,7 +144,7 @@ TEST_CASE("metrics port: GET /metrics serves the server's live counters") {
   auto ch = Channel::connect("127.0.0.1:" + std::to_string(server.port())).value();
   const uint32_t id = slotrpc::method_id("slotrpc.test.Port.Echo");
   for (int i = 0; i < 7; ++i) {
-    auto r = ch->call(id, [](flatbuffers::FlatBufferBuilder& fbb) {
+    auto r = slotrpc::raw::call(*ch, id, [](flatbuffers::FlatBufferBuilder& fbb) {
       const uint8_t b[24] = {1};
       fbb.PushFlatBuffer(b, sizeof b);
     }).get();

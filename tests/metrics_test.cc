@@ -115,7 +115,7 @@ TEST_CASE("metrics: an echo of N calls adds up exactly") {
       const uint64_t seq = next.fetch_add(1);
       if (seq >= kCalls) return;
       const size_t size = 8 + seq % 300;  // varied sizes, so bytes are not calls x constant
-      ch->call(
+      slotrpc::raw::call(*ch,
           kEcho,
           [&, seq, size](flatbuffers::FlatBufferBuilder& fbb) {
             std::vector<uint8_t> body(size, static_cast<uint8_t>(seq));
@@ -215,14 +215,14 @@ TEST_CASE("metrics: status codes, credit stalls and queued calls") {
   };
 
   // Errors: one unknown method, three failing calls.
-  CHECK(ch->call(0x12345678u, body).get().status().code() == StatusCode::kUnimplemented);
+  CHECK(slotrpc::raw::call(*ch, 0x12345678u, body).get().status().code() == StatusCode::kUnimplemented);
   for (int i = 0; i < 3; ++i) {
-    CHECK(ch->call(kFail, body).get().status().code() == StatusCode::kInvalidArgument);
+    CHECK(slotrpc::raw::call(*ch, kFail, body).get().status().code() == StatusCode::kInvalidArgument);
   }
 
   // Six calls on two credits, held by the server: two run, four wait.
   std::vector<slotrpc::Future<RawReply>> held;
-  for (int i = 0; i < 6; ++i) held.push_back(ch->call(kHold, body));
+  for (int i = 0; i < 6; ++i) held.push_back(slotrpc::raw::call(*ch, kHold, body));
   REQUIRE(wait_until([&] { return f.holding.load() == 2; }));
   REQUIRE(wait_until([&] { return ch->metrics().client.queued == 4; }));
   MetricsSnapshot c = ch->metrics();
@@ -282,8 +282,8 @@ TEST_CASE("metrics: Server::metrics() from inside a handler does not deadlock") 
     fbb.PushFlatBuffer(x, sizeof x);
   };
   for (int i = 0; i < 20; ++i) {
-    auto fa = a->call(id, body);
-    auto fb = b->call(id, body);
+    auto fa = slotrpc::raw::call(*a, id, body);
+    auto fb = slotrpc::raw::call(*b, id, body);
     REQUIRE(fa.wait_for(10s));
     REQUIRE(fb.wait_for(10s));
     CHECK(fa.get().ok());
@@ -330,7 +330,7 @@ TEST_CASE("metrics: snapshots taken while the server stops are whole or empty, a
     callers.emplace_back([&] {
       auto ch = Channel::connect(address).value();
       while (!done) {
-        auto f = ch->call(id, body);
+        auto f = slotrpc::raw::call(*ch, id, body);
         if (!f.wait_for(10s)) {
           ++unexpected;
           return;
@@ -367,7 +367,7 @@ TEST_CASE("metrics: slotrpc.Admin/Metrics over the RPC port returns the snapshot
   auto ch = Channel::connect(f.address()).value();
   constexpr int kCalls = 25;
   for (int i = 0; i < kCalls; ++i) {
-    REQUIRE(ch->call(kEcho, [](flatbuffers::FlatBufferBuilder& fbb) {
+    REQUIRE(slotrpc::raw::call(*ch, kEcho, [](flatbuffers::FlatBufferBuilder& fbb) {
       const uint8_t b[40] = {};
       fbb.PushFlatBuffer(b, sizeof b);
     }).get().ok());
@@ -422,7 +422,7 @@ TEST_CASE("metrics: shm sessions and traffic count under their own transport lab
     REQUIRE(ch->transport() == slotrpc::TransportKind::kShm);
     std::atomic<uint64_t> done{0}, ok{0};
     for (uint64_t seq = 0; seq < kCalls; ++seq) {
-      ch->call(
+      slotrpc::raw::call(*ch,
           kEcho,
           [seq](flatbuffers::FlatBufferBuilder& fbb) {
             // Over the 40 bytes that travel inside an shm descriptor: the

@@ -111,13 +111,13 @@ std::vector<Outcome> burst_after_one(Channel& ch, size_t burst) {
   std::mutex mu;
   std::vector<Outcome> out(burst);
   std::atomic<size_t> done{0};
-  ch.call(kEcho, ping(1000), {}, [&](RawReply&& first) {
+  slotrpc::raw::call(ch, kEcho, ping(1000), {}, [&](RawReply&& first) {
     REQUIRE(first.ok());
     first.release();
     for (size_t i = 0; i < burst; ++i) {
       CallOptions o;
       if (i % 2 == 0) o = CallOptions::with_timeout(30s);
-      ch.call(i % 3 == 0 ? kFail : kEcho, ping(i), o, [&, i](RawReply&& r) {
+      slotrpc::raw::call(ch, i % 3 == 0 ? kFail : kEcho, ping(i), o, [&, i](RawReply&& r) {
         std::lock_guard<std::mutex> lock(mu);
         Outcome& oc = out[i];
         oc.done = true;
@@ -255,7 +255,7 @@ TEST_CASE("packing: calls issued in one turn travel in PACKs both ways and keep 
   // A call alone goes out alone, as before packing.
   const uint64_t before = st.packs_sent;
   for (int i = 0; i < 5; ++i) {
-    auto r = ch->call(kEcho, ping(7)).get();
+    auto r = slotrpc::raw::call(*ch, kEcho, ping(7)).get();
     REQUIRE(r.ok());
   }
   CHECK(ch->stats().packs_sent == before);
@@ -335,7 +335,7 @@ TEST_CASE("packing: a bad PACK closes its session and nothing else") {
   PackServer s(tcp_config());
   auto bystander = Channel::connect(s.address(), tcp_config()).value();
   auto still_serving = [&] {
-    auto r = bystander->call(kEcho, ping(42)).get();
+    auto r = slotrpc::raw::call(*bystander, kEcho, ping(42)).get();
     REQUIRE(r.ok());
   };
 

@@ -193,7 +193,7 @@ TEST_CASE("retry: a call waiting for a reconnect ends at its deadline, or when c
   SUBCASE("a cancel") {
     std::atomic<int> replies{0};
     std::promise<slotrpc::Status> got;
-    auto handle = (*ch)->call(kEcho, [](flatbuffers::FlatBufferBuilder& fbb) {
+    auto handle = slotrpc::raw::call(**ch, kEcho, [](flatbuffers::FlatBufferBuilder& fbb) {
       fbb.Finish(slotrpc::test::CreatePing(fbb, 3));
     }, idempotent(2), [&](slotrpc::RawReply&& reply) {
       if (replies.fetch_add(1) == 0) got.set_value(reply.status());

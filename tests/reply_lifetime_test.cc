@@ -84,7 +84,7 @@ struct Fixture {
 };
 
 RawReply echo(Channel& ch, uint8_t fill) {
-  auto f = ch.call(kEcho, [fill](flatbuffers::FlatBufferBuilder& fbb) {
+  auto f = slotrpc::raw::call(ch, kEcho, [fill](flatbuffers::FlatBufferBuilder& fbb) {
     const std::vector<uint8_t> body(64, fill);
     fbb.PushFlatBuffer(body.data(), body.size());
   });
@@ -215,7 +215,7 @@ TEST_CASE("a reply held while its channel is destroyed with a call in flight, or
   {
     auto ch = Channel::connect(fx.address()).value();
     held.emplace(echo(*ch, 3));
-    auto slow = ch->call(kSlow, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(slotrpc::test::CreatePing(fbb, 1)); });
+    auto slow = slotrpc::raw::call(*ch, kSlow, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(slotrpc::test::CreatePing(fbb, 1)); });
     ch.reset();
     REQUIRE(slow.wait_for(30s));
     CHECK(slow.get().status().code() == slotrpc::StatusCode::kCancelled);
@@ -227,7 +227,7 @@ TEST_CASE("a reply held while its channel is destroyed with a call in flight, or
   std::atomic<bool> done{false};
   auto kept = std::make_shared<std::optional<RawReply>>();
   auto self = std::make_shared<std::shared_ptr<Channel>>(ch);
-  ch->call(kEcho, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(slotrpc::test::CreatePing(fbb, 2)); }, {},
+  slotrpc::raw::call(*ch, kEcho, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(slotrpc::test::CreatePing(fbb, 2)); }, {},
            [&done, kept, self](RawReply&& r) {
              kept->emplace(std::move(r));
              self->reset();  // the last owner: ~Channel on the loop
@@ -255,7 +255,7 @@ TEST_CASE("a bulk call's reply held after its channel is destroyed") {
         auto region = ch->register_memory(std::span<std::byte>(into)).value();
         o.receive_bulk(region, 0, into.size());
       }
-      auto f = ch->call(kFill, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(slotrpc::test::CreatePing(fbb, 1)); }, o);
+      auto f = slotrpc::raw::call(*ch, kFill, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(slotrpc::test::CreatePing(fbb, 1)); }, o);
       REQUIRE(f.wait_for(30s));
       held.emplace(f.get());
       REQUIRE_MESSAGE(held->ok(), held->status().to_string());

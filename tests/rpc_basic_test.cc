@@ -213,7 +213,7 @@ TEST_CASE("future form: a Ping is answered by its own Pong") {
   }
 
   // The untyped form hands back the raw FlatBuffer.
-  auto f = ch->call(kEcho, ping(42, "raw", 3));
+  auto f = slotrpc::raw::call(*ch, kEcho, ping(42, "raw", 3));
   RawReply raw = get_within(f);
   REQUIRE_MESSAGE(raw.ok(), raw.status().to_string());
   REQUIRE(raw.size() > 0);
@@ -277,7 +277,7 @@ TEST_CASE("callback form: the sink runs once on the channel's loop with the repl
   };
   auto seen = std::make_shared<Seen>();
   slotrpc::CallHandle handle =
-      ch->call(kEcho, ping(7, "callback", 512), {}, [seen](RawReply&& raw) {
+      slotrpc::raw::call(*ch, kEcho, ping(7, "callback", 512), {}, [seen](RawReply&& raw) {
         seen->thread = std::this_thread::get_id();
         seen->error = pong_error(Reply<Pong>(std::move(raw)), 7, "callback", 512);
         ++seen->runs;
@@ -292,7 +292,7 @@ TEST_CASE("callback form: the sink runs once on the channel's loop with the repl
   CHECK(seen->runs.load() == 1);
   // A non-OK status reaches a callback-form call the same way.
   auto failed = std::make_shared<Seen>();
-  ch->call(kFail, ping(static_cast<uint64_t>(StatusCode::kUnavailable), "cb-fail"), {},
+  slotrpc::raw::call(*ch, kFail, ping(static_cast<uint64_t>(StatusCode::kUnavailable), "cb-fail"), {},
            [failed](RawReply&& raw) {
              failed->error = raw.ok() ? "unexpected OK" : raw.status().to_string();
              if (raw.size() != 0) failed->error += " (with a payload)";
@@ -389,7 +389,7 @@ TEST_CASE("deadline: a reply the loop gets to only after the deadline passed end
   Latch blocker_done;
   // C: its 10 ms deadline runs this callback on the loop, which holds the
   // loop for 300 ms.
-  ch->call(kEcho, ping(2, "blocker", 0, 1000), CallOptions::with_timeout(10ms), [&](RawReply&& r) {
+  slotrpc::raw::call(*ch, kEcho, ping(2, "blocker", 0, 1000), CallOptions::with_timeout(10ms), [&](RawReply&& r) {
     CHECK(r.status().code() == StatusCode::kDeadlineExceeded);
     std::this_thread::sleep_for(300ms);
     blocker_done.set();
@@ -462,7 +462,7 @@ TEST_CASE("cancellation: Future::cancel fails a slow call promptly and the handl
   // The same through a CallHandle (callback form).
   Latch latch;
   Status got;
-  slotrpc::CallHandle h = ch->call(kSlow, ping(10, "slow-cb", 0, 5000), {}, [&](RawReply&& raw) {
+  slotrpc::CallHandle h = slotrpc::raw::call(*ch, kSlow, ping(10, "slow-cb", 0, 5000), {}, [&](RawReply&& raw) {
     got = raw.status();
     latch.set();
   });
@@ -563,7 +563,7 @@ TEST_CASE("chaining: a reply callback issues the next call") {
     void issue(uint64_t n) {
       // Alternate payload sizes; the callback form and the future form both
       // work from the loop (the future form is only never waited on here).
-      ch->call(kEcho, ping(n, "link-" + std::to_string(n), n * 10), {}, [this, n](RawReply&& raw) {
+      slotrpc::raw::call(*ch, kEcho, ping(n, "link-" + std::to_string(n), n * 10), {}, [this, n](RawReply&& raw) {
         const std::string err = pong_error(Reply<Pong>(std::move(raw)), n, "link-" + std::to_string(n), n * 10);
         {
           std::lock_guard<std::mutex> lock(mu);
@@ -602,7 +602,7 @@ TEST_CASE("calls from a reply callback that fail at once still report their own 
   };
   auto out = std::make_shared<Outcome>();
   Channel* c = ch.get();
-  ch->call(kEcho, ping(1, "outer", 8), {}, [c, out](RawReply&& raw) {
+  slotrpc::raw::call(*ch, kEcho, ping(1, "outer", 8), {}, [c, out](RawReply&& raw) {
     const std::string outer = pong_error(Reply<Pong>(std::move(raw)), 1, "outer", 8);
     auto record = [out](std::string s) {
       std::lock_guard<std::mutex> lock(out->mu);
@@ -611,12 +611,12 @@ TEST_CASE("calls from a reply callback that fail at once still report their own 
     record(outer.empty() ? "outer ok" : "outer: " + outer);
     CallOptions past;
     past.deadline = Clock::now() - 1ms;
-    c->call(kEcho, ping(2, "expired"), past, [record](RawReply&& r) {
+    slotrpc::raw::call(*c, kEcho, ping(2, "expired"), past, [record](RawReply&& r) {
       record(std::string(slotrpc::status_code_name(r.status().code())));
     });
-    c->call(kEcho, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.CreateString("unfinished"); }, {},
+    slotrpc::raw::call(*c, kEcho, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.CreateString("unfinished"); }, {},
             [record](RawReply&& r) { record(std::string(slotrpc::status_code_name(r.status().code()))); });
-    c->call(kEcho, ping(3, "inner", 4), {}, [record, out](RawReply&& r) {
+    slotrpc::raw::call(*c, kEcho, ping(3, "inner", 4), {}, [record, out](RawReply&& r) {
       const std::string inner = pong_error(Reply<Pong>(std::move(r)), 3, "inner", 4);
       record(inner.empty() ? "inner ok" : "inner: " + inner);
       out->latch.set();
@@ -691,7 +691,7 @@ TEST_CASE("the server logs a handler's mistakes with the method's name, once per
   auto empty = [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(slotrpc::test::CreatePing(fbb, 1)); };
   for (const char* m : {"Throws", "NoFinish", "OddCode", "Fails"}) {
     for (int i = 0; i < 3; ++i) {
-      auto r = (*ch)->call(slotrpc::method_id(std::string("test.Mistakes.") + m), empty).get();
+      auto r = slotrpc::raw::call(**ch, slotrpc::method_id(std::string("test.Mistakes.") + m), empty).get();
       CHECK_FALSE(r.ok());
     }
   }
@@ -717,13 +717,13 @@ TEST_CASE("a handler returning an unknown status code becomes INTERNAL, and the 
   auto ch = slotrpc::Channel::connect("127.0.0.1:" + std::to_string(server.port()));
   REQUIRE(ch.ok());
   auto empty = [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(slotrpc::test::CreatePing(fbb, 1)); };
-  auto weird = (*ch)->call(slotrpc::method_id("test.Odd.Weird"), empty).get();
+  auto weird = slotrpc::raw::call(**ch, slotrpc::method_id("test.Odd.Weird"), empty).get();
   CHECK(weird.status().code() == slotrpc::StatusCode::kInternal);
   CHECK(weird.status().message().find("unknown status code 77") != std::string::npos);
-  auto thrown = (*ch)->call(slotrpc::method_id("test.Odd.Throws42"), empty).get();
+  auto thrown = slotrpc::raw::call(**ch, slotrpc::method_id("test.Odd.Throws42"), empty).get();
   CHECK(thrown.status().code() == slotrpc::StatusCode::kInternal);
   CHECK(thrown.status().message().find("non-standard exception") != std::string::npos);
-  auto fine = (*ch)->call(slotrpc::method_id("test.Odd.Fine"), empty).get();
+  auto fine = slotrpc::raw::call(**ch, slotrpc::method_id("test.Odd.Fine"), empty).get();
   CHECK(fine.ok());
   CHECK_FALSE((*ch)->stats().closed);
 }

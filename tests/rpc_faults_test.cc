@@ -275,7 +275,7 @@ struct EchoServerProcess {
 TEST_CASE("unknown method id: UNIMPLEMENTED naming the id; the session goes on") {
   TestServer ts;
   auto ch = connect(ts.address);
-  auto f = ch->call(kMissing, ping(1, "nobody home"));
+  auto f = slotrpc::raw::call(*ch, kMissing, ping(1, "nobody home"));
   RawReply r = get_within(f);
   CHECK(r.status().code() == StatusCode::kUnimplemented);
   char hex[16];
@@ -302,7 +302,7 @@ TEST_CASE("a request that is not a valid Ping: INVALID_ARGUMENT, the handler nev
   for (size_t i = 0; i < garbage.size(); ++i) {
     CAPTURE(i);
     const std::vector<uint8_t> bytes = garbage[i];
-    auto f = ch->call(kEcho, [bytes](flatbuffers::FlatBufferBuilder& fbb) {
+    auto f = slotrpc::raw::call(*ch, kEcho, [bytes](flatbuffers::FlatBufferBuilder& fbb) {
       fbb.PushFlatBuffer(bytes.data(), bytes.size());
     });
     RawReply r = get_within(f);
@@ -421,11 +421,11 @@ TEST_CASE("bad request writers: no Finish() is INVALID_ARGUMENT, a throw is INTE
   auto ch = connect(ts.address);
   check_echo(*ch, 1);
   const auto before = ch->stats().messages_sent;
-  auto f = ch->call(kEcho, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.CreateString("unfinished"); });
+  auto f = slotrpc::raw::call(*ch, kEcho, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.CreateString("unfinished"); });
   RawReply r1 = get_within(f);
   CHECK(r1.status().code() == StatusCode::kInvalidArgument);
   CHECK(contains(r1.status().message(), "Finish()"));
-  auto g = ch->call(kEcho, [](flatbuffers::FlatBufferBuilder&) { throw std::runtime_error("writer-bug-17"); });
+  auto g = slotrpc::raw::call(*ch, kEcho, [](flatbuffers::FlatBufferBuilder&) { throw std::runtime_error("writer-bug-17"); });
   RawReply r2 = get_within(g);
   CHECK(r2.status().code() == StatusCode::kInternal);
   CHECK(contains(r2.status().message(), "writer-bug-17"));

@@ -128,7 +128,7 @@ ServiceDefinition make_a(Channel* to_b, std::shared_ptr<AProbe> probe) {
     probe->enter();
     auto result = std::make_shared<NestedResult>();
     const auto* p = req.payload();
-    to_b->call(kBPong, ping(req.seq(), req.text()->str(), p ? p->size() : 0, req.sleep_ms()), {},
+    slotrpc::raw::call(*to_b, kBPong, ping(req.seq(), req.text()->str(), p ? p->size() : 0, req.sleep_ms()), {},
                [result](RawReply&& raw) {
                  Reply<Pong> b(std::move(raw));
                  std::lock_guard<std::mutex> lock(result->mu);

@@ -255,7 +255,7 @@ TEST_CASE("Channel::connect on a runtime's loop outside a handler is refused, no
   auto code = std::make_shared<std::atomic<int>>(-1);
   const std::string address = address_of(*backend);
   // A reply callback runs on the loop, not in a fiber.
-  ch->call(kEcho, ping(1, "x"), {}, [=](RawReply&&) {
+  slotrpc::raw::call(*ch, kEcho, ping(1, "x"), {}, [=](RawReply&&) {
     auto nested = Channel::connect(address, rt);
     code->store(nested.ok() ? 0 : static_cast<int>(nested.status().code()));
     ++*done;
@@ -377,7 +377,7 @@ struct Pump : std::enable_shared_from_this<Pump> {
       return;
     }
     auto self = shared_from_this();
-    ch->call(kEcho, ping(seq, "p"), {}, [self, seq](RawReply&& raw) {
+    slotrpc::raw::call(*ch, kEcho, ping(seq, "p"), {}, [self, seq](RawReply&& raw) {
       Reply<Pong> r(std::move(raw));
       if (pong_error(r, seq, "B:p").empty()) ++self->ok;
       else ++self->bad;
@@ -434,7 +434,7 @@ TEST_CASE("destroying channels while the other channels of their loop carry call
     auto holder = std::make_shared<std::unique_ptr<Channel>>(connect(address, rt));
     auto destroyed = std::make_shared<std::atomic<bool>>(false);
     auto pending = (*holder)->call_typed<Pong>(kEcho, ping(7, "slow", 300));
-    (*holder)->call(kEcho, ping(1, "now"), {}, [holder, destroyed](RawReply&&) {
+    slotrpc::raw::call(**holder, kEcho, ping(1, "now"), {}, [holder, destroyed](RawReply&&) {
       holder->reset();  // ~Channel on the channel's own loop
       *destroyed = true;
     });

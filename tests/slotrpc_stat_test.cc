@@ -52,7 +52,7 @@ TEST_CASE("slotrpc-stat --address: a running server's counters and latency") {
   {
     auto ch = Channel::connect(address).value();
     for (int i = 0; i < 17; ++i) {
-      REQUIRE(ch->call(slotrpc::method_id("slotrpc.test.Stat.Echo"), [](flatbuffers::FlatBufferBuilder& fbb) {
+      REQUIRE(slotrpc::raw::call(*ch, slotrpc::method_id("slotrpc.test.Stat.Echo"), [](flatbuffers::FlatBufferBuilder& fbb) {
         const uint8_t b[8] = {};
         fbb.PushFlatBuffer(b, sizeof b);
       }).get().ok());
@@ -73,6 +73,9 @@ TEST_CASE("slotrpc-stat --address: a running server's counters and latency") {
   const std::string line = table.out.substr(row, table.out.find('\n', row) - row);
   CHECK(contains(line, " 17 "));
   CHECK(contains(table.out, "transport tcp: "));
+  // Every method the server runs is shown by name, its built-in services'
+  // included, never as a "0x..." id.
+  CHECK_FALSE(contains(table.out, "0x"));
 
   const Run prom = run("--address " + address + " --prometheus");
   INFO(prom.out);

@@ -100,7 +100,7 @@ TEST_CASE("a frozen server (SIGSTOP) is declared dead peer_timeout_ms after it w
     // silence long enough 120-180 ms late.
     std::this_thread::sleep_for(std::chrono::milliseconds(20 + 30 * trial));
     {
-      auto f = ch->call(kEcho, echo_request(1, 8));
+      auto f = slotrpc::raw::call(*ch, kEcho, echo_request(1, 8));
       REQUIRE(f.wait_for(10000ms));
       REQUIRE(f.get().ok());
     }
@@ -109,7 +109,7 @@ TEST_CASE("a frozen server (SIGSTOP) is declared dead peer_timeout_ms after it w
     std::mutex mu;
     std::vector<std::pair<Clock::time_point, Status>> ends;
     for (uint64_t seq = 0; seq < 4; ++seq) {
-      ch->call(kEcho, echo_request(seq, 8), {}, [&](RawReply&& r) {
+      slotrpc::raw::call(*ch, kEcho, echo_request(seq, 8), {}, [&](RawReply&& r) {
         std::lock_guard<std::mutex> lock(mu);
         ends.emplace_back(Clock::now(), r.status());
       });
@@ -152,7 +152,7 @@ TEST_CASE("a peer's silence is counted from after the callbacks that handled its
   EchoServerProcess server;
   auto ch = connect(server.address(), cfg);
   std::atomic<int64_t> handled{0};
-  ch->call(kEcho, echo_request(1, 8), {}, [&](RawReply&& r) {
+  slotrpc::raw::call(*ch, kEcho, echo_request(1, 8), {}, [&](RawReply&& r) {
     CHECK(r.ok());
     std::this_thread::sleep_for(150ms);  // holds the loop, as a slow callback does
     handled.store(Clock::now().time_since_epoch().count());
@@ -162,7 +162,7 @@ TEST_CASE("a peer's silence is counted from after the callbacks that handled its
   server.freeze();
   std::mutex mu;
   std::optional<std::pair<Clock::time_point, Status>> end;
-  ch->call(kEcho, echo_request(2, 8), {}, [&](RawReply&& r) {
+  slotrpc::raw::call(*ch, kEcho, echo_request(2, 8), {}, [&](RawReply&& r) {
     std::lock_guard<std::mutex> lock(mu);
     end.emplace(Clock::now(), r.status());
   });
@@ -291,7 +291,7 @@ TEST_CASE("call deadlines fire within 10 % or a tick of their setting, sent or q
   cfg.peer_timeout_ms = 60'000;
   auto ch = connect(server.address(), cfg);
   {
-    auto f = ch->call(kEcho, echo_request(1, 8));
+    auto f = slotrpc::raw::call(*ch, kEcho, echo_request(1, 8));
     REQUIRE(f.wait_for(10000ms));
     REQUIRE(f.get().ok());
   }
@@ -309,7 +309,7 @@ TEST_CASE("call deadlines fire within 10 % or a tick of their setting, sent or q
     std::vector<Clock::time_point> set(timeouts.size());
     for (size_t i = 0; i < timeouts.size(); ++i) {
       set[i] = Clock::now();  // at or before the deadline is computed
-      ch->call(kEcho, echo_request(i, 8), CallOptions::with_timeout(timeouts[i]), [&, i](RawReply&& r) {
+      slotrpc::raw::call(*ch, kEcho, echo_request(i, 8), CallOptions::with_timeout(timeouts[i]), [&, i](RawReply&& r) {
         outcomes[i].at = Clock::now();
         outcomes[i].code = r.status().code();
         outcomes[i].done = true;

@@ -198,7 +198,7 @@ TEST_CASE("TLS: unary, server-streaming and bulk calls") {
     CAPTURE(n);
     std::vector<std::byte> src(n), dst(n);
     for (size_t i = 0; i < n; ++i) src[i] = static_cast<std::byte>(i * 13 + 1);
-    auto f = ch->call(kFlip, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(slotrpc::test::CreatePing(fbb, 0)); },
+    auto f = slotrpc::raw::call(*ch, kFlip, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(slotrpc::test::CreatePing(fbb, 0)); },
                       CallOptions().send_bulk(std::span<const std::byte>(src)).receive_bulk(std::span<std::byte>(dst)));
     REQUIRE(f.wait_for(30s));
     RawReply r = f.get();

@@ -196,7 +196,7 @@ TEST_CASE("error replies cross the process boundary") {
 
   // An unknown method id, raw form.
   const uint32_t unknown = slotrpc::method_id("slotrpc.examples.Echo.NoSuchMethod");
-  auto f = ch->call(unknown, echo_request(1, 8));
+  auto f = slotrpc::raw::call(*ch, unknown, echo_request(1, 8));
   RawReply r = get_within(f);
   CHECK(r.status().code() == StatusCode::kUnimplemented);
   char hex[16];
@@ -205,7 +205,7 @@ TEST_CASE("error replies cross the process boundary") {
   CHECK(r.size() == 0);
 
   // Bytes that are not an EchoRequest, to the real method.
-  auto g = ch->call(kEcho, [](flatbuffers::FlatBufferBuilder& fbb) {
+  auto g = slotrpc::raw::call(*ch, kEcho, [](flatbuffers::FlatBufferBuilder& fbb) {
     const uint8_t junk[12] = {0xff, 0xff, 0xff, 0x7f, 1, 2, 3, 4, 5, 6, 7, 8};
     fbb.PushFlatBuffer(junk, sizeof junk);
   });

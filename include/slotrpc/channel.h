@@ -1,8 +1,9 @@
 // Channel: a client's session with one server.
 //
 //   auto ch = slotrpc::Channel::connect("10.0.0.2:7000").value();
-//   auto reply = ch->call_typed<demo::EchoReply>(kEchoId, [](auto& fbb) {
-//     fbb.Finish(demo::CreateEchoRequest(fbb, fbb.CreateString("hi")));
+//   demo::EchoClient echo(*ch);  // written by slotrpc-gen
+//   auto reply = echo.Echo([](auto& fbb) {
+//     return demo::CreateEchoRequest(fbb, fbb.CreateString("hi"));
 //   }).get();
 //   if (reply.ok()) use(reply->text());
 //
@@ -101,13 +102,13 @@ class SLOTRPC_API Channel {
   // A channel with none pays nothing per call.
   Status add_interceptor(ClientInterceptor check);
 
-  // Future form.  Idempotent calls with CallOptions::max_retries > 0 are
-  // retried on UNAVAILABLE; the channel reconnects to its address first,
-  // unless a failed reconnect makes it back off: then the call fails with
+  // Untyped calls (a RequestWriter, RawReply) are in slotrpc/raw.h.
+  //
+  // Idempotent calls with CallOptions::max_retries > 0 are retried on
+  // UNAVAILABLE; the channel reconnects to its address first, unless a
+  // failed reconnect makes it back off: then the call fails with
   // UNAVAILABLE saying when the next attempt may be made.
-  Future<RawReply> call(uint32_t method_id, RequestWriter writer, CallOptions options = {});
-  // Callback form: `sink` runs on the channel's event loop.
-  CallHandle call(uint32_t method_id, RequestWriter writer, CallOptions options, ReplySink sink);
+  //
   // Future form with the reply verified as Resp.
   template <class Resp>
   Future<Reply<Resp>> call_typed(uint32_t method_id, RequestWriter writer, CallOptions options = {}) {
@@ -132,12 +133,6 @@ class SLOTRPC_API Channel {
                 [done = std::move(done)](RawReply&& raw) { done(Reply<Resp>(std::move(raw))); });
   }
 
-  // Raw server-streaming call: `on_message` runs for each message (keep the
-  // RawReply to hold its slot; drop it to let the server send more), then
-  // `on_end` once with the final status.  Both run on the channel's loop.
-  CallHandle call_stream(uint32_t method_id, RequestWriter writer, CallOptions options,
-                         ReplySink on_message, std::function<void(Status)> on_end);
-
   // Typed server-streaming call.
   template <class Req, class Resp>
   ClientReader<Resp> server_stream(uint32_t method_id, Build<Req> build, CallOptions options = {}) {
@@ -150,14 +145,6 @@ class SLOTRPC_API Channel {
     if (!state->end) state->cancel = [handle] { handle.cancel(); };
     return ClientReader<Resp>(state);
   }
-
-  // Raw client-streaming (`bidi` false) or bidi call.  Messages go through
-  // the returned state (OutStreamState::send / half_close); a client
-  // stream's reply reaches `on_reply`, a bidi call's messages `on_reply`
-  // and its final status `on_end`.  All callbacks run on the channel's loop.
-  std::shared_ptr<detail::OutStreamState> open_stream(uint32_t method_id, bool bidi,
-                                                      CallOptions options, ReplySink on_reply,
-                                                      std::function<void(Status)> on_end);
 
   // Typed client-streaming call (see slotrpc/stream.h).
   template <class Req, class Resp>
@@ -254,6 +241,22 @@ class SLOTRPC_API Channel {
   struct SLOTRPC_LOCAL Impl;
 
  private:
+  // The untyped calls, public as slotrpc::raw::call, call_stream and
+  // open_stream (slotrpc/raw.h), which forward here.
+  friend Future<RawReply> raw::call(Channel&, uint32_t, RequestWriter, CallOptions);
+  friend CallHandle raw::call(Channel&, uint32_t, RequestWriter, CallOptions, ReplySink);
+  friend CallHandle raw::call_stream(Channel&, uint32_t, RequestWriter, CallOptions, ReplySink,
+                                     std::function<void(Status)>);
+  friend std::shared_ptr<detail::OutStreamState> raw::open_stream(Channel&, uint32_t, bool,
+                                                                   CallOptions, ReplySink,
+                                                                   std::function<void(Status)>);
+  Future<RawReply> call(uint32_t method_id, RequestWriter writer, CallOptions options = {});
+  CallHandle call(uint32_t method_id, RequestWriter writer, CallOptions options, ReplySink sink);
+  CallHandle call_stream(uint32_t method_id, RequestWriter writer, CallOptions options,
+                         ReplySink on_message, std::function<void(Status)> on_end);
+  std::shared_ptr<detail::OutStreamState> open_stream(uint32_t method_id, bool bidi,
+                                                      CallOptions options, ReplySink on_reply,
+                                                      std::function<void(Status)> on_end);
   template <class Req>
   static RequestWriter finish_with(Build<Req> build) {
     return [build = std::move(build)](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(build(fbb)); };

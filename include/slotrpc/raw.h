@@ -1,9 +1,12 @@
 // Raw, untyped calls: the request as a builder callback, the reply as
 // bytes read in place in its receive slot.  The typed layer (Reply<T> in
-// reply.h, typed.h, the stubs slotrpc-gen writes) is built on these; the
-// untyped entry points are the Channel members that take a RequestWriter
-// and a ReplySink or return a Future<RawReply> (channel.h: call,
-// call_stream, open_stream).
+// reply.h, typed.h, the stubs slotrpc-gen writes) is built on these.  For
+// proxies, generic clients and tests that name methods by id:
+//
+//   auto reply = slotrpc::raw::call(*channel, kMethodId, [](auto& fbb) {
+//     fbb.Finish(demo::CreateEchoRequest(fbb, fbb.CreateString("hi")));
+//   }).get();
+//   if (reply.ok()) use(reply.payload());
 //
 // A RawReply points into the Channel's receive ring: no copy is made.
 // While it lives, its slot stays reserved, which costs the Channel one
@@ -135,4 +138,42 @@ using RequestWriter = std::function<void(flatbuffers::FlatBufferBuilder&)>;
 // RawReply (move it) to read it later; drop it to free its slot at once.
 using ReplySink = std::function<void(RawReply&&)>;
 
+class Channel;
+struct CallOptions;
+class CallHandle;
+template <class T>
+class Future;
+namespace detail {
+class OutStreamState;
+}
+
+// The untyped entry points of a Channel (slotrpc/channel.h).  Each behaves
+// as the typed call of its kind does: the same interceptors, deadlines,
+// retries of idempotent calls, and callbacks on the channel's loop.
+namespace raw {
+
+// Unary, future form.
+SLOTRPC_API Future<RawReply> call(Channel& channel, uint32_t method_id, RequestWriter writer,
+                                  CallOptions options);
+SLOTRPC_API Future<RawReply> call(Channel& channel, uint32_t method_id, RequestWriter writer);
+// Unary, callback form: `sink` runs on the channel's event loop.
+SLOTRPC_API CallHandle call(Channel& channel, uint32_t method_id, RequestWriter writer,
+                            CallOptions options, ReplySink sink);
+// Server-streaming: `on_message` runs for each message (keep the RawReply
+// to hold its slot; drop it to let the server send more), then `on_end`
+// once with the final status.  Both run on the channel's loop.
+SLOTRPC_API CallHandle call_stream(Channel& channel, uint32_t method_id, RequestWriter writer,
+                                   CallOptions options, ReplySink on_message,
+                                   std::function<void(Status)> on_end);
+// Client-streaming (`bidi` false) or bidi.  Messages go through the
+// returned state (OutStreamState::send / half_close, slotrpc/stream.h); a
+// client stream's reply reaches `on_reply`, a bidi call's messages
+// `on_reply` and its final status `on_end`.  All callbacks run on the
+// channel's loop.
+SLOTRPC_API std::shared_ptr<detail::OutStreamState> open_stream(Channel& channel, uint32_t method_id,
+                                                                bool bidi, CallOptions options,
+                                                                ReplySink on_reply,
+                                                                std::function<void(Status)> on_end);
+
+}  // namespace raw
 }  // namespace slotrpc

@@ -109,8 +109,13 @@ CallHandle Channel::call(uint32_t method_id, RequestWriter writer, CallOptions o
                            (!r->options.deadline || Clock::now() < *r->options.deadline);
         if (!retry) return r->finish(std::move(reply));
         --r->retries_left;
-        base::log().info("slotrpc: retrying idempotent call (method id 0x{:08x}) after: {}", r->method_id,
-                     reply.status().message());
+        if (r->options.method_name != nullptr) {
+          base::log().info("slotrpc: retrying idempotent call to {} after: {}", r->options.method_name,
+                           reply.status().message());
+        } else {
+          base::log().info("slotrpc: retrying idempotent call (method id 0x{:08x}) after: {}", r->method_id,
+                           reply.status().message());
+        }
         r->start_waiting(*impl->loop);
         impl->with_session([r, again, failed = Status(reply.status())](const Status& st) {
           if (r->finished) return;  // its deadline or a cancel ended it while it waited

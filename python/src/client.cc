@@ -189,7 +189,7 @@ std::shared_ptr<CallState> start_call(PyChannel& self, uint32_t id, const py::ob
   }
   Unlocked unlocked;
   slotrpc::CallHandle handle =
-      ch.call(id, writer_of(std::move(bytes)), std::move(options),
+      slotrpc::raw::call(ch, id, writer_of(std::move(bytes)), std::move(options),
               [state](RawReply&& raw) { state->complete(std::move(raw)); });
   keep.reset();  // without the GIL: it may be the last reference (close() raced)
   std::lock_guard<std::mutex> lock(state->reply.mu);
@@ -339,7 +339,7 @@ void bind_client(py::module_& m) {
             auto in = std::make_shared<InStream>();
             auto st = in->state;
             Unlocked unlocked;
-            slotrpc::CallHandle h = ch.call_stream(
+            slotrpc::CallHandle h = slotrpc::raw::call_stream(ch,
                 id, writer_of(std::move(bytes)), std::move(options),
                 [st](RawReply&& m) { st->push(std::move(m)); }, [st](Status s) { st->finish(std::move(s)); });
             in->cancel = [h] { h.cancel(); };
@@ -358,7 +358,7 @@ void bind_client(py::module_& m) {
               call->in = std::make_shared<InStream>();
               auto st = call->in->state;
               Unlocked unlocked;
-              call->out = ch.open_stream(
+              call->out = slotrpc::raw::open_stream(ch,
                   id, true, std::move(options), [st](RawReply&& m) { st->push(std::move(m)); },
                   [st](Status s) { st->finish(std::move(s)); });
               keep.reset();  // without the GIL, as in call()
@@ -370,7 +370,7 @@ void bind_client(py::module_& m) {
               call->reply = std::make_shared<CallState>();
               auto st = call->reply;
               Unlocked unlocked;
-              call->out = ch.open_stream(
+              call->out = slotrpc::raw::open_stream(ch,
                   id, false, std::move(options), [st](RawReply&& m) { st->complete(std::move(m)); },
                   nullptr);
               keep.reset();  // without the GIL, as in call()

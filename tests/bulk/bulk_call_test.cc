@@ -251,7 +251,7 @@ struct Fixture {
     REQUIRE(channel->transport() == wanted_transport());
   }
   RawReply call(uint32_t method, std::vector<uint64_t> a, CallOptions options = {}) {
-    auto f = channel->call(method, args(std::move(a)), std::move(options));
+    auto f = slotrpc::raw::call(*channel, method, args(std::move(a)), std::move(options));
     REQUIRE(f.wait_for(60s));
     return f.get();
   }
@@ -389,7 +389,7 @@ TEST_CASE("bulk calls: the caller's mistakes fail on the client, nothing is sent
     CAPTURE("server stream");
     std::atomic<bool> ended{false};
     Status end;
-    fx.channel->call_stream(kStream, args({}), CallOptions().send_bulk(region.value(), 0, 16),
+    slotrpc::raw::call_stream(*fx.channel, kStream, args({}), CallOptions().send_bulk(region.value(), 0, 16),
                             [](RawReply&&) {}, [&](Status s) {
                               end = std::move(s);
                               ended = true;
@@ -464,7 +464,7 @@ TEST_CASE("bulk calls: once the call has ended, its memory is out of the handler
     // first (a call whose deadline passes before it is sent never runs).
     CallOptions o = c.cancel ? CallOptions() : CallOptions::with_timeout(500ms);
     if (c.write) o.receive_bulk(std::span<std::byte>(memory)); else o.send_bulk(std::span<const std::byte>(memory));
-    auto f = fx.channel->call(kLate, args({c.write ? 1u : 0u}), o);
+    auto f = slotrpc::raw::call(*fx.channel, kLate, args({c.write ? 1u : 0u}), o);
     if (c.cancel) {
       // Cancel once the handler runs: a call cancelled before it is sent
       // never reaches the server, and there would be nothing to test.

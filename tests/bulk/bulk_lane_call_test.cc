@@ -88,7 +88,7 @@ void echo(Channel& ch, size_t size, uint8_t seed) {
   for (size_t i = 0; i < size; ++i) out[i] = static_cast<std::byte>((i * 13 + seed) & 0xff);
   CallOptions o;
   o.send_bulk(std::span<std::byte>(out)).receive_bulk(std::span<std::byte>(in));
-  RawReply r = ch.call(kEcho, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(fbb.CreateVector(std::vector<uint64_t>{0})); },
+  RawReply r = slotrpc::raw::call(ch, kEcho, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(fbb.CreateVector(std::vector<uint64_t>{0})); },
                        std::move(o))
                    .get();
   REQUIRE_MESSAGE(r.ok(), r.status().to_string());
@@ -291,7 +291,7 @@ TEST_CASE("a call waiting for its channel's lane fails at its deadline, or when 
     std::vector<std::byte> out(2 << 20), in(2 << 20);
     o.send_bulk(std::span<std::byte>(out)).receive_bulk(std::span<std::byte>(in));
     const auto t0 = std::chrono::steady_clock::now();
-    RawReply r = ch.call(kEcho, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(fbb.CreateVector(std::vector<uint64_t>{0})); },
+    RawReply r = slotrpc::raw::call(ch, kEcho, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(fbb.CreateVector(std::vector<uint64_t>{0})); },
                          std::move(o))
                      .get();
     return std::make_pair(r.status(), std::chrono::steady_clock::now() - t0);

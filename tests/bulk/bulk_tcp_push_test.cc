@@ -362,7 +362,7 @@ std::pair<Metrics, Metrics> echo(const Config& server_config, const Config& clie
     std::vector<std::byte> src = pattern(size, 100 + static_cast<uint32_t>(i)), dst(size);
     slotrpc::CallOptions o;
     o.send_bulk(std::span<const std::byte>(src)).receive_bulk(std::span<std::byte>(dst));
-    auto f = (*ch)->call(
+    auto f = slotrpc::raw::call(**ch,
         kEcho,
         [wait_ms](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(fbb.CreateVector(std::vector<uint64_t>{wait_ms})); },
         std::move(o));
@@ -423,7 +423,7 @@ TEST_CASE("calls: 32 calls in flight with pushed segments all succeed (at most 1
   for (int i = 0; i < kCalls; ++i) {
     slotrpc::CallOptions o;
     o.send_bulk(std::span<const std::byte>(src[i])).receive_bulk(std::span<std::byte>(dst[i]));
-    replies.push_back((*ch)->call(
+    replies.push_back(slotrpc::raw::call(**ch,
         kEcho, [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(fbb.CreateVector(std::vector<uint64_t>{0})); },
         std::move(o)));
   }

@@ -85,14 +85,14 @@ TEST_CASE("codegen names: DEADLINE_EXCEEDED and UNIMPLEMENTED name pkg.Service/M
   CHECK(gamma_named);
 
   // Raw calls have no name: the id, as before.
-  auto raw = ch->call(alpha::AlphaDescriptor::kLookupId,
+  auto raw = slotrpc::raw::call(*ch, alpha::AlphaDescriptor::kLookupId,
                       [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(shared::CreateKey(fbb)); },
                       slotrpc::CallOptions::with_timeout(50ms));
   REQUIRE(raw.wait_for(30s));
   const slotrpc::RawReply r = raw.get();
   CHECK(r.status().code() == StatusCode::kDeadlineExceeded);
   CHECK(contains(r.status().message(), "call to method id 0x"));
-  auto raw_missing = ch->call(gamma_ns::GammaDescriptor::kdeleteId,
+  auto raw_missing = slotrpc::raw::call(*ch, gamma_ns::GammaDescriptor::kdeleteId,
                               [](flatbuffers::FlatBufferBuilder& fbb) { fbb.Finish(shared::CreateKey(fbb)); });
   REQUIRE(raw_missing.wait_for(30s));
   const slotrpc::RawReply rm = raw_missing.get();

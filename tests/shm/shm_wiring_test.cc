@@ -294,7 +294,7 @@ int run_client(const std::string& address, const std::string& transport) {
   std::atomic<uint64_t> seq{0};
   std::function<void()> issue = [&] {
     const uint64_t s = ++seq;
-    (*ch)->call(kEcho, ping_bytes(s, 64), {}, [&](slotrpc::RawReply&&) { issue(); });
+    slotrpc::raw::call(**ch, kEcho, ping_bytes(s, 64), {}, [&](slotrpc::RawReply&&) { issue(); });
   };
   for (int i = 0; i < 32; ++i) issue();
   for (;;) std::this_thread::sleep_for(1s);

@@ -55,7 +55,7 @@ void killed_server(size_t window) {
   const std::string first = client.first_unavailable();
   INFO(first);
   CHECK(contains(first, "lost"));
-  auto f = ch->call(kEcho, echo_request(1, 8));
+  auto f = slotrpc::raw::call(*ch, kEcho, echo_request(1, 8));
   REQUIRE(f.wait_for(5000ms));
   CHECK(f.get().status().to_string() == first);
 }

@@ -192,7 +192,7 @@ int run_child_client(int argc, char** argv) {
   std::function<void()> issue = [&] {
     const uint64_t seq = next.fetch_add(1);
     const size_t n = static_cast<size_t>((seq * 37) % 3000);
-    ch->call(kEcho, ping_bytes(seq, n), CallOptions{}, [&, seq, n](RawReply&& raw) {
+    slotrpc::raw::call(*ch, kEcho, ping_bytes(seq, n), CallOptions{}, [&, seq, n](RawReply&& raw) {
       const std::string err = pong_error(Reply<Pong>(std::move(raw)), seq, n);
       if (!err.empty()) {
         std::fprintf(stderr, "child client: call %llu: %s\n", static_cast<unsigned long long>(seq), err.c_str());
@@ -566,7 +566,7 @@ TEST_CASE("verbs: echo calls (100,000; fewer under sanitizers) with 32 outstandi
     const uint64_t seq = next.fetch_add(1);
     if (seq >= kCalls) return;
     const auto t0 = Clock::now();
-    ch->call(kEcho, ping_bytes(seq, kPayload), CallOptions{}, [&, seq, t0](RawReply&& raw) {
+    slotrpc::raw::call(*ch, kEcho, ping_bytes(seq, kPayload), CallOptions{}, [&, seq, t0](RawReply&& raw) {
       latency_us.record(static_cast<uint64_t>(
           std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count()));
       const std::string err = pong_error(Reply<Pong>(std::move(raw)), seq, kPayload);

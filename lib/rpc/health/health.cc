@@ -179,7 +179,7 @@ Result<ServingStatus> check_health(Channel& channel, const std::string& service,
 CallHandle watch_health(Channel& channel, const std::string& service,
                         std::function<void(ServingStatus)> on_status, std::function<void(Status)> on_end,
                         CallOptions options) {
-  return channel.call_stream(
+  return slotrpc::raw::call_stream(channel,
       method_id(HealthDescriptor::kName + std::string(".Watch")), make_health_request(service),
       std::move(options),
       [on_status = std::move(on_status)](RawReply&& raw) {
