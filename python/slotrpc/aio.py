@@ -1,5 +1,12 @@
-"""asyncio for slotrpc clients: `await stub.Get(request)`, `async for` over
-streams, on the same C++ event loops.
+"""asyncio for slotrpc: clients (`await stub.Get(request)`, `async for`
+over streams) and servers with `async def` handlers, on the same C++ event
+loops.
+
+    server = slotrpc.aio.Server()
+    server.add_servicer(MyServicer())          # async def methods, or plain ones
+    await server.start("0.0.0.0:7000")         # handlers run on this loop
+    ...
+    await server.stop()
 
     channel = slotrpc.aio.Channel("host:7000")
     stub = kv_slotrpc.KvStub(channel)          # the generated stub, unchanged
@@ -14,6 +21,8 @@ each while it waits).  Cancelling the awaiting task cancels the call."""
 import asyncio
 
 from . import _channel
+from ._aio_server import CANCEL_POLL, AsyncServicerContext  # noqa: F401
+from ._server import Server as _SyncServer
 from ._bulk import bulk_list, message_bytes
 
 _END = object()
@@ -167,3 +176,39 @@ class _StreamStream:
         replies = _Replies(_channel.ReplyIterator(call.replies, self._reply_type, on_cancel=call.cancel))
         replies.writer = writer  # keeps the task referenced
         return replies
+
+
+class Server(_SyncServer):
+    """A slotrpc.Server whose async handlers run on the asyncio loop that
+    awaits start() (or `loop=`).  Sync handlers may be added too; they run
+    on the server's event loops as in slotrpc.Server."""
+
+    def _need_loop(self):
+        pass  # the loop is the one start() runs on
+
+    async def start(self, address="127.0.0.1:0"):
+        if self._runner.loop is None:
+            self._runner.loop = asyncio.get_running_loop()
+        self._core.start(address)
+        return self
+
+    async def stop(self, grace=None):
+        """Cancels the running async handlers (after `grace` seconds, if
+        given) and closes every session, without blocking the loop."""
+        loop = asyncio.get_running_loop()
+        tasks = [t for t in self._runner.tasks if not t.done()]
+        if grace and tasks:
+            await asyncio.wait(tasks, timeout=grace)
+        if loop is self._runner.loop:
+            self._runner.cancel_all()
+        else:
+            self._runner.cancel_all_threadsafe()
+        await loop.run_in_executor(None, self._core.stop)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.stop()

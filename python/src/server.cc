@@ -195,6 +195,30 @@ void bind_server(py::module_& m) {
         n.wait();
       });
 
+  // An async handler's bridge runs a stream read on a fiber of its own, so
+  // that a bidi handler can write while a read waits (slotrpc/_aio_server.py).
+  m.def(
+      "spawn",
+      [](py::object fn) {
+        if (!slotrpc::this_fiber::in_fiber())
+          throw py::value_error("spawn(): only in a handler, on the server's event loop");
+        PyObject* f = fn.release().ptr();  // dropped on the new fiber, with the GIL
+        const bool ok = slotrpc::this_fiber::spawn([f] {
+          FiberPython python;
+          py::object run = py::reinterpret_steal<py::object>(f);
+          try {
+            run();
+          } catch (py::error_already_set& e) {
+            e.discard_as_unraisable("slotrpc: a handler's fiber");
+          }
+        });
+        if (!ok) {
+          Py_DECREF(f);
+          throw py::value_error("spawn(): the event loop refused a new fiber");
+        }
+      },
+      py::arg("fn"), "runs fn() on a new fiber of this handler's event loop (in a handler only)");
+
   py::class_<PyServerCall>(m, "ServerCall", "What a handler sees of its call (valid while it runs)")
       .def("cancelled", &PyServerCall::cancelled)
       .def("time_remaining", &PyServerCall::time_remaining, "seconds to the caller's deadline, or None")
