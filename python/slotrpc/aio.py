@@ -13,14 +13,16 @@ loops.
     reply = await stub.Get(request, timeout=1)
     async for m in stub.Scan(request): ...
 
-A unary call's completion is posted to the asyncio loop with
-call_soon_threadsafe from the channel's event loop: no thread waits for it.
+A unary call's completion reaches the asyncio loop through an eventfd it
+watches (one wake-up for all the replies that arrived meanwhile): no thread
+waits for it.
 Stream messages are waited for on the loop's default executor (a thread
 each while it waits).  Cancelling the awaiting task cancels the call."""
 
 import asyncio
+import weakref
 
-from . import _channel
+from . import _channel, _core
 from ._aio_server import CANCEL_POLL, AsyncServicerContext  # noqa: F401
 from ._server import Server as _SyncServer
 from ._bulk import bulk_list, message_bytes
@@ -59,28 +61,63 @@ class Channel:
         self.close()
 
 
+class _Completions:
+    """One asyncio loop's view of completed calls: a C++ CompletionQueue
+    whose eventfd the loop watches.  The channel's event loop posts a
+    finished call's token without the GIL and wakes the asyncio loop only
+    when the queue was empty, so one wake-up resolves every reply that
+    arrived meanwhile (rather than a call_soon_threadsafe per reply)."""
+
+    def __init__(self, loop):
+        self.loop = loop
+        self.queue = _core.CompletionQueue()
+        self.waiting = {}
+        self.next_token = 0
+        loop.add_reader(self.queue.fileno(), self._drain)
+
+    def wait(self, core):
+        fut = self.loop.create_future()
+        self.next_token += 1
+        token = self.next_token
+        self.waiting[token] = fut
+        core.notify_queue(self.queue, token)
+        return fut, token
+
+    def _drain(self):
+        waiting = self.waiting
+        for token in self.queue.drain():
+            fut = waiting.pop(token, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+    def close(self):
+        try:
+            self.loop.remove_reader(self.queue.fileno())
+        except Exception:  # noqa: BLE001 - the loop may be closed already
+            pass
+
+
+_completions = weakref.WeakKeyDictionary()  # asyncio loop -> _Completions
+
+
+def _completions_of(loop):
+    c = _completions.get(loop)
+    if c is None:
+        c = _completions[loop] = _Completions(loop)
+    return c
+
+
 async def _completion(core, reply_type):
     """Awaits a core CallFuture without a thread; cancels it if the task is."""
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-
-    def resolve():
-        if not done.done():
-            done.set_result(None)
-
-    def on_done():  # on the channel's event loop
-        try:
-            loop.call_soon_threadsafe(resolve)
-        except RuntimeError:
-            pass  # the asyncio loop is closed: no one awaits any more
-
-    core.add_done_callback(on_done)
+    completions = _completions_of(asyncio.get_running_loop())
+    done, token = completions.wait(core)
     try:
         await done
     except asyncio.CancelledError:
+        completions.waiting.pop(token, None)
         core.cancel()
         raise
-    return _channel.Future(core, reply_type).result()  # ready: does not wait
+    return core.result(reply_type)  # ready: does not wait
 
 
 class _UnaryUnary:

@@ -7,8 +7,13 @@
 
 #include <pybind11/stl.h>
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <condition_variable>
 #include <mutex>
+#include <system_error>
 
 #include "common.h"
 
@@ -97,6 +102,49 @@ void wait_ready(std::mutex& mu, std::condition_variable& cv, Ready ready,
   }
 }
 
+// Where an asyncio loop learns that calls completed (slotrpc/aio.py): the
+// channel's loop pushes the call's token and writes the eventfd only when
+// the queue was empty, without the GIL; the asyncio loop reads the fd
+// (add_reader) and drains every token at once.  One wake-up then serves
+// all the replies that arrived meanwhile, and the channel's loop never
+// waits for the GIL to post one.
+struct CompletionQueue {
+  int fd = -1;
+  std::mutex mu;
+  std::vector<uint64_t> ready;
+
+  CompletionQueue() : fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+    if (fd < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
+  }
+  ~CompletionQueue() { ::close(fd); }
+
+  void post(uint64_t token) {
+    bool wake = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      wake = ready.empty();
+      ready.push_back(token);
+    }
+    if (wake) {
+      const uint64_t one = 1;
+      [[maybe_unused]] ssize_t n = ::write(fd, &one, sizeof one);
+    }
+  }
+  // The tokens posted since the last drain (the asyncio loop, with the GIL).
+  py::list drain() {
+    uint64_t count = 0;
+    [[maybe_unused]] ssize_t n = ::read(fd, &count, sizeof count);
+    std::vector<uint64_t> got;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      got.swap(ready);
+    }
+    py::list out(got.size());
+    for (size_t i = 0; i < got.size(); ++i) out[i] = py::int_(got[i]);
+    return out;
+  }
+};
+
 // One unary or client-stream reply, as a future.
 struct CallState {
   slotrpc::detail::SharedState<RawReply> reply;
@@ -108,9 +156,19 @@ struct CallState {
   std::unique_ptr<BulkHold> bulk;
   std::atomic<bool> needs_python{false};
 
+  // An asyncio waiter's queue and token (notify_queue); under reply.mu.
+  std::shared_ptr<CompletionQueue> queue;
+  uint64_t token = 0;
+
   // The channel's loop: the reply arrived.
   void complete(RawReply&& raw) {
     reply.set(std::move(raw));
+    std::shared_ptr<CompletionQueue> q;
+    {
+      std::lock_guard<std::mutex> lock(reply.mu);
+      q = queue;
+    }
+    if (q) q->post(token);
     if (!needs_python.load()) return;
     FiberPython python;
     std::vector<py::object> run;
@@ -279,6 +337,21 @@ void bind_client(py::module_& m) {
              s.handle.cancel();
              return !s.done();
            })
+      .def(
+          "notify_queue",
+          [](CallState& s, std::shared_ptr<CompletionQueue> q, uint64_t token) {
+            // Posts `token` to `q` when the call completes (now, if it has).
+            {
+              std::lock_guard<std::mutex> lock(s.reply.mu);
+              if (!s.reply.value) {
+                s.queue = std::move(q);
+                s.token = token;
+                return;
+              }
+            }
+            q->post(token);
+          },
+          py::arg("queue"), py::arg("token"))
       .def("add_done_callback",
            [](CallState& s, py::object fn) {
              // Runs on the channel's event loop (with the GIL), or at once
@@ -293,6 +366,11 @@ void bind_client(py::module_& m) {
              }
              fn();
            });
+
+  py::class_<CompletionQueue, std::shared_ptr<CompletionQueue>>(m, "CompletionQueue")
+      .def(py::init<>())
+      .def("fileno", [](CompletionQueue& q) { return q.fd; })
+      .def("drain", &CompletionQueue::drain, "the tokens of the calls completed since the last drain");
 
   py::class_<InStream, std::shared_ptr<InStream>>(m, "InStream")
       .def("next", &InStream::next, py::arg("reply_type") = py::none(), "the next Message; None at the end; RpcError on an error end")
