@@ -8,7 +8,7 @@
 // in the middle of Python code (read_bulk, a stream read or write) while
 // another starts.  A single PyThreadState per OS thread would then see two
 // interleaved Python stacks, so each handler call gets a PyThreadState of its
-// own (FiberPython), created on entry and deleted on return: to Python, a
+// own (FiberPython), taken on entry and given back on return: to Python, a
 // fiber looks like a short-lived thread.  PyGILState, which keeps one
 // thread state per OS thread, does not know about them: PyGILState_Check()
 // is false in a handler while another handler of its loop is suspended, and
