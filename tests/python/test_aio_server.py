@@ -272,3 +272,43 @@ def test_async_generator_for_a_unary_method_is_refused(lab):
 
     with pytest.raises(TypeError, match="async generator"):
         slotrpc.aio.Server().add_servicer(Wrong())
+
+
+def test_aio_stream_errors_and_time_remaining(lab, types):
+    class Failing(lab.LabServicer):
+        async def Echo(self, request, context):
+            left = context.time_remaining()
+            return types.pong(count=int(left * 1000) if left is not None else 0)
+
+        async def Count(self, request, context):
+            for i in range(3):
+                yield types.pong(i)
+            raise slotrpc.RpcError(slotrpc.StatusCode.DATA_LOSS, "after three")
+
+        async def Gather(self, request_iterator, context):
+            async for r in request_iterator:
+                if r.message().Seq() == 2:
+                    raise KeyError("no two")
+            return types.pong()
+
+    async def main():
+        async with slotrpc.aio.Server() as server:
+            server.add_servicer(Failing())
+            await server.start("127.0.0.1:0")
+            async with slotrpc.aio.Channel(f"127.0.0.1:{server.port}", transport="tcp") as ch:
+                stub = lab.LabStub(ch)
+                assert 0 < (await stub.Echo(types.ping(), timeout=5)).message().Count() <= 5000
+                assert (await stub.Echo(types.ping())).message().Count() == 0  # no deadline
+
+                got = []
+                with pytest.raises(slotrpc.RpcError) as e:
+                    async for m in stub.Count(types.ping()):
+                        got.append(m.message().Seq())
+                assert got == [0, 1, 2]
+                assert (e.value.code(), e.value.details()) == (slotrpc.StatusCode.DATA_LOSS, "after three")
+
+                with pytest.raises(slotrpc.RpcError) as e:
+                    await stub.Gather(types.ping(i) for i in range(5))
+                assert e.value.code() == slotrpc.StatusCode.UNKNOWN
+                assert "no two" in e.value.details()
+    run(main())
