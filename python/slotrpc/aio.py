@@ -16,18 +16,16 @@ loops.
 A unary call's completion reaches the asyncio loop through an eventfd it
 watches (one wake-up for all the replies that arrived meanwhile): no thread
 waits for it.
-Stream messages are waited for on the loop's default executor (a thread
-each while it waits).  Cancelling the awaiting task cancels the call."""
+Stream messages arrive the same way; stream writes wait for a credit on
+the loop's default executor.  Cancelling the awaiting task cancels the call."""
 
 import asyncio
-import weakref
 
 from . import _channel, _core
 from ._aio_server import CANCEL_POLL, AsyncServicerContext  # noqa: F401
 from ._server import Server as _SyncServer
 from ._bulk import bulk_list, message_bytes
 
-_END = object()
 
 
 class Channel:
@@ -97,13 +95,12 @@ class _Completions:
             pass
 
 
-_completions = weakref.WeakKeyDictionary()  # asyncio loop -> _Completions
-
-
 def _completions_of(loop):
-    c = _completions.get(loop)
+    # Kept on the loop itself (a WeakKeyDictionary would keep every loop
+    # alive through its value's reference to it).
+    c = getattr(loop, "_slotrpc_completions", None)
     if c is None:
-        c = _completions[loop] = _Completions(loop)
+        c = loop._slotrpc_completions = _Completions(loop)
     return c
 
 
@@ -134,32 +131,47 @@ class _UnaryUnary:
 
 
 class _Replies:
-    """`async for` over a stream's replies."""
+    """`async for` over a stream's replies: a message already there is taken
+    at once; otherwise the stream posts to the loop's completion queue when
+    the next one (or the end) arrives, so no thread waits for it."""
 
-    def __init__(self, sync_iterator):
-        self._it = sync_iterator
-
-    def _next(self):
-        try:
-            return next(self._it)
-        except StopIteration:
-            return _END
+    def __init__(self, core_stream, reply_type, on_cancel=None):
+        self._core = core_stream
+        self._reply_type = reply_type
+        self._on_cancel = on_cancel
+        self._done = False
 
     def __aiter__(self):
         return self
 
     async def __anext__(self):
+        if self._done:
+            raise StopAsyncIteration
         try:
-            m = await asyncio.get_running_loop().run_in_executor(None, self._next)
-        except asyncio.CancelledError:
-            self._it.cancel()
+            while True:
+                m = self._core.try_next(self._reply_type)
+                if m is not Ellipsis:
+                    break
+                completions = _completions_of(asyncio.get_running_loop())
+                fut, token = completions.wait(self._core)
+                try:
+                    await fut
+                except asyncio.CancelledError:
+                    completions.waiting.pop(token, None)
+                    self.cancel()
+                    raise
+        except BaseException:
+            self._done = True
             raise
-        if m is _END:
+        if m is None:
+            self._done = True
             raise StopAsyncIteration
         return m
 
     def cancel(self):
-        self._it.cancel()
+        self._core.cancel()
+        if self._on_cancel is not None:
+            self._on_cancel()
 
 
 class _UnaryStream:
@@ -167,7 +179,8 @@ class _UnaryStream:
         self._sync = _channel.UnaryStream(channel, method_id, reply_type)
 
     def __call__(self, request, timeout=None):
-        return _Replies(self._sync(request, timeout))
+        core = self._sync._channel._core.call_stream(self._sync._id, message_bytes(request), timeout)
+        return _Replies(core, self._sync._reply_type)
 
 
 async def _feed(call, requests):
@@ -210,7 +223,7 @@ class _StreamStream:
     def __call__(self, request_iterator, timeout=None):
         call = self._channel._core.open_stream(self._id, True, timeout)
         writer = asyncio.get_running_loop().create_task(_feed(call, request_iterator))
-        replies = _Replies(_channel.ReplyIterator(call.replies, self._reply_type, on_cancel=call.cancel))
+        replies = _Replies(call.replies, self._reply_type, on_cancel=call.cancel)
         replies.writer = writer  # keeps the task referenced
         return replies
 

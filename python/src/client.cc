@@ -257,10 +257,70 @@ std::shared_ptr<CallState> start_call(PyChannel& self, uint32_t id, const py::ob
 
 // -------------------------------------------------------------- streams
 
+// An asyncio reader's wake-up for a stream (slotrpc/aio.py): armed when the
+// reader found nothing to read, fired (once) by the next message or the
+// end, which posts the token to the reader's CompletionQueue.  Both sides
+// hold `mu`, and the arming side checks the stream under it, so a message
+// that lands in between is not missed.
+struct StreamNotify {
+  std::mutex mu;
+  std::shared_ptr<CompletionQueue> queue;  // set while armed
+  uint64_t token = 0;
+
+  void fire() {
+    std::shared_ptr<CompletionQueue> q;
+    uint64_t t = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      q.swap(queue);
+      t = token;
+    }
+    if (q) q->post(t);
+  }
+};
+
 // A server stream's messages, or a bidi call's replies.
 struct InStream {
   std::shared_ptr<slotrpc::detail::StreamState> state = std::make_shared<slotrpc::detail::StreamState>();
+  std::shared_ptr<StreamNotify> notify = std::make_shared<StreamNotify>();
   std::function<void()> cancel;
+
+  // What the channel's loop calls: the state, then an armed reader.
+  std::function<void(RawReply&&)> on_message() {
+    return [st = state, n = notify](RawReply&& m) {
+      st->push(std::move(m));
+      n->fire();
+    };
+  }
+  std::function<void(Status)> on_end() {
+    return [st = state, n = notify](Status s) {
+      st->finish(std::move(s));
+      n->fire();
+    };
+  }
+
+  bool ready() {
+    std::lock_guard<std::mutex> lock(state->mu);
+    return !state->messages.empty() || state->end.has_value();
+  }
+  // Posts `token` to `q` once a message or the end is there (now, if it is).
+  void arm(std::shared_ptr<CompletionQueue> q, uint64_t token) {
+    {
+      std::lock_guard<std::mutex> lock(notify->mu);
+      if (!ready()) {
+        notify->queue = std::move(q);
+        notify->token = token;
+        return;
+      }
+    }
+    q->post(token);
+  }
+  // The next message without waiting: a Message, None at an OK end,
+  // Ellipsis when nothing has arrived yet; RpcError at an error end.
+  py::object try_next(py::object reply_type) {
+    if (!ready()) return py::ellipsis();
+    return next(std::move(reply_type));  // does not wait
+  }
 
   // The next message, or None at an OK end; raises RpcError at another.
   py::object next(py::object reply_type) {
@@ -374,6 +434,10 @@ void bind_client(py::module_& m) {
 
   py::class_<InStream, std::shared_ptr<InStream>>(m, "InStream")
       .def("next", &InStream::next, py::arg("reply_type") = py::none(), "the next Message; None at the end; RpcError on an error end")
+      .def("try_next", &InStream::try_next, py::arg("reply_type") = py::none(),
+           "as next(), but Ellipsis instead of waiting")
+      .def("notify_queue", &InStream::arm, py::arg("queue"), py::arg("token"),
+           "posts token to queue once a message or the end is there")
       .def("cancel", [](InStream& s) {
         if (s.cancel) {
           Unlocked unlocked;
@@ -415,11 +479,10 @@ void bind_client(py::module_& m) {
             auto bytes = std::make_shared<const std::string>(request_bytes(request));
             slotrpc::CallOptions options = options_for(timeout);
             auto in = std::make_shared<InStream>();
-            auto st = in->state;
             Unlocked unlocked;
             slotrpc::CallHandle h = ch.call_stream(
                 id, writer_of(std::move(bytes)), std::move(options),
-                [st](RawReply&& m) { st->push(std::move(m)); }, [st](Status s) { st->finish(std::move(s)); });
+                in->on_message(), in->on_end());
             in->cancel = [h] { h.cancel(); };
             keep.reset();  // without the GIL, as in call()
             return in;
@@ -434,11 +497,9 @@ void bind_client(py::module_& m) {
             auto call = std::make_shared<OutCall>();
             if (bidi) {
               call->in = std::make_shared<InStream>();
-              auto st = call->in->state;
               Unlocked unlocked;
               call->out = ch.open_stream(
-                  id, true, std::move(options), [st](RawReply&& m) { st->push(std::move(m)); },
-                  [st](Status s) { st->finish(std::move(s)); });
+                  id, true, std::move(options), call->in->on_message(), call->in->on_end());
               keep.reset();  // without the GIL, as in call()
               std::weak_ptr<slotrpc::detail::OutStreamState> out = call->out;
               call->in->cancel = [out] {
