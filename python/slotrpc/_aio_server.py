@@ -14,8 +14,8 @@ error, or cancelled) the fiber wakes, waits for the operations still
 running, and returns the reply or the status.
 
 A handler task is cancelled when the client cancels, the call's deadline
-passes, or the server stops: a timer on the asyncio loop checks the call
-every CANCEL_POLL seconds (the C++ call has no callback for it)."""
+passes, or the server stops: a timer on the asyncio loop checks the running
+calls every CANCEL_POLL seconds (the C++ call has no callback for it)."""
 
 import asyncio
 import collections
@@ -220,20 +220,6 @@ async def _write_replies(ctx, replies):
 async def _drive(bridge, fn, kind, request, request_type):
     """The task of one call, on the asyncio loop."""
     ctx = AsyncServicerContext(bridge)
-    loop = bridge.loop
-    task = asyncio.current_task()
-    timer = None
-
-    def poll():
-        nonlocal timer
-        if bridge.finished:
-            return
-        if bridge.call.cancelled():
-            task.cancel()
-        else:
-            timer = loop.call_later(CANCEL_POLL, poll)
-
-    timer = loop.call_later(CANCEL_POLL, poll)
     try:
         if kind == UNARY or kind == SERVER_STREAM:
             if request_type is not None:
@@ -263,41 +249,84 @@ async def _drive(bridge, fn, kind, request, request_type):
     except BaseException as e:  # noqa: B902 - the call's status (on the fiber)
         bridge.error = e
     finally:
-        if timer is not None:
-            timer.cancel()
         bridge.finish()
 
 
 class LoopRunner:
     """The asyncio loop async handlers run on: one the user gives (it must
     be running while the server serves), or one of the server's own, on a
-    thread it starts when the first async handler is registered."""
+    thread it starts when the first async handler is registered.
+
+    Handler fibers hand their coroutines over through an inbox and a
+    CompletionQueue whose eventfd the loop watches: a burst of calls costs
+    one wake-up of the loop, not a call_soon_threadsafe each.  One timer,
+    running while handlers do, checks their calls for a cancel or a passed
+    deadline every CANCEL_POLL seconds."""
 
     def __init__(self, loop=None):
-        self.loop = loop
+        self.loop = None
         self._thread = None
-        self.tasks = set()  # touched on the loop only
+        self.tasks = {}  # task -> its _Bridge; touched on the loop only
+        self._inbox = collections.deque()  # (coroutine, bridge) from fibers
+        self._queue = _core.CompletionQueue()
+        self._sweeping = None
+        if loop is not None:
+            self.attach(loop)
+
+    def attach(self, loop):
+        self.loop = loop
+        if loop.is_running() and _running_loop() is not loop:
+            loop.call_soon_threadsafe(loop.add_reader, self._queue.fileno(), self._take)
+        else:
+            loop.add_reader(self._queue.fileno(), self._take)
 
     def ensure(self):
         if self.loop is None:
-            self.loop = asyncio.new_event_loop()
+            loop = asyncio.new_event_loop()
             ready = threading.Event()
 
             def main():
-                asyncio.set_event_loop(self.loop)
-                self.loop.call_soon(ready.set)
-                self.loop.run_forever()
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                loop.run_forever()
+            self.attach(loop)
             self._thread = threading.Thread(target=main, name="slotrpc-asyncio", daemon=True)
             self._thread.start()
             ready.wait()
         return self.loop
 
-    def start_task(self, coro):  # on the loop
-        t = self.loop.create_task(coro)
-        self.tasks.add(t)
-        t.add_done_callback(self.tasks.discard)
+    def submit(self, coro, bridge):  # on a handler's fiber
+        self._inbox.append((coro, bridge))
+        self._queue.post(0)
+
+    def _take(self):  # on the loop: start what the fibers handed over
+        self._queue.drain()
+        inbox = self._inbox
+        while inbox:
+            coro, bridge = inbox.popleft()
+            t = self.loop.create_task(coro)
+            self.tasks[t] = bridge
+            t.add_done_callback(self._done)
+        if self.tasks and self._sweeping is None:
+            self._sweeping = self.loop.call_later(CANCEL_POLL, self._sweep)
+
+    def _done(self, task):
+        bridge = self.tasks.pop(task, None)
+        if bridge is not None and not bridge.finished:
+            # Cancelled before its first step: _drive never ran to say so.
+            bridge.error = RpcError(StatusCode.CANCELLED, "the server is stopping")
+            bridge.finish()
+
+    def _sweep(self):
+        self._sweeping = None
+        for task, bridge in list(self.tasks.items()):
+            if not bridge.finished and bridge.call.cancelled():
+                task.cancel()
+        if self.tasks:
+            self._sweeping = self.loop.call_later(CANCEL_POLL, self._sweep)
 
     def cancel_all(self):  # on the loop
+        self._take()
         for t in list(self.tasks):
             t.cancel()
 
@@ -317,6 +346,13 @@ class LoopRunner:
             self._thread = None
 
 
+def _running_loop():
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def adapt_async(fn, kind, request_type, runner):
     """The (request, core call) function the core runs for an async handler."""
     if kind == UNARY or kind == CLIENT_STREAM:
@@ -329,12 +365,7 @@ def adapt_async(fn, kind, request_type, runner):
         if loop is None or loop.is_closed():
             raise RpcError(StatusCode.UNAVAILABLE, "the server's asyncio loop is not running")
         bridge = _Bridge(call, loop)
-        coro = _drive(bridge, fn, kind, request, request_type)
-        try:
-            loop.call_soon_threadsafe(runner.start_task, coro)
-        except RuntimeError:
-            coro.close()
-            raise RpcError(StatusCode.UNAVAILABLE, "the server's asyncio loop is closed") from None
+        runner.submit(_drive(bridge, fn, kind, request, request_type), bridge)
         bridge.serve()
         if bridge.error is not None:
             raise bridge.error

@@ -238,7 +238,7 @@ class Server(_SyncServer):
 
     async def start(self, address="127.0.0.1:0"):
         if self._runner.loop is None:
-            self._runner.loop = asyncio.get_running_loop()
+            self._runner.attach(asyncio.get_running_loop())
         self._core.start(address)
         return self
 
@@ -246,7 +246,7 @@ class Server(_SyncServer):
         """Cancels the running async handlers (after `grace` seconds, if
         given) and closes every session, without blocking the loop."""
         loop = asyncio.get_running_loop()
-        tasks = [t for t in self._runner.tasks if not t.done()]
+        tasks = [t for t in list(self._runner.tasks) if not t.done()]
         if grace and tasks:
             await asyncio.wait(tasks, timeout=grace)
         if loop is self._runner.loop:

@@ -430,6 +430,8 @@ void bind_client(py::module_& m) {
   py::class_<CompletionQueue, std::shared_ptr<CompletionQueue>>(m, "CompletionQueue")
       .def(py::init<>())
       .def("fileno", [](CompletionQueue& q) { return q.fd; })
+      .def("post", &CompletionQueue::post, py::arg("token"),
+           "queues token; wakes the reader only if the queue was empty")
       .def("drain", &CompletionQueue::drain, "the tokens of the calls completed since the last drain");
 
   py::class_<InStream, std::shared_ptr<InStream>>(m, "InStream")
