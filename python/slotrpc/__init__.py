@@ -34,7 +34,7 @@ def _shutdown():
     # interpreter goes away.
     for server in list(_live_servers):
         try:
-            server.stop()
+            Server.stop(server)  # the synchronous stop, also for a slotrpc.aio.Server
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
     for channel in list(_live_channels):

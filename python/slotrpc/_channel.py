@@ -124,7 +124,11 @@ class UnaryUnary:
 
     def __call__(self, request, timeout=None, send_bulk=None, receive_bulk=None, max_retries=0):
         """The reply (a Message: .data, .copy(), .message()), or RpcError."""
-        return self.future(request, timeout, send_bulk, receive_bulk, max_retries).result()
+        # future(...).result() without the Future wrapper: this is the
+        # per-call path of every synchronous unary call.
+        return self._channel._core.call(
+            self._id, message_bytes(request), timeout, bulk_list(send_bulk), bulk_list(receive_bulk),
+            self._idempotent, max_retries).result(self._reply_type)
 
 
 class ReplyIterator:

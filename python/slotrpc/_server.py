@@ -2,7 +2,7 @@
 
 import weakref
 
-from . import _core
+from . import _aio_server, _core
 from ._bulk import as_buffer, message_bytes
 from ._status import RpcError, StatusCode
 
@@ -200,12 +200,19 @@ class Server:
     handler holds its loop while it runs Python code, and releases both
     whenever it waits on the network (docs/python.md, "Threads")."""
 
-    def __init__(self, max_workers=None, **settings):
+    def __init__(self, max_workers=None, loop=None, **settings):
         """max_workers: run unary handlers on a thread pool of that many
         threads, so a handler that computes does not hold its event loop
         (its fiber waits without the GIL); streaming handlers, and bulk
-        transfers, stay on the loop."""
+        transfers, stay on the loop.
+
+        loop: the asyncio loop `async def` handlers run on (it must be
+        running while the server serves).  Without one, the server starts
+        its own loop on a thread when the first async handler is added.
+        Sync and async handlers share the server."""
         self._core = _core.Server(settings)
+        self._runner = _aio_server.LoopRunner(loop)
+        self._has_async = False
         self._pool = None
         if max_workers:
             from concurrent.futures import ThreadPoolExecutor
@@ -223,8 +230,20 @@ class Server:
             self.add_method(desc.name, m.name, m.kind, getattr(servicer, m.attr), m.request_type)
 
     def add_method(self, service, method, kind, handler, request_type=None):
-        """Registers handler(request, context) for "service.method"."""
-        return self._core.add_method(service, method, kind, _adapt(handler, kind, request_type, self._pool))
+        """Registers handler(request, context) for "service.method": a
+        function, or an `async def` one (an async generator for server
+        streaming and bidi), which runs on the server's asyncio loop."""
+        if _aio_server.is_async(handler):
+            adapted = _aio_server.adapt_async(handler, kind, request_type, self._runner)
+            if not self._has_async:
+                self._has_async = True
+                self._need_loop()
+        else:
+            adapted = _adapt(handler, kind, request_type, self._pool)
+        return self._core.add_method(service, method, kind, adapted)
+
+    def _need_loop(self):
+        self._runner.ensure()
 
     def start(self, address="127.0.0.1:0"):
         self._core.start(address)
@@ -242,10 +261,14 @@ class Server:
         return self._core.register_memory(as_buffer(obj))
 
     def stop(self):
-        """Closes every session (running handlers finish first)."""
+        """Closes every session (running handlers finish first; async
+        handlers' tasks are cancelled).  From a coroutine on the loop the
+        async handlers run on, use slotrpc.aio.Server's `await stop()`."""
+        self._runner.cancel_all_threadsafe()
         self._core.stop()
         if self._pool is not None:
             self._pool.shutdown(wait=False)
+        self._runner.close()
 
     def __enter__(self):
         return self

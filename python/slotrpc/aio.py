@@ -1,22 +1,31 @@
-"""asyncio for slotrpc clients: `await stub.Get(request)`, `async for` over
-streams, on the same C++ event loops.
+"""asyncio for slotrpc: clients (`await stub.Get(request)`, `async for`
+over streams) and servers with `async def` handlers, on the same C++ event
+loops.
+
+    server = slotrpc.aio.Server()
+    server.add_servicer(MyServicer())          # async def methods, or plain ones
+    await server.start("0.0.0.0:7000")         # handlers run on this loop
+    ...
+    await server.stop()
 
     channel = slotrpc.aio.Channel("host:7000")
     stub = kv_slotrpc.KvStub(channel)          # the generated stub, unchanged
     reply = await stub.Get(request, timeout=1)
     async for m in stub.Scan(request): ...
 
-A unary call's completion is posted to the asyncio loop with
-call_soon_threadsafe from the channel's event loop: no thread waits for it.
-Stream messages are waited for on the loop's default executor (a thread
-each while it waits).  Cancelling the awaiting task cancels the call."""
+A unary call's completion reaches the asyncio loop through an eventfd it
+watches (one wake-up for all the replies that arrived meanwhile): no thread
+waits for it.
+Stream messages arrive the same way; stream writes wait for a credit on
+the loop's default executor.  Cancelling the awaiting task cancels the call."""
 
 import asyncio
 
-from . import _channel
+from . import _channel, _core
+from ._aio_server import CANCEL_POLL, AsyncServicerContext  # noqa: F401
+from ._server import Server as _SyncServer
 from ._bulk import bulk_list, message_bytes
 
-_END = object()
 
 
 class Channel:
@@ -50,28 +59,62 @@ class Channel:
         self.close()
 
 
+class _Completions:
+    """One asyncio loop's view of completed calls: a C++ CompletionQueue
+    whose eventfd the loop watches.  The channel's event loop posts a
+    finished call's token without the GIL and wakes the asyncio loop only
+    when the queue was empty, so one wake-up resolves every reply that
+    arrived meanwhile (rather than a call_soon_threadsafe per reply)."""
+
+    def __init__(self, loop):
+        self.loop = loop
+        self.queue = _core.CompletionQueue()
+        self.waiting = {}
+        self.next_token = 0
+        loop.add_reader(self.queue.fileno(), self._drain)
+
+    def wait(self, core):
+        fut = self.loop.create_future()
+        self.next_token += 1
+        token = self.next_token
+        self.waiting[token] = fut
+        core.notify_queue(self.queue, token)
+        return fut, token
+
+    def _drain(self):
+        waiting = self.waiting
+        for token in self.queue.drain():
+            fut = waiting.pop(token, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+    def close(self):
+        try:
+            self.loop.remove_reader(self.queue.fileno())
+        except Exception:  # noqa: BLE001 - the loop may be closed already
+            pass
+
+
+def _completions_of(loop):
+    # Kept on the loop itself (a WeakKeyDictionary would keep every loop
+    # alive through its value's reference to it).
+    c = getattr(loop, "_slotrpc_completions", None)
+    if c is None:
+        c = loop._slotrpc_completions = _Completions(loop)
+    return c
+
+
 async def _completion(core, reply_type):
     """Awaits a core CallFuture without a thread; cancels it if the task is."""
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-
-    def resolve():
-        if not done.done():
-            done.set_result(None)
-
-    def on_done():  # on the channel's event loop
-        try:
-            loop.call_soon_threadsafe(resolve)
-        except RuntimeError:
-            pass  # the asyncio loop is closed: no one awaits any more
-
-    core.add_done_callback(on_done)
+    completions = _completions_of(asyncio.get_running_loop())
+    done, token = completions.wait(core)
     try:
         await done
     except asyncio.CancelledError:
+        completions.waiting.pop(token, None)
         core.cancel()
         raise
-    return _channel.Future(core, reply_type).result()  # ready: does not wait
+    return core.result(reply_type)  # ready: does not wait
 
 
 class _UnaryUnary:
@@ -88,32 +131,47 @@ class _UnaryUnary:
 
 
 class _Replies:
-    """`async for` over a stream's replies."""
+    """`async for` over a stream's replies: a message already there is taken
+    at once; otherwise the stream posts to the loop's completion queue when
+    the next one (or the end) arrives, so no thread waits for it."""
 
-    def __init__(self, sync_iterator):
-        self._it = sync_iterator
-
-    def _next(self):
-        try:
-            return next(self._it)
-        except StopIteration:
-            return _END
+    def __init__(self, core_stream, reply_type, on_cancel=None):
+        self._core = core_stream
+        self._reply_type = reply_type
+        self._on_cancel = on_cancel
+        self._done = False
 
     def __aiter__(self):
         return self
 
     async def __anext__(self):
+        if self._done:
+            raise StopAsyncIteration
         try:
-            m = await asyncio.get_running_loop().run_in_executor(None, self._next)
-        except asyncio.CancelledError:
-            self._it.cancel()
+            while True:
+                m = self._core.try_next(self._reply_type)
+                if m is not Ellipsis:
+                    break
+                completions = _completions_of(asyncio.get_running_loop())
+                fut, token = completions.wait(self._core)
+                try:
+                    await fut
+                except asyncio.CancelledError:
+                    completions.waiting.pop(token, None)
+                    self.cancel()
+                    raise
+        except BaseException:
+            self._done = True
             raise
-        if m is _END:
+        if m is None:
+            self._done = True
             raise StopAsyncIteration
         return m
 
     def cancel(self):
-        self._it.cancel()
+        self._core.cancel()
+        if self._on_cancel is not None:
+            self._on_cancel()
 
 
 class _UnaryStream:
@@ -121,7 +179,8 @@ class _UnaryStream:
         self._sync = _channel.UnaryStream(channel, method_id, reply_type)
 
     def __call__(self, request, timeout=None):
-        return _Replies(self._sync(request, timeout))
+        core = self._sync._channel._core.call_stream(self._sync._id, message_bytes(request), timeout)
+        return _Replies(core, self._sync._reply_type)
 
 
 async def _feed(call, requests):
@@ -164,6 +223,42 @@ class _StreamStream:
     def __call__(self, request_iterator, timeout=None):
         call = self._channel._core.open_stream(self._id, True, timeout)
         writer = asyncio.get_running_loop().create_task(_feed(call, request_iterator))
-        replies = _Replies(_channel.ReplyIterator(call.replies, self._reply_type, on_cancel=call.cancel))
+        replies = _Replies(call.replies, self._reply_type, on_cancel=call.cancel)
         replies.writer = writer  # keeps the task referenced
         return replies
+
+
+class Server(_SyncServer):
+    """A slotrpc.Server whose async handlers run on the asyncio loop that
+    awaits start() (or `loop=`).  Sync handlers may be added too; they run
+    on the server's event loops as in slotrpc.Server."""
+
+    def _need_loop(self):
+        pass  # the loop is the one start() runs on
+
+    async def start(self, address="127.0.0.1:0"):
+        if self._runner.loop is None:
+            self._runner.attach(asyncio.get_running_loop())
+        self._core.start(address)
+        return self
+
+    async def stop(self, grace=None):
+        """Cancels the running async handlers (after `grace` seconds, if
+        given) and closes every session, without blocking the loop."""
+        loop = asyncio.get_running_loop()
+        tasks = [t for t in list(self._runner.tasks) if not t.done()]
+        if grace and tasks:
+            await asyncio.wait(tasks, timeout=grace)
+        if loop is self._runner.loop:
+            self._runner.cancel_all()
+        else:
+            self._runner.cancel_all_threadsafe()
+        await loop.run_in_executor(None, self._core.stop)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.stop()

@@ -7,8 +7,13 @@
 
 #include <pybind11/stl.h>
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <condition_variable>
 #include <mutex>
+#include <system_error>
 
 #include "common.h"
 
@@ -97,6 +102,49 @@ void wait_ready(std::mutex& mu, std::condition_variable& cv, Ready ready,
   }
 }
 
+// Where an asyncio loop learns that calls completed (slotrpc/aio.py): the
+// channel's loop pushes the call's token and writes the eventfd only when
+// the queue was empty, without the GIL; the asyncio loop reads the fd
+// (add_reader) and drains every token at once.  One wake-up then serves
+// all the replies that arrived meanwhile, and the channel's loop never
+// waits for the GIL to post one.
+struct CompletionQueue {
+  int fd = -1;
+  std::mutex mu;
+  std::vector<uint64_t> ready;
+
+  CompletionQueue() : fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+    if (fd < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
+  }
+  ~CompletionQueue() { ::close(fd); }
+
+  void post(uint64_t token) {
+    bool wake = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      wake = ready.empty();
+      ready.push_back(token);
+    }
+    if (wake) {
+      const uint64_t one = 1;
+      [[maybe_unused]] ssize_t n = ::write(fd, &one, sizeof one);
+    }
+  }
+  // The tokens posted since the last drain (the asyncio loop, with the GIL).
+  py::list drain() {
+    uint64_t count = 0;
+    [[maybe_unused]] ssize_t n = ::read(fd, &count, sizeof count);
+    std::vector<uint64_t> got;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      got.swap(ready);
+    }
+    py::list out(got.size());
+    for (size_t i = 0; i < got.size(); ++i) out[i] = py::int_(got[i]);
+    return out;
+  }
+};
+
 // One unary or client-stream reply, as a future.
 struct CallState {
   slotrpc::detail::SharedState<RawReply> reply;
@@ -108,9 +156,19 @@ struct CallState {
   std::unique_ptr<BulkHold> bulk;
   std::atomic<bool> needs_python{false};
 
+  // An asyncio waiter's queue and token (notify_queue); under reply.mu.
+  std::shared_ptr<CompletionQueue> queue;
+  uint64_t token = 0;
+
   // The channel's loop: the reply arrived.
   void complete(RawReply&& raw) {
     reply.set(std::move(raw));
+    std::shared_ptr<CompletionQueue> q;
+    {
+      std::lock_guard<std::mutex> lock(reply.mu);
+      q = queue;
+    }
+    if (q) q->post(token);
     if (!needs_python.load()) return;
     FiberPython python;
     std::vector<py::object> run;
@@ -199,10 +257,70 @@ std::shared_ptr<CallState> start_call(PyChannel& self, uint32_t id, const py::ob
 
 // -------------------------------------------------------------- streams
 
+// An asyncio reader's wake-up for a stream (slotrpc/aio.py): armed when the
+// reader found nothing to read, fired (once) by the next message or the
+// end, which posts the token to the reader's CompletionQueue.  Both sides
+// hold `mu`, and the arming side checks the stream under it, so a message
+// that lands in between is not missed.
+struct StreamNotify {
+  std::mutex mu;
+  std::shared_ptr<CompletionQueue> queue;  // set while armed
+  uint64_t token = 0;
+
+  void fire() {
+    std::shared_ptr<CompletionQueue> q;
+    uint64_t t = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      q.swap(queue);
+      t = token;
+    }
+    if (q) q->post(t);
+  }
+};
+
 // A server stream's messages, or a bidi call's replies.
 struct InStream {
   std::shared_ptr<slotrpc::detail::StreamState> state = std::make_shared<slotrpc::detail::StreamState>();
+  std::shared_ptr<StreamNotify> notify = std::make_shared<StreamNotify>();
   std::function<void()> cancel;
+
+  // What the channel's loop calls: the state, then an armed reader.
+  std::function<void(RawReply&&)> on_message() {
+    return [st = state, n = notify](RawReply&& m) {
+      st->push(std::move(m));
+      n->fire();
+    };
+  }
+  std::function<void(Status)> on_end() {
+    return [st = state, n = notify](Status s) {
+      st->finish(std::move(s));
+      n->fire();
+    };
+  }
+
+  bool ready() {
+    std::lock_guard<std::mutex> lock(state->mu);
+    return !state->messages.empty() || state->end.has_value();
+  }
+  // Posts `token` to `q` once a message or the end is there (now, if it is).
+  void arm(std::shared_ptr<CompletionQueue> q, uint64_t token) {
+    {
+      std::lock_guard<std::mutex> lock(notify->mu);
+      if (!ready()) {
+        notify->queue = std::move(q);
+        notify->token = token;
+        return;
+      }
+    }
+    q->post(token);
+  }
+  // The next message without waiting: a Message, None at an OK end,
+  // Ellipsis when nothing has arrived yet; RpcError at an error end.
+  py::object try_next(py::object reply_type) {
+    if (!ready()) return py::ellipsis();
+    return next(std::move(reply_type));  // does not wait
+  }
 
   // The next message, or None at an OK end; raises RpcError at another.
   py::object next(py::object reply_type) {
@@ -279,6 +397,21 @@ void bind_client(py::module_& m) {
              s.handle.cancel();
              return !s.done();
            })
+      .def(
+          "notify_queue",
+          [](CallState& s, std::shared_ptr<CompletionQueue> q, uint64_t token) {
+            // Posts `token` to `q` when the call completes (now, if it has).
+            {
+              std::lock_guard<std::mutex> lock(s.reply.mu);
+              if (!s.reply.value) {
+                s.queue = std::move(q);
+                s.token = token;
+                return;
+              }
+            }
+            q->post(token);
+          },
+          py::arg("queue"), py::arg("token"))
       .def("add_done_callback",
            [](CallState& s, py::object fn) {
              // Runs on the channel's event loop (with the GIL), or at once
@@ -294,8 +427,19 @@ void bind_client(py::module_& m) {
              fn();
            });
 
+  py::class_<CompletionQueue, std::shared_ptr<CompletionQueue>>(m, "CompletionQueue")
+      .def(py::init<>())
+      .def("fileno", [](CompletionQueue& q) { return q.fd; })
+      .def("post", &CompletionQueue::post, py::arg("token"),
+           "queues token; wakes the reader only if the queue was empty")
+      .def("drain", &CompletionQueue::drain, "the tokens of the calls completed since the last drain");
+
   py::class_<InStream, std::shared_ptr<InStream>>(m, "InStream")
       .def("next", &InStream::next, py::arg("reply_type") = py::none(), "the next Message; None at the end; RpcError on an error end")
+      .def("try_next", &InStream::try_next, py::arg("reply_type") = py::none(),
+           "as next(), but Ellipsis instead of waiting")
+      .def("notify_queue", &InStream::arm, py::arg("queue"), py::arg("token"),
+           "posts token to queue once a message or the end is there")
       .def("cancel", [](InStream& s) {
         if (s.cancel) {
           Unlocked unlocked;
@@ -337,11 +481,10 @@ void bind_client(py::module_& m) {
             auto bytes = std::make_shared<const std::string>(request_bytes(request));
             slotrpc::CallOptions options = options_for(timeout);
             auto in = std::make_shared<InStream>();
-            auto st = in->state;
             Unlocked unlocked;
             slotrpc::CallHandle h = slotrpc::raw::call_stream(ch,
                 id, writer_of(std::move(bytes)), std::move(options),
-                [st](RawReply&& m) { st->push(std::move(m)); }, [st](Status s) { st->finish(std::move(s)); });
+                in->on_message(), in->on_end());
             in->cancel = [h] { h.cancel(); };
             keep.reset();  // without the GIL, as in call()
             return in;
@@ -356,11 +499,9 @@ void bind_client(py::module_& m) {
             auto call = std::make_shared<OutCall>();
             if (bidi) {
               call->in = std::make_shared<InStream>();
-              auto st = call->in->state;
               Unlocked unlocked;
-              call->out = slotrpc::raw::open_stream(ch,
-                  id, true, std::move(options), [st](RawReply&& m) { st->push(std::move(m)); },
-                  [st](Status s) { st->finish(std::move(s)); });
+              call->out = slotrpc::raw::open_stream(
+                  ch, id, true, std::move(options), call->in->on_message(), call->in->on_end());
               keep.reset();  // without the GIL, as in call()
               std::weak_ptr<slotrpc::detail::OutStreamState> out = call->out;
               call->in->cancel = [out] {

@@ -8,7 +8,7 @@
 // in the middle of Python code (read_bulk, a stream read or write) while
 // another starts.  A single PyThreadState per OS thread would then see two
 // interleaved Python stacks, so each handler call gets a PyThreadState of its
-// own (FiberPython), created on entry and deleted on return: to Python, a
+// own (FiberPython), taken on entry and given back on return: to Python, a
 // fiber looks like a short-lived thread.  PyGILState, which keeps one
 // thread state per OS thread, does not know about them: PyGILState_Check()
 // is false in a handler while another handler of its loop is suspended, and
@@ -67,11 +67,21 @@ inline void set_pybind_tstate(void* ts) {
   }
 }
 
+// Thread states of this OS thread (an event loop's) that no fiber uses:
+// creating and deleting one per handler call cost about a microsecond
+// each, so a finished call's goes back here for the next.  A state is
+// reused only on the OS thread that created it, and only when its fiber's
+// Python stack has fully unwound.  The interpreter deletes them at exit.
+inline std::vector<PyThreadState*>& idle_thread_states() {
+  thread_local std::vector<PyThreadState*> idle;
+  return idle;
+}
+
 // Holds the GIL with a thread state of its own, on a thread (or fiber) that
 // has none: an event loop's fiber running a handler, or a loop callback.
 class FiberPython {
  public:
-  FiberPython() : ts_(PyThreadState_New(g_interp)) {
+  FiberPython() : ts_(take_thread_state()) {
     PyEval_RestoreThread(ts_);
     outer_frames_ = frames_top();
     set_frames_top(nullptr);
@@ -81,6 +91,12 @@ class FiberPython {
   ~FiberPython() {
     set_frames_top(outer_frames_);
     set_pybind_tstate(outer_tstate_);
+    std::vector<PyThreadState*>& idle = idle_thread_states();
+    if (idle.size() < 64 && !_Py_IsFinalizing()) {
+      PyEval_SaveThread();
+      idle.push_back(ts_);
+      return;
+    }
     PyThreadState_Clear(ts_);
     PyThreadState_DeleteCurrent();  // also releases the GIL
   }
@@ -88,6 +104,14 @@ class FiberPython {
   FiberPython& operator=(const FiberPython&) = delete;
 
  private:
+  static PyThreadState* take_thread_state() {
+    std::vector<PyThreadState*>& idle = idle_thread_states();
+    if (idle.empty()) return PyThreadState_New(g_interp);
+    PyThreadState* ts = idle.back();
+    idle.pop_back();
+    return ts;
+  }
+
   PyThreadState* ts_;
   void* outer_frames_ = nullptr;
   void* outer_tstate_ = nullptr;

@@ -157,10 +157,16 @@ slotrpc::Handler make_handler(PyObject* fn, slotrpc::MethodKind kind) {
     FiberPython python;
     Status status;
     try {
-      py::object ctx = py::cast(new PyServerCall(call), py::return_value_policy::take_ownership);
+      // Raw pointers kept beside the objects: a cast<T&>() back costs a
+      // pybind11 type lookup (a hash of the type's name) per call.
+      auto* pcall = new PyServerCall(call);
+      py::object ctx = py::cast(pcall, py::return_value_policy::take_ownership);
       py::object request = py::none();
-      if (kind == slotrpc::MethodKind::kUnary || kind == slotrpc::MethodKind::kServerStream)
-        request = py::cast(new Message(call.request(), py::none()), py::return_value_policy::take_ownership);
+      Message* msg = nullptr;
+      if (kind == slotrpc::MethodKind::kUnary || kind == slotrpc::MethodKind::kServerStream) {
+        msg = new Message(call.request(), py::none());
+        request = py::cast(msg, py::return_value_policy::take_ownership);
+      }
       try {
         py::object result = py::reinterpret_borrow<py::object>(fn)(request, ctx);
         if (kind == slotrpc::MethodKind::kUnary || kind == slotrpc::MethodKind::kClientStream) {
@@ -174,8 +180,8 @@ slotrpc::Handler make_handler(PyObject* fn, slotrpc::MethodKind kind) {
       } catch (py::error_already_set& e) {
         status = status_of(e, call.method_name());
       }
-      if (!request.is_none()) request.cast<Message&>().release();
-      ctx.cast<PyServerCall&>().end();
+      if (msg != nullptr) msg->release();
+      pcall->end();
     } catch (py::error_already_set& e) {
       status = status_of(e, call.method_name());
     }
@@ -194,6 +200,30 @@ void bind_server(py::module_& m) {
         Unlocked unlocked;
         n.wait();
       });
+
+  // An async handler's bridge runs a stream read on a fiber of its own, so
+  // that a bidi handler can write while a read waits (slotrpc/_aio_server.py).
+  m.def(
+      "spawn",
+      [](py::object fn) {
+        if (!slotrpc::this_fiber::in_fiber())
+          throw py::value_error("spawn(): only in a handler, on the server's event loop");
+        PyObject* f = fn.release().ptr();  // dropped on the new fiber, with the GIL
+        const bool ok = slotrpc::this_fiber::spawn([f] {
+          FiberPython python;
+          py::object run = py::reinterpret_steal<py::object>(f);
+          try {
+            run();
+          } catch (py::error_already_set& e) {
+            e.discard_as_unraisable("slotrpc: a handler's fiber");
+          }
+        });
+        if (!ok) {
+          Py_DECREF(f);
+          throw py::value_error("spawn(): the event loop refused a new fiber");
+        }
+      },
+      py::arg("fn"), "runs fn() on a new fiber of this handler's event loop (in a handler only)");
 
   py::class_<PyServerCall>(m, "ServerCall", "What a handler sees of its call (valid while it runs)")
       .def("cancelled", &PyServerCall::cancelled)

@@ -24,7 +24,7 @@ def _need(var):
 def gen_dir(tmp_path_factory):
     """slotrpc-gen --python of lab.fbs and ledger.fbs, on sys.path."""
     out = tmp_path_factory.mktemp("gen")
-    gen = _need("SLOTRPC_GEN")
+    gen = _need("PY_TEST_SLOTRPC_GEN")
     for schema in ("lab.fbs", "ledger.fbs"):
         subprocess.run([gen, "--python", "-o", str(out), os.path.join(HERE, schema)], check=True)
     sys.path.insert(0, str(out))

@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 def test_param_server(tmp_path):
     example = os.path.join(ROOT, "examples", "python")
-    subprocess.run([os.environ["SLOTRPC_GEN"], "--python", "-o", str(tmp_path),
+    subprocess.run([os.environ["PY_TEST_SLOTRPC_GEN"], "--python", "-o", str(tmp_path),
                     os.path.join(example, "params.fbs")], check=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env.get("PYTHONPATH", "")

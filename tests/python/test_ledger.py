@@ -127,3 +127,55 @@ def test_cpp_client_calls_python_server(ledger):
         assert "all four kinds answered right" in out.stdout
     finally:
         server.stop()
+
+
+def make_async_ledger_servicer(ledger):
+    """The same answers from async methods of the generated base."""
+    class AsyncLedger(ledger.LedgerServicer):
+        async def Post(self, request, context):
+            e = request.message()
+            return total(ledger, e.Account().decode(), e.Cents() * 2, e.TagsLength())
+
+        async def History(self, request, context):
+            e = request.message()
+            if not 0 <= e.Cents() <= 1000:
+                await context.abort(slotrpc.StatusCode.OUT_OF_RANGE, "History: cents must be 0..1000")
+            for i in range(e.Cents()):
+                yield entry(ledger, e.Account().decode(), i, [str(i)])
+
+        async def Sum(self, request_iterator, context):
+            account, cents, n = "", 0, 0
+            async for r in request_iterator:
+                e = r.message()
+                if n == 0:
+                    account = e.Account().decode()
+                cents += e.Cents()
+                n += 1
+            return total(ledger, account, cents, n)
+
+        async def Running(self, request_iterator, context):
+            cents, n = 0, 0
+            async for r in request_iterator:
+                e = r.message()
+                cents += e.Cents()
+                n += 1
+                yield total(ledger, e.Account().decode(), cents, n)
+    return AsyncLedger()
+
+
+def test_cpp_client_calls_async_python_server(ledger):
+    import asyncio
+
+    import slotrpc.aio
+
+    async def main():
+        async with slotrpc.aio.Server() as server:
+            ledger.add_LedgerServicer_to_server(make_async_ledger_servicer(ledger), server)
+            await server.start("127.0.0.1:0")
+            peer = await asyncio.create_subprocess_exec(
+                os.environ["LEDGER_PEER"], "call", f"127.0.0.1:{server.port}",
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(peer.communicate(), 60)
+            assert peer.returncode == 0, err.decode()
+            assert "all four kinds answered right" in out.decode()
+    asyncio.run(main())

@@ -16,7 +16,7 @@ def test_readme_python_sample(tmp_path):
     assert m, "README.md has no python-first-service sample"
     assert len(m.group(1).splitlines()) < 30, "the README's first Python service must stay under 30 lines"
     shutil.copy(os.path.join(ROOT, "examples", "echo", "echo.fbs"), tmp_path)
-    subprocess.run([os.environ["SLOTRPC_GEN"], "--python", "-o", ".", "echo.fbs"], cwd=tmp_path, check=True)
+    subprocess.run([os.environ["PY_TEST_SLOTRPC_GEN"], "--python", "-o", ".", "echo.fbs"], cwd=tmp_path, check=True)
     (tmp_path / "first_service.py").write_text(m.group(1))
     out = subprocess.run([sys.executable, "first_service.py"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=60, env=os.environ)
