@@ -268,7 +268,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::start(const std::string& address
   }
   impl->port = impl->acceptor.local_endpoint().port();
   impl->reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  // Head-room for the RPC port: the metrics port holds at most a sixteenth
+  // Head-room for the RPC port: the metrics port holds at most 1/16
   // of the descriptor limit (and at most kMaxConnections, at least 2).
   const rlim_t nofile = nofile_limit();
   if (nofile != RLIM_INFINITY)

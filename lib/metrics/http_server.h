@@ -15,7 +15,7 @@
 // paths get 404, other methods 405.
 //
 // The port must not cost the RPC port its descriptors, nor spin: at most
-// 16 connections are open at once (a sixteenth of RLIMIT_NOFILE if that is
+// 16 connections are open at once (RLIMIT_NOFILE / 16 if that is
 // lower, at least 2), and one more closes the oldest, so a scraper still
 // gets in past a crowd of idle sockets.  At the descriptor limit
 // (EMFILE/ENFILE) it takes the waiting connection off the backlog with a
