@@ -122,6 +122,16 @@ Status Server::add_service(ServiceDefinition service) {
   return {};
 }
 
+Status Server::register_with(const std::string& target, const std::string& address) {
+  if (impl_->started) return Status(StatusCode::kInvalidArgument, "register_with() after start()");
+  // Checked now; an empty address is known at start().
+  auto check = rpc::discovery::Registration::make(target, address.empty() ? "127.0.0.1:1" : address);
+  if (!check.ok()) return check.status();
+  impl_->register_target = target;
+  impl_->register_address = address;
+  return {};
+}
+
 Status Server::start(const std::string& listen_address) {
   namespace asio = boost::asio;
   using asio::ip::tcp;
@@ -324,6 +334,19 @@ Status Server::start_listening(int tcp_fd, int unix_fd, const std::string& unix_
     impl_->metrics_port = std::move(http.value());
   }
   impl_->accept_thread = std::thread([impl = impl_.get()] { impl->acceptor->run(); });
+  if (!impl_->register_target.empty()) {
+    std::string host = listen_address.substr(0, listen_address.rfind(':'));
+    if (host == "0.0.0.0" || host == "[::]" || host == "::" || host.empty()) host = "127.0.0.1";
+    const std::string address = !impl_->register_address.empty() ? impl_->register_address
+                                                                 : fmt::format("{}:{}", host, impl_->port);
+    auto registration = rpc::discovery::Registration::make(impl_->register_target, address);
+    if (!registration.ok()) {
+      stop();
+      return registration.status();
+    }
+    impl_->registration = std::move(registration).value();
+    impl_->registration->start();
+  }
   std::string transports =
       tcp_fd < 0 ? "shm only"
       : impl_->config.transport == TransportKind::kVerbs ? "verbs only, on " + impl_->verbs_note
@@ -354,6 +377,7 @@ void Server::shutdown(std::chrono::milliseconds grace) {
   // Health watchers hear NOT_SERVING (and their watches end) first, so
   // balancers stop sending while the calls in flight finish.
   d.health->drain();
+  if (d.registration) d.registration->withdraw();  // resolvers drop it now
   const auto give_up = std::chrono::steady_clock::now() + grace;
   for (;;) {
     const MetricsSnapshot m = metrics();
@@ -393,6 +417,7 @@ Status Server::reload_tls() {
 void Server::stop() {
   Impl& d = *impl_;
   if (!d.started) return;
+  if (d.registration) d.registration->withdraw();  // before the sessions close
   d.metrics_port.reset();  // a scrape in progress finishes first
   {
     // Snapshots in progress (an Admin handler's, another thread's) finish
