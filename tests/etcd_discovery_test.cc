@@ -7,12 +7,16 @@
 #include <slotrpc/slotrpc.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <condition_variable>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "etcd_util.h"
+#include "ping_payloads.h"
+#include "test_messages_generated.h"
 #include "process_util.h"
 #include "rpc/discovery/etcd_resolver.h"
 #include "rpc/discovery/registration.h"
@@ -160,6 +164,51 @@ TEST_CASE("servers register in etcd; the resolver sees them come, die and withdr
     REQUIRE_MESSAGE(back, "after etcd came back: " << join(updates.snapshot()));
   }
 
+  (*resolver)->stop();
+}
+
+TEST_CASE("shutdown(grace) withdraws at its start, while calls in flight still drain") {
+  test_process::TempDir dir("slotrpc-etcd");
+  etcd_test::Etcd etcd(dir.path);
+  REQUIRE_MESSAGE(etcd.error().empty(), etcd.error());
+
+  std::atomic<int> started{0};
+  slotrpc::ServiceDefinition svc("slotrpc.test.Draining");
+  svc.add_unary<slotrpc::test::Ping>(
+      "Slow", [&started](const slotrpc::test::Ping& req, flatbuffers::FlatBufferBuilder& out,
+                         slotrpc::ServerCall&) -> slotrpc::Status {
+        ++started;
+        slotrpc::this_fiber::sleep_for(std::chrono::milliseconds(req.seq()));
+        out.Finish(slotrpc::test::CreatePong(out, req.seq(), out.CreateString("done")));
+        return {};
+      });
+  slotrpc::Server server;
+  REQUIRE(server.add_service(std::move(svc)).ok());
+  REQUIRE(server.register_with("etcd://" + etcd.rest("fleet/drain")).ok());
+  REQUIRE(server.start("127.0.0.1:0").ok());
+  const std::string address = "127.0.0.1:" + std::to_string(server.port());
+
+  Updates updates;
+  auto resolver = make_etcd_resolver(etcd.rest("fleet/drain"));
+  REQUIRE(resolver.ok());
+  (*resolver)->start([&](auto r) { updates.on(std::move(r)); });
+  REQUIRE(updates.wait([&](auto& l) { return has(l, address); }, 10s));
+
+  slotrpc::Config c;
+  c.transport = slotrpc::TransportKind::kTcp;
+  auto ch = slotrpc::Channel::connect(address, c);
+  REQUIRE(ch.ok());
+  // A call of 2 s in flight when the drain starts.
+  auto call = (*ch)->call_typed<slotrpc::test::Pong>(slotrpc::method_id("slotrpc.test.Draining.Slow"),
+                                                     slotrpc::test_payloads::ping(2000, "x"));
+  REQUIRE(test_process::wait_until([&] { return started.load() == 1; }));
+  std::thread drain([&server] { server.shutdown(std::chrono::seconds(10)); });
+  const auto gone = updates.wait([&](auto& l) { return !has(l, address); }, 10s);
+  CHECK_MESSAGE(gone, "still listed: " << join(updates.snapshot()));
+  CHECK_FALSE(call.wait_for(std::chrono::milliseconds(0)));  // withdrawn while the call still runs
+  auto r = call.get();
+  CHECK_MESSAGE(r.ok(), r.status().to_string());
+  drain.join();
   (*resolver)->stop();
 }
 

@@ -47,6 +47,7 @@ namespace {
 // because start() settles it (environment overlay) after this runs.
 ServiceDefinition guard_admin(ServiceDefinition admin, Server::Impl& impl) {
   ServiceDefinition guarded(admin.name());
+  guarded.set_schema(admin.schema());
   const uid_t self = ::getuid();
   for (const MethodDescriptor& m : admin.methods()) {
     guarded.add_method(
@@ -86,6 +87,11 @@ Server::Server(std::shared_ptr<detail::RuntimeCore> runtime, Config config)
   // load balancers and orchestrators ask it.
   impl_->health_service = health::make_service(impl_->health);
   st = add_service(health::definition(*impl_->health_service));
+  (void)st;
+  // slotrpc.Reflection (lib/rpc/reflection/): what slotrpc-cli lists,
+  // describes and calls.
+  impl_->reflection_service = reflect::make_service(&impl_->services);
+  st = add_service(reflect::definition(*impl_->reflection_service));
   (void)st;
 }
 
