@@ -164,6 +164,44 @@ TEST_CASE("servers register in etcd; the resolver sees them come, die and withdr
     REQUIRE_MESSAGE(back, "after etcd came back: " << join(updates.snapshot()));
   }
 
+
+  SUBCASE("a lease revoked behind the servers' backs: they notice and register again") {
+    slotrpc::rpc::discovery::Interrupt never;
+    slotrpc::rpc::discovery::EtcdClient client(etcd.endpoint(), never);
+    auto listed = client.range_prefix("/fleet/echo/");
+    REQUIRE(listed.ok());
+    REQUIRE(listed->kvs.size() == 3);
+    for (const auto& kv : listed->kvs) {
+      CHECK(kv.lease != 0);
+      REQUIRE(client.revoke(kv.lease).ok());
+    }
+    const auto emptied = updates.wait([&](auto& l) { return l.size() < 3; }, 10s);
+    REQUIRE_MESSAGE(emptied, "revoking the leases deleted no key");
+    const auto back = updates.wait(
+        [&](auto& l) {
+          return l.size() == 3 && has(l, servers[0].address) && has(l, servers[1].address) &&
+                 has(l, servers[2].address);
+        },
+        10s);
+    REQUIRE_MESSAGE(back, "after the leases were revoked: " << join(updates.snapshot()));
+    MESSAGE("the servers registered again " << back->count() << " ms after their keys went");
+    CHECK(*back < 3000ms);  // each notices at its next keep-alive (every TTL/3)
+  }
+
+  SUBCASE("etcd comes back empty: the servers' leases are lost and they register again") {
+    etcd.stop();
+    etcd.wipe();
+    REQUIRE_MESSAGE(etcd.start(), etcd.error());
+    const auto back = updates.wait(
+        [&](auto& l) {
+          return l.size() == 3 && has(l, servers[0].address) && has(l, servers[1].address) &&
+                 has(l, servers[2].address);
+        },
+        20s);
+    REQUIRE_MESSAGE(back, "after etcd lost its data: " << join(updates.snapshot()));
+    MESSAGE("the servers were back " << back->count() << " ms after the empty etcd answered");
+  }
+
   (*resolver)->stop();
 }
 

@@ -84,6 +84,11 @@ class Etcd {
     child_.reset();
   }
   ~Etcd() { stop(); }
+  // Deletes its data (stopped): the next start() is a new, empty etcd.
+  void wipe() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_ / "data", ec);
+  }
 
   const std::string& error() const { return error_; }
   uint16_t port() const { return client_port_; }

@@ -33,6 +33,7 @@ bool read_kv(const Json& j, KeyValue& out) {
     if (!value) return false;
     out.value = std::move(*value);
   }
+  if (const Json* l = j.get("lease"); l != nullptr) out.lease = l->as_int().value_or(0);
   return true;
 }
 

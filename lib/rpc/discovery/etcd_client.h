@@ -24,6 +24,7 @@ namespace slotrpc::rpc::discovery {
 struct KeyValue {
   std::string key;
   std::string value;
+  int64_t lease = 0;  // the lease the key is attached to (0: none)
 };
 
 struct RangeResult {
