@@ -250,6 +250,29 @@ TEST_CASE("shutdown(grace) withdraws at its start, while calls in flight still d
   (*resolver)->stop();
 }
 
+TEST_CASE("a server on an IPv6 address registers it in brackets") {
+  test_process::TempDir dir("slotrpc-etcd");
+  etcd_test::Etcd etcd(dir.path);
+  REQUIRE_MESSAGE(etcd.error().empty(), etcd.error());
+  slotrpc::Server server;
+  REQUIRE(server.register_with("etcd://" + etcd.rest("fleet/v6")).ok());
+  if (auto st = server.start("[::1]:0"); !st.ok()) {
+    // Not every host has IPv6 loopback (a container without it): said, not hidden.
+    MESSAGE("not checked: this host cannot listen on [::1]: " << st.to_string());
+    return;
+  }
+  Updates updates;
+  auto resolver = make_etcd_resolver(etcd.rest("fleet/v6"));
+  REQUIRE(resolver.ok());
+  (*resolver)->start([&](auto r) { updates.on(std::move(r)); });
+  const std::string address = "[::1]:" + std::to_string(server.port());
+  CHECK_MESSAGE(updates.wait([&](auto& l) { return has(l, address); }, 10s),
+                "wanted " << address << ", listed: " << join(updates.snapshot()));
+  server.stop();
+  CHECK(updates.wait([&](auto& l) { return l.empty(); }, 10s));
+  (*resolver)->stop();
+}
+
 TEST_CASE("register_with and the etcd resolver refuse targets they cannot use, naming them") {
   slotrpc::Server server;
   auto st = server.register_with("dns:///x:1");

@@ -48,7 +48,7 @@ TEST_CASE("Reflection lists the services and serves the schemas slotrpc-gen embe
   REQUIRE_MESSAGE(health.ok(), health.status().to_string());
   CHECK(health->service()->str() == "slotrpc.Health");
   flatbuffers::Verifier v(health->bfbs()->data(), health->bfbs()->size());
-  REQUIRE(reflection::VerifySchemaBuffer(v));
+  REQUIRE(v.VerifyBuffer<reflection::Schema>(nullptr));
   const reflection::Schema* schema = reflection::GetSchema(health->bfbs()->data());
   REQUIRE(schema->services() != nullptr);
   CHECK(schema->services()->LookupByKey("slotrpc.Health") != nullptr);

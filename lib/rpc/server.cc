@@ -343,6 +343,7 @@ Status Server::start_listening(int tcp_fd, int unix_fd, const std::string& unix_
   if (!impl_->register_target.empty()) {
     std::string host = listen_address.substr(0, listen_address.rfind(':'));
     if (host == "0.0.0.0" || host == "[::]" || host == "::" || host.empty()) host = "127.0.0.1";
+    if (host.find(':') != std::string::npos && host.front() != '[') host = "[" + host + "]";  // IPv6
     const std::string address = !impl_->register_address.empty() ? impl_->register_address
                                                                  : fmt::format("{}:{}", host, impl_->port);
     auto registration = rpc::discovery::Registration::make(impl_->register_target, address);

@@ -31,7 +31,9 @@ std::string docs(const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::Stri
     std::string_view l = line->string_view();
     while (!l.empty() && l.front() == ' ') l.remove_prefix(1);
     while (!l.empty() && l.back() == ' ') l.remove_suffix(1);
-    if (!l.empty()) s += (s.empty() ? "" : " ") + std::string(l);
+    if (l.empty()) continue;
+    if (!s.empty()) s += ' ';
+    s.append(l);
   }
   return s;
 }
@@ -61,9 +63,9 @@ std::string one_type(const reflection::Schema& s, reflection::BaseType b, int in
 }
 
 std::string type_name(const reflection::Schema& s, const reflection::Type& t) {
-  if (t.base_type() == reflection::Vector) return "[" + one_type(s, t.element(), t.index()) + "]";
+  if (t.base_type() == reflection::Vector) return fmt::format("[{}]", one_type(s, t.element(), t.index()));
   if (t.base_type() == reflection::Array)
-    return "[" + one_type(s, t.element(), t.index()) + ":" + std::to_string(t.fixed_length()) + "]";
+    return fmt::format("[{}:{}]", one_type(s, t.element(), t.index()), t.fixed_length());
   return one_type(s, t.base_type(), t.index());
 }
 
