@@ -341,18 +341,13 @@ Status Server::start_listening(int tcp_fd, int unix_fd, const std::string& unix_
   }
   impl_->accept_thread = std::thread([impl = impl_.get()] { impl->acceptor->run(); });
   if (!impl_->register_target.empty()) {
-    std::string host = listen_address.substr(0, listen_address.rfind(':'));
-    if (host == "0.0.0.0" || host == "[::]" || host == "::" || host.empty()) host = "127.0.0.1";
-    if (host.find(':') != std::string::npos && host.front() != '[') host = "[" + host + "]";  // IPv6
-    const std::string address = !impl_->register_address.empty() ? impl_->register_address
-                                                                 : fmt::format("{}:{}", host, impl_->port);
-    auto registration = rpc::discovery::Registration::make(impl_->register_target, address);
-    if (!registration.ok()) {
+    auto registered = rpc::discovery::Registration::start(impl_->register_target, impl_->register_address,
+                                                          listen_address, impl_->port);
+    if (!registered.ok()) {
       stop();
-      return registration.status();
+      return registered.status();
     }
-    impl_->registration = std::move(registration).value();
-    impl_->registration->start();
+    impl_->registration = std::move(registered).value();
   }
   std::string transports =
       tcp_fd < 0 ? "shm only"

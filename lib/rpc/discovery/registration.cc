@@ -27,6 +27,20 @@ Result<std::unique_ptr<Registration>> Registration::make(const std::string& targ
   return std::unique_ptr<Registration>(new Registration(std::move(t).value(), address));
 }
 
+Result<std::unique_ptr<Registration>> Registration::start(const std::string& target, const std::string& address,
+                                                         const std::string& listen_address, uint16_t port) {
+  std::string advertised = address;
+  if (advertised.empty()) {
+    std::string host = listen_address.substr(0, listen_address.rfind(':'));
+    if (host == "0.0.0.0" || host == "[::]" || host == "::" || host.empty()) host = "127.0.0.1";
+    if (host.find(':') != std::string::npos && host.front() != '[') host = "[" + host + "]";  // IPv6
+    advertised = fmt::format("{}:{}", host, port);
+  }
+  auto r = make(target, advertised);
+  if (r.ok()) r.value()->start();
+  return r;
+}
+
 Registration::Registration(EtcdTarget target, std::string address)
     : target_(std::move(target)),
       address_(std::move(address)),

@@ -27,6 +27,11 @@ class Registration {
   // Checks `target` ("etcd://HOST:PORT/prefix") and `address`
   // ("HOST:PORT", what clients connect to); starts nothing.
   static Result<std::unique_ptr<Registration>> make(const std::string& target, const std::string& address);
+  // make() with `address`, or when it is empty the listen address with
+  // its bound port (127.0.0.1 for a wildcard host, IPv6 in brackets), then
+  // start(): what Server::start() does after register_with().
+  static Result<std::unique_ptr<Registration>> start(const std::string& target, const std::string& address,
+                                                     const std::string& listen_address, uint16_t port);
   ~Registration();
 
   const std::string& address() const { return address_; }
