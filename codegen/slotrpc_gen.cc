@@ -397,7 +397,7 @@ int run(const Options& o) {
 
   const slotrpc_gen::FileModel model = slotrpc_gen::build_model(*schema, input, root, input);
   const std::string header =
-      slotrpc_gen::emit_header(model, input_path.filename().string(), stem);
+      slotrpc_gen::emit_header(model, input_path.filename().string(), stem, buf);
 
   Outputs outputs;
   const std::string out_header = (fs::path(o.outdir) / (stem + ".slotrpc.h")).string();

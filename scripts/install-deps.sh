@@ -37,6 +37,10 @@ PACKAGES=(
   libssl-dev
   # Command-line parsing of tools/slotrpc-stat
   libcli11-dev
+  # Discovery through etcd (lib/rpc/discovery): tests/etcd_discovery_test
+  # starts a real etcd server on a loopback port; etcdctl to look into one
+  etcd-server
+  etcd-client
   # Tests (lld: scripts/test.sh links its builds with it, about twice as
   # fast as GNU ld; the project itself does not need it)
   doctest-dev

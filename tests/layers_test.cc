@@ -44,7 +44,8 @@ namespace {
 const std::vector<std::string> kLayers = {"base", "transport", "core", "reactor", "metrics", "rpc"};
 
 // Headers the build generates (no folder): allowed everywhere.
-const std::vector<std::string> kGenerated = {"slotrpc_verbs_config.h", "admin.slotrpc.h", "health.slotrpc.h"};
+const std::vector<std::string> kGenerated = {"slotrpc_verbs_config.h", "admin.slotrpc.h", "health.slotrpc.h",
+                                              "reflection_service.slotrpc.h"};
 
 const std::vector<std::string> kTransports = {"tcp", "verbs", "shm", "memory"};
 

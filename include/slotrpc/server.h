@@ -48,6 +48,16 @@ class SLOTRPC_API Server {
   // authorization (PERMISSION_DENIED, UNAUTHENTICATED), audit logs, quotas.
   // A server with none pays nothing per call.
   Status add_interceptor(ServerInterceptor check);
+  // Before start(): once started, the server registers itself with the
+  // service registry `target`, etcd://HOST:PORT/prefix: the key
+  // "/prefix/ADDRESS" = ADDRESS under a lease of 3 s that it keeps alive,
+  // so a channel to the same target finds it (a server that dies leaves
+  // when its lease expires).  stop() and the start of shutdown() withdraw
+  // it at once.  `address` is what clients connect to ("HOST:PORT"); empty:
+  // the listen address with its bound port (127.0.0.1 for a wildcard
+  // host).  INVALID_ARGUMENT for a target or address it cannot use; etcd
+  // being down is no error (the server retries in the background).
+  Status register_with(const std::string& target, const std::string& address = "");
   // Binds "host:port" (port 0 picks a free one) and starts serving; same-
   // host clients can also reach it over shared memory, through the Unix
   // socket SLOTRPC_UNIX_PATH or by default the abstract @slotrpc-<port>

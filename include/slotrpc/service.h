@@ -218,6 +218,16 @@ class ServiceDefinition {
   const std::string& name() const { return name_; }
   const std::vector<MethodDescriptor>& methods() const { return methods_; }
 
+  // The binary FlatBuffers schema (.bfbs) of the service's .fbs file, its
+  // includes' types too: slotrpc.Reflection serves it (slotrpc-cli reads
+  // it).  slotrpc-gen's code sets it from data it embeds; a service built
+  // by hand has none unless given.  The bytes must outlive the definition.
+  ServiceDefinition& set_schema(std::span<const uint8_t> bfbs) {
+    schema_ = bfbs;
+    return *this;
+  }
+  std::span<const uint8_t> schema() const { return schema_; }
+
   // Raw form: the handler gets the request bytes unverified unless
   // `verify` is given.
   ServiceDefinition& add_method(std::string_view method, Handler handler,
@@ -307,6 +317,7 @@ class ServiceDefinition {
  private:
   std::string name_;
   std::vector<MethodDescriptor> methods_;
+  std::span<const uint8_t> schema_;
 };
 
 }  // namespace slotrpc

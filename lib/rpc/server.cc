@@ -47,6 +47,7 @@ namespace {
 // because start() settles it (environment overlay) after this runs.
 ServiceDefinition guard_admin(ServiceDefinition admin, Server::Impl& impl) {
   ServiceDefinition guarded(admin.name());
+  guarded.set_schema(admin.schema());
   const uid_t self = ::getuid();
   for (const MethodDescriptor& m : admin.methods()) {
     guarded.add_method(
@@ -87,6 +88,11 @@ Server::Server(std::shared_ptr<detail::RuntimeCore> runtime, Config config)
   impl_->health_service = health::make_service(impl_->health);
   st = add_service(health::definition(*impl_->health_service));
   (void)st;
+  // slotrpc.Reflection (lib/rpc/reflection/): what slotrpc-cli lists,
+  // describes and calls.
+  impl_->reflection_service = reflect::make_service(&impl_->services);
+  st = add_service(reflect::definition(*impl_->reflection_service));
+  (void)st;
 }
 
 void Server::on_monitor_sample(std::function<void(const MetricsSnapshot&)> callback) {
@@ -119,6 +125,16 @@ Status Server::add_service(ServiceDefinition service) {
   for (const MethodDescriptor& m : owned->methods()) metrics::remember_method_name(m.id, m.full_name);
   impl_->health->add(owned->name());
   impl_->services.push_back(std::move(owned));
+  return {};
+}
+
+Status Server::register_with(const std::string& target, const std::string& address) {
+  if (impl_->started) return Status(StatusCode::kInvalidArgument, "register_with() after start()");
+  // Checked now; an empty address is known at start().
+  auto check = rpc::discovery::Registration::make(target, address.empty() ? "127.0.0.1:1" : address);
+  if (!check.ok()) return check.status();
+  impl_->register_target = target;
+  impl_->register_address = address;
   return {};
 }
 
@@ -324,6 +340,15 @@ Status Server::start_listening(int tcp_fd, int unix_fd, const std::string& unix_
     impl_->metrics_port = std::move(http.value());
   }
   impl_->accept_thread = std::thread([impl = impl_.get()] { impl->acceptor->run(); });
+  if (!impl_->register_target.empty()) {
+    auto registered = rpc::discovery::Registration::start(impl_->register_target, impl_->register_address,
+                                                          listen_address, impl_->port);
+    if (!registered.ok()) {
+      stop();
+      return registered.status();
+    }
+    impl_->registration = std::move(registered).value();
+  }
   std::string transports =
       tcp_fd < 0 ? "shm only"
       : impl_->config.transport == TransportKind::kVerbs ? "verbs only, on " + impl_->verbs_note
@@ -354,6 +379,7 @@ void Server::shutdown(std::chrono::milliseconds grace) {
   // Health watchers hear NOT_SERVING (and their watches end) first, so
   // balancers stop sending while the calls in flight finish.
   d.health->drain();
+  if (d.registration) d.registration->withdraw();  // resolvers drop it now
   const auto give_up = std::chrono::steady_clock::now() + grace;
   for (;;) {
     const MetricsSnapshot m = metrics();
@@ -393,6 +419,7 @@ Status Server::reload_tls() {
 void Server::stop() {
   Impl& d = *impl_;
   if (!d.started) return;
+  if (d.registration) d.registration->withdraw();  // before the sessions close
   d.metrics_port.reset();  // a scrape in progress finishes first
   {
     // Snapshots in progress (an Admin handler's, another thread's) finish

@@ -32,7 +32,9 @@
 #include "rpc/loop_transports.h"
 #include "core/call_checks.h"
 #include "rpc/admin/admin.h"
+#include "rpc/discovery/registration.h"
 #include "rpc/health/health.h"
+#include "rpc/reflection/reflection.h"
 #include "transport/verbs/monitor.h"
 #include "reactor/reactor.h"
 #include "rpc/acceptor.h"
@@ -82,6 +84,11 @@ struct Server::Impl {
   std::shared_ptr<admin::AdminServiceImpl> admin;     // slotrpc.Admin, on every server
   std::shared_ptr<health::Registry> health = std::make_shared<health::Registry>();
   std::shared_ptr<health::HealthServiceImpl> health_service;  // slotrpc.Health, on every server
+  std::shared_ptr<reflect::ReflectionServiceImpl> reflection_service;  // slotrpc.Reflection, too
+  // register_with(): the target and address given; the entry in etcd
+  // from start() until stop() or a drain withdraws it.
+  std::string register_target, register_address;
+  std::unique_ptr<rpc::discovery::Registration> registration;
   std::thread accept_thread;
   std::atomic<bool> stopping{false};
   // Written by start() and stop() under state_mu; read under it by
