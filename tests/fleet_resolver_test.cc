@@ -80,7 +80,7 @@ bool has(const std::string& text, const std::string& part) { return text.find(pa
 
 }  // namespace
 
-TEST_CASE("a registered scheme's resolver: its new endpoint receives calls within a second") {
+void register_testfleet() {
   REQUIRE(slotrpc::register_resolver("testfleet", [](std::string_view rest) -> slotrpc::Result<std::unique_ptr<slotrpc::Resolver>> {
             {
               std::lock_guard<std::mutex> lock(resolvers().mu);
@@ -89,6 +89,12 @@ TEST_CASE("a registered scheme's resolver: its new endpoint receives calls withi
             ++resolvers().made;
             return std::unique_ptr<slotrpc::Resolver>(new TestResolver);
           }).ok());
+}
+
+TEST_CASE("a registered scheme's resolver: its new endpoint receives calls within a second") {
+  register_testfleet();
+  resolvers().made = 0;
+  resolvers().stopped = 0;
   auto a = start_who("a");
   REQUIRE(a != nullptr);
   resolvers().set_list({addr(*a)});
@@ -126,6 +132,24 @@ TEST_CASE("a registered scheme's resolver: its new endpoint receives calls withi
     }
   }
   CHECK(resolvers().stopped == 1);  // the channel's destruction stopped its resolver
+}
+
+TEST_CASE("with no endpoint yet, calls wait for one until their deadline") {
+  register_testfleet();
+  resolvers().set_list({});
+  auto ch = Channel::connect("testfleet://empty");
+  REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());  // an empty list is an answer
+  auto early = ch.value()->call_typed<Pong>(kWho, who(1), slotrpc::CallOptions::with_timeout(100ms)).get();
+  CHECK(early.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(has(early.status().message(), "testfleet://empty"));
+
+  auto waiting = ch.value()->call_typed<Pong>(kWho, who(2), slotrpc::CallOptions::with_timeout(10s));
+  auto a = start_who("a");
+  REQUIRE(a != nullptr);
+  resolvers().set_list({addr(*a)});
+  auto r = waiting.get();
+  REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+  CHECK(r->text()->str() == "a");
 }
 
 TEST_CASE("helper: dns client" * doctest::skip()) {

@@ -88,10 +88,27 @@ void finish_unsent(const std::shared_ptr<UnaryCall>& c, reactor::Reactor& home, 
 }
 
 CallHandle Fleet::call(uint32_t method_id, RequestWriter writer, CallOptions options, ReplySink sink) {
+  const bool movable = options.idempotent && options.max_retries > 0 && options.send_segments.empty() &&
+                       options.receive_segments.empty();
+  if (!movable) {
+    // A call that cannot move to another endpoint (most calls): straight
+    // to the endpoint's channel, with no state of the fleet's own and no
+    // lock.  A bulk call keeps its own retry rule, on its endpoint.
+    if (std::shared_ptr<Endpoint> ep = pick()) {
+      ep->outstanding.fetch_add(1, std::memory_order_relaxed);
+      return ep->channel->call(method_id, std::move(writer), std::move(options),
+                               [weak = weak_from_this(), ep, sink = std::move(sink)](RawReply&& reply) {
+                                 ep->outstanding.fetch_sub(1, std::memory_order_relaxed);
+                                 if (reply.status().code() == StatusCode::kUnavailable) {
+                                   if (auto f = weak.lock()) f->report_failure(ep, reply.status());
+                                 }
+                                 sink(std::move(reply));
+                               });
+    }
+  }
   auto c = std::make_shared<UnaryCall>();
   c->fleet = weak_from_this();
   c->method_id = method_id;
-  const bool movable = options.idempotent && options.send_segments.empty() && options.receive_segments.empty();
   c->retries_left = movable ? options.max_retries : 0;
   c->writer = std::move(writer);
   c->options = std::move(options);
