@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "env_var.h"
 #include "fleet_util.h"
 
 namespace {
@@ -268,4 +269,36 @@ TEST_CASE("a server started again after shutdown(grace) reports SERVING") {
   auto st = slotrpc::check_health(*ch, "");
   REQUIRE_MESSAGE(st.ok(), st.status().to_string());
   CHECK(st.value() == ServingStatus::kServing);
+}
+
+TEST_CASE("each endpoint picks its own transport: shm to a replica with a Unix socket, tcp to one without") {
+  // The suite turns shm off for every process (SLOTRPC_UNIX_PATH=off);
+  // this case needs it on.
+  slotrpc::test::EnvVar unix_path("SLOTRPC_UNIX_PATH", std::nullopt);
+  slotrpc::Server with_shm, tcp_only(([] {
+    Config c;
+    c.unix_path = "off";
+    return c;
+  })());
+  REQUIRE(with_shm.add_service(who_service("shm")).ok());
+  REQUIRE(tcp_only.add_service(who_service("tcp")).ok());
+  REQUIRE(with_shm.start("127.0.0.1:0").ok());
+  REQUIRE(tcp_only.start("127.0.0.1:0").ok());
+  auto ch = connect("list://127.0.0.1:" + std::to_string(with_shm.port()) + ",127.0.0.1:" +
+                    std::to_string(tcp_only.port()));
+  std::map<std::string, int> by_tag;
+  for (int i = 0; i < 20; ++i) {
+    auto r = ch->call_typed<Pong>(kWho, who(i)).get();
+    REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+    ++by_tag[r->text()->str()];
+  }
+  CHECK(by_tag["shm"] == 10);
+  CHECK(by_tag["tcp"] == 10);
+  const auto m = ch->metrics();
+  const auto* shm = m.transport("shm");
+  const auto* tcp = m.transport("tcp");
+  REQUIRE(shm != nullptr);
+  REQUIRE(tcp != nullptr);
+  CHECK(shm->sessions == 1);
+  CHECK(tcp->sessions == 1);
 }
