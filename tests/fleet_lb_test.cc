@@ -10,6 +10,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -301,4 +302,33 @@ TEST_CASE("each endpoint picks its own transport: shm to a replica with a Unix s
   REQUIRE(tcp != nullptr);
   CHECK(shm->sessions == 1);
   CHECK(tcp->sessions == 1);
+}
+
+TEST_CASE("a stream stays on the endpoint it started on; streams are balanced like calls") {
+  auto a = start_who("a"), b = start_who("b"), c = start_who("c");
+  REQUIRE(a != nullptr);
+  REQUIRE(b != nullptr);
+  REQUIRE(c != nullptr);
+  auto ch = connect("list://127.0.0.1:" + std::to_string(a->port()) + ",127.0.0.1:" + std::to_string(b->port()) +
+                    ",127.0.0.1:" + std::to_string(c->port()));
+  std::map<std::string, int> streams_by_tag;
+  for (int s = 0; s < 6; ++s) {
+    auto reader = ch->server_stream<slotrpc::test::Ping, Pong>(kTags, [](flatbuffers::FlatBufferBuilder& fbb) {
+      return slotrpc::test::CreatePing(fbb, 50);
+    });
+    std::set<std::string> tags;
+    int n = 0;
+    while (auto m = reader.Read()) {
+      REQUIRE(m->ok());
+      tags.insert((*m)->text()->str());
+      ++n;
+    }
+    CHECK_MESSAGE(reader.status().ok(), reader.status().to_string());
+    CHECK(n == 50);
+    REQUIRE(tags.size() == 1);
+    ++streams_by_tag[*tags.begin()];
+  }
+  CHECK(streams_by_tag["a"] == 2);
+  CHECK(streams_by_tag["b"] == 2);
+  CHECK(streams_by_tag["c"] == 2);
 }

@@ -26,6 +26,7 @@ namespace fleet_test {
 using namespace std::chrono_literals;
 
 constexpr uint32_t kWho = slotrpc::method_id("slotrpc.test.Fleet.Who");
+constexpr uint32_t kTags = slotrpc::method_id("slotrpc.test.Fleet.Tags");
 
 // Who: answers Pong{seq, text = the server's tag}, after sleep_ms.
 inline slotrpc::ServiceDefinition who_service(std::string tag) {
@@ -34,6 +35,18 @@ inline slotrpc::ServiceDefinition who_service(std::string tag) {
       "Who", [tag](const slotrpc::test::Ping& req, flatbuffers::FlatBufferBuilder& out, slotrpc::ServerCall&) {
         if (req.sleep_ms() != 0) slotrpc::this_fiber::sleep_for(std::chrono::milliseconds(req.sleep_ms()));
         out.Finish(slotrpc::test::CreatePong(out, req.seq(), out.CreateString(tag)));
+        return slotrpc::Status();
+      });
+  // Tags: a server stream of `seq` Pongs carrying the tag.
+  svc.add_server_stream<slotrpc::test::Ping, slotrpc::test::Pong>(
+      "Tags", [tag](const slotrpc::test::Ping& req, slotrpc::ServerWriter<slotrpc::test::Pong>& out,
+                    slotrpc::ServerCall&) {
+        for (uint64_t i = 0; i < req.seq(); ++i) {
+          const bool ok = out.Write([&](flatbuffers::FlatBufferBuilder& fbb) {
+            return slotrpc::test::CreatePong(fbb, i, fbb.CreateString(tag));
+          });
+          if (!ok) return out.error();
+        }
         return slotrpc::Status();
       });
   return svc;
