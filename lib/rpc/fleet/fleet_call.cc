@@ -78,14 +78,14 @@ void attempt(const std::shared_ptr<UnaryCall>& c, Fleet& f, const Endpoint* avoi
   c->current = std::move(h);
 }
 
-}  // namespace
-
 void finish_unsent(const std::shared_ptr<UnaryCall>& c, reactor::Reactor& home, Status why) {
   // Completed on a loop like any early failure: never on the caller's stack.
   home.post([c, why = core::ClientSession::named_status(c->options.method_name, std::move(why))]() mutable {
     c->finish(RawReply(std::move(why)));
   });
 }
+
+}  // namespace
 
 CallHandle Fleet::call(uint32_t method_id, RequestWriter writer, CallOptions options, ReplySink sink) {
   const bool movable = options.idempotent && options.max_retries > 0 && options.send_segments.empty() &&
