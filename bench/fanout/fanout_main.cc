@@ -7,6 +7,10 @@
 //
 //   slotrpc-fanout --systems tcp,shm,grpc --rates 1000,2000,5000 --seconds 2 --json F
 //
+// --replicas 3 runs each backend service as three processes behind
+// round_robin (slotrpc: a list:// target; gRPC: an ipv4: target with its
+// round_robin policy), eleven processes per system.
+//
 // Systems: tcp and shm (slotrpc over that transport, SLOTRPC_TRANSPORT set
 // for every process), grpc (gRPC 1.51 + FlatBuffers from the same schema).
 //
@@ -121,21 +125,30 @@ bool write_json(const std::string& path, const std::vector<Row>& rows, double se
   return finish_results_file(o.str(), path);
 }
 
-// Starts the three backends and the frontend of `system` (each this binary
-// in a serve role); empty on success, else why not.
-std::string start_topology(const std::string& system, ChildProcess (&procs)[4], uint16_t& frontend_port) {
+// Starts `replicas` processes per backend and the frontend of `system`
+// (each this binary in a serve role); empty on success, else why not.
+// With several replicas each backend is a list of addresses, which the
+// frontend balances round_robin (slotrpc list://, gRPC ipv4: targets).
+std::string start_topology(const std::string& system, int replicas, std::vector<bench::ChildProcess>& procs,
+                           uint16_t& frontend_port) {
   const char* roles[3] = {"timeline", "posts", "media"};
+  procs = std::vector<bench::ChildProcess>(3 * replicas + 1);
   std::string backends;
   for (int k = 0; k < 3; ++k) {
-    if (auto err = procs[k].start({"--serve", roles[k], "--system", system}); !err.empty()) {
-      return std::string(roles[k]) + ": " + err;
+    backends += k ? ";" : "";
+    for (int r = 0; r < replicas; ++r) {
+      bench::ChildProcess& p = procs[k * replicas + r];
+      if (auto err = p.start({"--serve", roles[k], "--system", system}); !err.empty()) {
+        return std::string(roles[k]) + ": " + err;
+      }
+      backends += (r ? "," : "") + std::string("127.0.0.1:") + std::to_string(p.port());
     }
-    backends += (k ? "," : "") + std::string("127.0.0.1:") + std::to_string(procs[k].port());
   }
-  if (auto err = procs[3].start({"--serve", "frontend", "--system", system, "--backends", backends}); !err.empty()) {
+  bench::ChildProcess& front = procs.back();
+  if (auto err = front.start({"--serve", "frontend", "--system", system, "--backends", backends}); !err.empty()) {
     return "frontend: " + err;
   }
-  frontend_port = procs[3].port();
+  frontend_port = front.port();
   return {};
 }
 
@@ -149,6 +162,7 @@ int main(int argc, char** argv) {
   double seconds = 2, warmup = 0.5;
   uint64_t deadline_ms = 1000;
   bool all_rates = false;
+  int replicas = 1;
   std::string json, serve, system, port_file;
   std::vector<std::string> backends;
   CLI::App app("slotrpc-fanout: a frontend fanning out to three backend services, slotrpc beside gRPC, open loop",
@@ -164,10 +178,15 @@ int main(int argc, char** argv) {
   app.add_option("--deadline-ms", deadline_ms, "each request's deadline")->check(CLI::Range(1, 600000));
   app.add_flag("--all-rates", all_rates,
                "run every rate even after a saturated step (for checks of the output, not of speed)");
+  app.add_option("--replicas", replicas,
+                 "processes per backend service; more than 1: the frontend balances them round_robin")
+      ->check(CLI::Range(1, 16));
   app.add_option("--json", json, "write the results here");
   app.add_option("--serve", serve, "(internal) serve this role: timeline, posts, media, frontend")->group("");
   app.add_option("--system", system, "(internal) the serving system")->group("");
-  app.add_option("--backends", backends, "(internal) the frontend's backends")->delimiter(',')->group("");
+  app.add_option("--backends", backends, "(internal) the frontend's backends, ';' between services, ',' between replicas")
+      ->delimiter(';')
+      ->group("");
   app.add_option("--port-file", port_file, "(internal) where --serve writes its port")->group("");
   try {
     app.parse(argc, argv);
@@ -191,18 +210,19 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   int rc = 0;
   for (const std::string& sys : systems) {
-    const std::string name = sys == "grpc" ? "grpc" : "slotrpc-" + sys;
+    std::string name = sys == "grpc" ? "grpc" : "slotrpc-" + sys;
+    if (replicas > 1) name += "-x" + std::to_string(replicas);
     if (sys == "grpc" && !grpc_available()) {
       std::printf("%-12s skipped: this build has no gRPC (Debian: libgrpc++-dev libprotobuf-dev)\n", name.c_str());
       continue;
     }
     // slotrpc: every process of this topology, this one included, on `sys`.
     if (sys != "grpc") ::setenv("SLOTRPC_TRANSPORT", sys.c_str(), 1);
-    bench::ChildProcess procs[4];
+    std::vector<bench::ChildProcess> procs;
     uint16_t port = 0;
     std::string error;
     std::unique_ptr<LoadTarget> target;
-    if (error = start_topology(sys, procs, port); error.empty()) {
+    if (error = start_topology(sys, replicas, procs, port); error.empty()) {
       const std::string address = "127.0.0.1:" + std::to_string(port);
       target = sys == "grpc" ? grpc_target(address, error) : slotrpc_target(address, sys, error);
     }

@@ -127,7 +127,9 @@ int serve_slotrpc(const std::string& role, const std::vector<std::string>& backe
     st = server.add_service(media.definition());
   } else {
     for (const std::string& a : backends) {
-      auto ch = slotrpc::Channel::connect(a);
+      // Replicas ("a,b,c"): one channel balancing them (Config::lb_policy,
+      // round_robin unless SLOTRPC_LB_POLICY says otherwise).
+      auto ch = slotrpc::Channel::connect(a.find(',') == std::string::npos ? a : "list://" + a);
       if (!ch.ok()) return fail(ch.status());
       channels.push_back(std::move(*ch));
     }

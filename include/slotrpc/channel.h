@@ -1,4 +1,5 @@
-// Channel: a client's session with one server.
+// Channel: a client's session with one server, or with each server of a
+// fleet named by a resolver target (slotrpc/resolver.h).
 //
 //   auto ch = slotrpc::Channel::connect("10.0.0.2:7000").value();
 //   demo::EchoClient echo(*ch);  // written by slotrpc-gen
@@ -81,6 +82,11 @@ class SLOTRPC_API Channel {
  public:
   // Connects, agrees on the ring geometry with the server and starts the
   // channel's event loop.  `config` (after SLOTRPC_* overrides) is validated.
+  // `address` is HOST:PORT, unix:PATH, or a resolver target
+  // (list://h1:p1,h2:p2, dns:///name:port, or a registered scheme): then
+  // the channel holds one session per endpoint and picks one per call by
+  // Config::lb_policy (docs/guide.md, "Running a fleet"); stats() and
+  // metrics() sum over the endpoints, peer() is the target.
   // On the default runtime, or on a loop of its own when `config`'s loop
   // settings differ from the default runtime's (slotrpc/runtime.h).
   static Result<std::unique_ptr<Channel>> connect(const std::string& address, Config config = {});
@@ -265,6 +271,9 @@ class SLOTRPC_API Channel {
   static Result<std::unique_ptr<Channel>> connect_on(const std::string& address,
                                                      std::shared_ptr<detail::RuntimeCore> runtime,
                                                      Config validated);
+  // A target with a resolver (slotrpc/resolver.h): one channel per endpoint.
+  static Result<std::unique_ptr<Channel>> connect_fleet(std::shared_ptr<Impl> impl,
+                                                        std::shared_ptr<detail::RuntimeCore> runtime);
   CallHandle submit(core::PendingCall* call);
   // Completes `call` with `why` on the loop, unsent (a refusing interceptor).
   CallHandle refuse(core::PendingCall* call, const Status& why);

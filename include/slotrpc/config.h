@@ -39,6 +39,15 @@ enum class TransportKind : uint8_t {
   kShm,    // shared memory, same host only (docs/design.md, "Shared-memory transport")
 };
 
+// How a channel to several servers (a list://, dns:/// or other resolver
+// target, slotrpc/resolver.h) picks one per call (docs/guide.md, "Running
+// a fleet").  A HOST:PORT channel has one server and ignores it.
+enum class LbPolicy : uint8_t {
+  kRoundRobin,  // each call to the next endpoint in turn (default)
+  kPickFirst,   // every call to the first usable endpoint of the list
+  kP2c,         // the less busy (fewer calls outstanding) of two picked at random
+};
+
 // IBV_ACCESS_RELAXED_ORDERING on registered memory (verbs).
 enum class RelaxedOrdering : uint8_t {
   kOff,   // default: PCIe writes of a message land in order
@@ -105,6 +114,9 @@ struct SLOTRPC_API Config {
   uint32_t stream_window = 8;        // SLOTRPC_STREAM_WINDOW: a stream's in-flight messages, each way
 
   TransportKind transport = TransportKind::kAuto;  // SLOTRPC_TRANSPORT auto|tcp|verbs|shm
+  // SLOTRPC_LB_POLICY round_robin|pick_first|p2c: a multi-endpoint
+  // channel's choice of endpoint per call (LbPolicy).
+  LbPolicy lb_policy = LbPolicy::kRoundRobin;
   // SLOTRPC_UNIX_PATH: the Unix domain socket a Server started on TCP also
   // listens on for shm sessions, and the one a Channel tries first with
   // transport auto|shm: /absolute/path or @abstract-name.  Empty (default):
@@ -252,6 +264,7 @@ SLOTRPC_API bool environment_overlay();
 SLOTRPC_API std::string_view to_string(PollMode mode);
 SLOTRPC_API std::string_view to_string(TransportKind kind);
 SLOTRPC_API std::string_view to_string(AdminAccess access);
+SLOTRPC_API std::string_view to_string(LbPolicy policy);
 SLOTRPC_API std::string_view to_string(RelaxedOrdering mode);
 SLOTRPC_API std::string_view to_string(SharedReceiveQueue mode);
 SLOTRPC_API std::string_view to_string(TlsClientAuth mode);

@@ -3,7 +3,9 @@
 // Channel::connect(target) takes "HOST:PORT", or "SCHEME://REST".  A
 // resolver turns REST into the current list of "HOST:PORT" endpoints and
 // reports each change; the channel keeps one session per endpoint and picks
-// one per call (ChannelOptions / Config's load-balancing policy).
+// one per call (Config::lb_policy, SLOTRPC_LB_POLICY).  An endpoint whose
+// session dies is ejected and probed back with backoff, and the resolver
+// is asked to refresh().
 //
 // Built in: list://h1:p1,h2:p2, dns:///name:port and etcd://host:port/prefix.
 // A program adds its own scheme with register_resolver() before it connects:

@@ -68,7 +68,10 @@ class SLOTRPC_API Server {
   void stop();
   // A graceful stop: every service reports NOT_SERVING on slotrpc.Health
   // (its watches end), calls in flight get up to `grace` to finish, then
-  // stop().  New calls meanwhile are still served.
+  // stop().  New calls meanwhile are still served, and the server stays up
+  // at least 100 ms (or `grace`, if shorter) for the calls that fleet
+  // channels sent before they heard NOT_SERVING.  start() after a drain
+  // reports SERVING again.
   void shutdown(std::chrono::milliseconds grace);
   // slotrpc.Health (slotrpc/health.h): whether `service` (a fully qualified
   // name, or "" for the whole server) reports SERVING.  Every service

@@ -13,6 +13,7 @@
 #include "slotrpc/peer.h"
 #include "slotrpc/raw.h"
 #include "slotrpc/reply.h"
+#include "slotrpc/resolver.h"
 #include "slotrpc/result.h"
 #include "slotrpc/runtime.h"
 #include "slotrpc/server.h"

@@ -106,7 +106,7 @@ std::span<const UintSetting> uint_settings() {
 
 std::span<const std::string_view> named_settings() {
   static constexpr std::string_view kNames[] = {
-      "SLOTRPC_POLL_MODE", "SLOTRPC_TRANSPORT",  "SLOTRPC_LOG_LEVEL",
+      "SLOTRPC_POLL_MODE", "SLOTRPC_TRANSPORT",  "SLOTRPC_LB_POLICY", "SLOTRPC_LOG_LEVEL",
       "SLOTRPC_DEVICE",    "SLOTRPC_GID_INDEX", "SLOTRPC_RELAXED_ORDERING",
       "SLOTRPC_SRQ",       "SLOTRPC_MAX_RING_MEMORY", "SLOTRPC_METRICS_ADDRESS",
       "SLOTRPC_UNIX_PATH", "SLOTRPC_SHM_PEER_UIDS", "SLOTRPC_MAX_BULK_BYTES",
@@ -155,6 +155,8 @@ constexpr std::pair<std::string_view, PollMode> kPollModes[] = {
 constexpr std::pair<std::string_view, TransportKind> kTransports[] = {
     {"auto", TransportKind::kAuto}, {"tcp", TransportKind::kTcp}, {"verbs", TransportKind::kVerbs},
     {"shm", TransportKind::kShm}};
+constexpr std::pair<std::string_view, LbPolicy> kLbPolicies[] = {
+    {"round_robin", LbPolicy::kRoundRobin}, {"pick_first", LbPolicy::kPickFirst}, {"p2c", LbPolicy::kP2c}};
 constexpr std::pair<std::string_view, AdminAccess> kAdminAccess[] = {
     {"same-user", AdminAccess::kSameUser}, {"any", AdminAccess::kAny}, {"off", AdminAccess::kOff}};
 constexpr std::pair<std::string_view, RelaxedOrdering> kRelaxedOrdering[] = {
@@ -292,6 +294,12 @@ std::string_view to_string(TransportKind kind) {
   return "?";
 }
 
+std::string_view to_string(LbPolicy policy) {
+  for (const auto& [name, value] : base::kLbPolicies)
+    if (value == policy) return name;
+  return "?";
+}
+
 std::string_view to_string(AdminAccess access) {
   for (const auto& [name, value] : base::kAdminAccess)
     if (value == access) return name;
@@ -321,6 +329,10 @@ Status Config::validate() const {
     return out_of_range("Config.peer_timeout_ms (SLOTRPC_PEER_TIMEOUT_MS)",
                         std::to_string(peer_timeout_ms),
                         fmt::format("greater than keepalive_ms ({})", keepalive_ms));
+  }
+  if (!parse_name("Config.lb_policy (SLOTRPC_LB_POLICY)", to_string(lb_policy), kLbPolicies).ok()) {
+    return out_of_range("Config.lb_policy (SLOTRPC_LB_POLICY)", std::to_string(static_cast<int>(lb_policy)),
+                        "one of round_robin pick_first p2c");
   }
   if (!parse_name("Config.log_level (SLOTRPC_LOG_LEVEL)", log_level, kLogLevels).ok()) {
     return parse_name("Config.log_level (SLOTRPC_LOG_LEVEL)", log_level, kLogLevels).status();
@@ -496,6 +508,11 @@ Result<Config> Config::with_environment() const {
     auto v = parse_name(env_label("SLOTRPC_TRANSPORT"), text, kTransports);
     if (!v.ok()) return v.status();
     out.transport = v.value();
+  }
+  if (const char* text = env("SLOTRPC_LB_POLICY")) {
+    auto v = parse_name(env_label("SLOTRPC_LB_POLICY"), text, kLbPolicies);
+    if (!v.ok()) return v.status();
+    out.lb_policy = v.value();
   }
   if (const char* text = env("SLOTRPC_ADMIN_ACCESS")) {
     auto v = parse_name(env_label("SLOTRPC_ADMIN_ACCESS"), text, kAdminAccess);

@@ -24,6 +24,7 @@
 #include "reactor/reactor.h"
 #include "rpc/loop_transports.h"
 #include "rpc/connector.h"
+#include "rpc/fleet/fleet.h"
 #include "rpc/runtime_core.h"
 #include "slotrpc/fiber.h"
 #include "transport/verbs/device_probe.h"
@@ -154,6 +155,7 @@ Result<std::unique_ptr<Channel>> Channel::connect_on(const std::string& address,
   auto impl = std::make_shared<Impl>();
   impl->address = address;
   impl->config = *cfg;
+  if (fleet::is_resolver_target(address)) return connect_fleet(std::move(impl), std::move(runtime));
   if (cfg->transport == TransportKind::kAuto || cfg->transport == TransportKind::kVerbs) {
     auto probe = transport::verbs::probe(*cfg);
     if (probe.ok()) {
@@ -185,6 +187,32 @@ Result<std::unique_ptr<Channel>> Channel::connect_on(const std::string& address,
   return std::unique_ptr<Channel>(new Channel(std::move(impl)));
 }
 
+Result<std::unique_ptr<Channel>> Channel::connect_fleet(std::shared_ptr<Impl> impl,
+                                                       std::shared_ptr<detail::RuntimeCore> runtime) {
+  auto resolver = fleet::make_resolver(impl->address);
+  if (!resolver.ok()) return resolver.status();
+  impl->loop_index = runtime->pick_loop(detail::RuntimeCore::Side::kClient);
+  impl->loop = runtime->loops[impl->loop_index];
+  impl->runtime = runtime;
+  impl->peer = impl->address;
+  fleet::Fleet::Options o;
+  o.target = impl->address;
+  o.policy = impl->config.lb_policy;
+  o.connect_timeout_ms = impl->config.connect_timeout_ms;
+  o.home = impl->loop;
+  // Each endpoint is a one-server channel on the same runtime and config.
+  o.connect = [runtime, config = impl->config](const std::string& address) {
+    return connect_on(address, runtime, config);
+  };
+  auto f = rpc::off_loop([&] { return fleet::Fleet::start(std::move(resolver.value()), std::move(o)); });
+  if (!f.ok()) return f.status();
+  impl->fleet = std::move(f.value());
+  impl->kind = impl->fleet->transport();
+  base::log().info("slotrpc: channel to {} (policy {}): {}", impl->address, to_string(impl->config.lb_policy),
+                   impl->fleet->describe());
+  return std::unique_ptr<Channel>(new Channel(std::move(impl)));
+}
+
 Channel::Channel(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 void Channel::on_monitor_sample(std::function<void(const MetricsSnapshot&)> callback) {
@@ -196,6 +224,8 @@ Channel::~Channel() {
   // right after us: no call of it runs past this line (a tick in progress
   // holds the hook, not the channel; monitor.h, SampleHook).
   impl_->monitor_hook->close();
+  // A fleet closes its endpoints' channels first (each like this one).
+  if (impl_->fleet) impl_->fleet->close(impl_->runtime->current_index() < 0 && !this_fiber::in_fiber());
   // The loop is shared: it runs on.  The session is shut down on it (its
   // callbacks run there), and the channel's reference to it dropped there.
   impl_->closing.store(true);
@@ -288,7 +318,14 @@ Status Channel::Impl::run_interceptors(uint32_t method_id, CallOptions& options)
 
 CallHandle Channel::call_stream(uint32_t method_id, RequestWriter writer, CallOptions options,
                                 ReplySink on_message, std::function<void(Status)> on_end) {
-  const Status refused = impl_->intercept(method_id, options);
+  Status refused = impl_->intercept(method_id, options);
+  if (impl_->fleet && refused.ok()) {
+    // A stream stays on the endpoint it starts on.
+    if (auto ep = impl_->fleet->pick())
+      return ep->channel->call_stream(method_id, std::move(writer), std::move(options), std::move(on_message),
+                                      std::move(on_end));
+    refused = Status(StatusCode::kUnavailable, "no usable endpoint: " + impl_->fleet->describe());
+  }
   auto* pc = new core::PendingCall;
   pc->method_id = method_id;
   pc->metadata = std::move(options.metadata);
@@ -320,7 +357,9 @@ Future<RawReply> Channel::call(uint32_t method_id, RequestWriter writer, CallOpt
   return Future<RawReply>(state);
 }
 
-TransportKind Channel::transport() const { return impl_->kind.load(); }
+TransportKind Channel::transport() const {
+  return impl_->fleet ? impl_->fleet->transport() : impl_->kind.load();
+}
 
 Result<MemoryRegion> Channel::register_memory(std::span<std::byte> memory) {
   return bulk::make_region(transport::BulkSource{memory.data(), memory.size()});
@@ -341,7 +380,17 @@ uint32_t Channel::slot_count() const { return impl_->config.slot_count; }
 uint32_t Channel::slot_size() const { return impl_->config.slot_size; }
 
 MetricsSnapshot Channel::metrics() const {
-  auto read = [impl = impl_.get()] {
+  // A fleet: the sum over its endpoints' channels (each one's calls and
+  // links; the loop-wide parts once per endpoint on that loop).
+  std::vector<Impl*> impls{impl_.get()};
+  std::vector<std::shared_ptr<Channel>> endpoints;
+  if (impl_->fleet) {
+    endpoints = impl_->fleet->channels();
+    impls.clear();
+    for (const auto& ch : endpoints) impls.push_back(ch->impl_.get());
+  }
+  metrics::Collector collector;
+  for (Impl* one : impls) collector.add(on_loop(*one->loop, [impl = one] {
     std::vector<const transport::Link*> links;
     uint64_t queued = 0;
     if (impl->session) {
@@ -351,13 +400,16 @@ MetricsSnapshot Channel::metrics() const {
     metrics::LoopReading r = metrics::read_loop(*impl->loop, *impl->counters, links, queued);
     if (monitor::Monitor* m = rpc::loop_monitor(*impl->loop)) m->fill(r.monitor);
     return r;
-  };
-  metrics::Collector collector;
-  collector.add(on_loop(*impl_->loop, read));
+  }));
   return collector.finish([](uint32_t id, bool) { return metrics::known_method_name(id); });
 }
 
 Channel::Stats Channel::stats() const {
+  if (impl_->fleet) {
+    Stats out = impl_->fleet->stats();  // the sum over its endpoints
+    out.loop_index = static_cast<uint32_t>(impl_->loop_index);
+    return out;
+  }
   auto snapshot = [impl = impl_.get()] {
     Stats out;
     out.cross_loop_handoffs = impl->handoffs.load(std::memory_order_relaxed);
@@ -399,7 +451,12 @@ namespace slotrpc {
 std::shared_ptr<detail::OutStreamState> Channel::open_stream(uint32_t method_id, bool bidi,
                                                              CallOptions options, ReplySink on_reply,
                                                              std::function<void(Status)> on_end) {
-  const Status refused = impl_->intercept(method_id, options);
+  Status refused = impl_->intercept(method_id, options);
+  if (impl_->fleet && refused.ok()) {
+    if (auto ep = impl_->fleet->pick())
+      return ep->channel->open_stream(method_id, bidi, std::move(options), std::move(on_reply), std::move(on_end));
+    refused = Status(StatusCode::kUnavailable, "no usable endpoint: " + impl_->fleet->describe());
+  }
   auto* pc = new core::PendingCall;
   pc->method_id = method_id;
   pc->metadata = std::move(options.metadata);

@@ -30,6 +30,9 @@
 namespace slotrpc::transport {
 class Link;
 }
+namespace slotrpc::fleet {
+class Fleet;
+}
 
 namespace slotrpc {
 
@@ -39,6 +42,10 @@ struct Established;
 
 struct Channel::Impl : std::enable_shared_from_this<Channel::Impl> {
   std::string address;
+  // A target with a resolver (list://, dns:///, ...): the endpoints' own
+  // channels, which every call is routed to (rpc/fleet/fleet.h).  Null for
+  // HOST:PORT, whose calls go to `session` below.
+  std::shared_ptr<fleet::Fleet> fleet;
   Config config;
   std::string peer;
   std::atomic<TransportKind> kind{TransportKind::kTcp};

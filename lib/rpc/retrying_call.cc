@@ -3,6 +3,7 @@
 #include "rpc/channel_impl.h"
 
 #include "base/logging.h"
+#include "rpc/fleet/fleet.h"
 
 #include <memory>
 #include <utility>
@@ -77,6 +78,8 @@ CallHandle Channel::call(uint32_t method_id, RequestWriter writer, CallOptions o
     pc->sink = std::move(sink);
     return refuse(pc, st);
   }
+  // A fleet routes the call to one of its endpoints' channels.
+  if (impl_->fleet) return impl_->fleet->call(method_id, std::move(writer), std::move(options), std::move(sink));
   if (options.idempotent && options.max_retries > 0) {
     auto r = std::make_shared<RetryingCall>();
     r->channel = impl_;

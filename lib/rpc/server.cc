@@ -285,6 +285,7 @@ Status Server::start(const std::string& listen_address) {
 Status Server::start_listening(int tcp_fd, int unix_fd, const std::string& unix_name,
                                const std::string& listen_address) {
   impl_->unix_name = unix_name;
+  impl_->stopping.store(false);  // a server started again after stop() takes sessions again
   impl_->admission = std::make_unique<rpc::Admission>(
       impl_->config.max_sessions, rpc::resolve_ring_budget(impl_->config, impl_->verbs_ok));
   try {
@@ -311,6 +312,7 @@ Status Server::start_listening(int tcp_fd, int unix_fd, const std::string& unix_
     impl_->counters.push_back(std::move(counters));
     rpc::add_monitor_hook(*loop, impl_->monitor_hook);
   }
+  impl_->health->serve_again();  // a server started again after a drain serves again
   impl_->health->add("");  // the server as a whole
   {
     std::lock_guard<std::mutex> lock(impl_->state_mu);
@@ -380,10 +382,19 @@ void Server::shutdown(std::chrono::milliseconds grace) {
   // balancers stop sending while the calls in flight finish.
   d.health->drain();
   if (d.registration) d.registration->withdraw();  // resolvers drop it now
-  const auto give_up = std::chrono::steady_clock::now() + grace;
+  const auto drained_at = std::chrono::steady_clock::now();
+  const auto give_up = drained_at + grace;
+  // Balancers stop sending within a round trip of hearing NOT_SERVING, but
+  // calls they sent just before may still be on the wire: an idle moment
+  // right after drain() is not the end of the calls (a fleet channel lost
+  // the calls that arrived after stop()).  So the server stays up for
+  // kDrainLinger (or the whole grace, if shorter) before it takes "nothing
+  // in flight" as done.
+  constexpr std::chrono::milliseconds kDrainLinger{100};
+  const auto linger_until = drained_at + std::min<std::chrono::milliseconds>(grace, kDrainLinger);
   for (;;) {
     const MetricsSnapshot m = metrics();
-    if (m.server.started <= m.server.finished_total()) break;
+    if (m.server.started <= m.server.finished_total() && std::chrono::steady_clock::now() >= linger_until) break;
     if (std::chrono::steady_clock::now() >= give_up) {
       base::log().warn("slotrpc: server drained for {} ms with {} call(s) still running: stopping",
                        grace.count(), m.server.started - m.server.finished_total());

@@ -81,7 +81,10 @@ std::shared_ptr<grpc::Channel> connect(const std::string& target) {
   // Each channel its own connection (otherwise gRPC shares one among
   // channels with equal arguments), as slotrpc's channels are.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  auto ch = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  // Replicas ("a,b,c"): gRPC's own round_robin over an ipv4: target.
+  const bool replicas = target.find(',') != std::string::npos;
+  if (replicas) args.SetLoadBalancingPolicyName("round_robin");
+  auto ch = grpc::CreateCustomChannel(replicas ? "ipv4:" + target : target, grpc::InsecureChannelCredentials(), args);
   if (!ch->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) return nullptr;
   return ch;
 }

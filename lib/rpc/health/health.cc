@@ -38,6 +38,15 @@ void Registry::drain() {
   notify_locked();
 }
 
+void Registry::serve_again() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!draining_) return;
+  draining_ = false;
+  for (auto& [name, serving] : serving_) serving = true;
+  ++version_;
+  notify_locked();
+}
+
 bool Registry::draining() const {
   std::lock_guard<std::mutex> lock(mu_);
   return draining_;

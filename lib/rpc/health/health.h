@@ -26,6 +26,8 @@ class Registry {
   bool set(const std::string& service, bool serving);
   // Every service NOT_SERVING, for good (a drain).
   void drain();
+  // Every service SERVING again: a server started again after its drain.
+  void serve_again();
   bool draining() const;
   // The status, and the change counter it was read at.
   State get(const std::string& service, uint64_t* version) const;
