@@ -47,7 +47,7 @@ void attempt(const std::shared_ptr<UnaryCall>& c, Fleet& f, const Endpoint* avoi
   CallOptions o = last ? std::move(c->options) : c->options;
   o.max_retries = 0;  // the fleet retries, on another endpoint
   RequestWriter w = last ? std::move(c->writer) : c->writer;
-  CallHandle h = ep->channel->call(c->method_id, std::move(w), std::move(o), [c, ep](RawReply&& reply) {
+  CallHandle h = raw::call(*ep->channel, c->method_id, std::move(w), std::move(o), [c, ep](RawReply&& reply) {
     ep->outstanding.fetch_sub(1, std::memory_order_relaxed);
     if (reply.status().code() == StatusCode::kUnavailable) {
       if (auto f = c->fleet.lock()) {
@@ -96,7 +96,7 @@ CallHandle Fleet::call(uint32_t method_id, RequestWriter writer, CallOptions opt
     // lock.  A bulk call keeps its own retry rule, on its endpoint.
     if (std::shared_ptr<Endpoint> ep = pick()) {
       ep->outstanding.fetch_add(1, std::memory_order_relaxed);
-      return ep->channel->call(method_id, std::move(writer), std::move(options),
+      return raw::call(*ep->channel, method_id, std::move(writer), std::move(options),
                                [weak = weak_from_this(), ep, sink = std::move(sink)](RawReply&& reply) {
                                  ep->outstanding.fetch_sub(1, std::memory_order_relaxed);
                                  if (reply.status().code() == StatusCode::kUnavailable) {
