@@ -115,7 +115,9 @@ int main(int argc, char** argv) {
   CLI::App app("Calls slotrpc.examples.Echo, keeping K calls in flight until N completed; checks "
                "every reply byte and prints the latency distribution.",
                "echo_client");
-  app.add_option("--connect", address, "Server address")->capture_default_str();
+  app.add_option("--connect", address,
+                 "Server address, or a fleet: list://H:P,H:P, dns:///NAME:PORT, etcd://H:P/prefix")
+      ->capture_default_str();
   app.add_option("--count", count, "Calls to make")
       ->check(CLI::Range(uint64_t{1}, uint64_t{100'000'000}))->capture_default_str();
   app.add_option("--size", size, "Payload bytes per request (echoed back)")

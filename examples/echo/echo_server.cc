@@ -1,4 +1,5 @@
-// echo_server [--listen HOST:PORT] [--port-file FILE]   (--help lists them)
+// echo_server [--listen HOST:PORT] [--port-file FILE] [--register etcd://HOST:PORT/prefix]
+// (--help lists them)
 // Serves slotrpc.examples.Echo until SIGINT or SIGTERM.
 #include <CLI/CLI.hpp>
 
@@ -13,12 +14,16 @@
 int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:7000";
   std::string port_file;
+  std::string registry;
   CLI::App app("Serves slotrpc.examples.Echo (examples/echo/echo.fbs) until SIGINT or SIGTERM.",
                "echo_server");
   app.add_option("--listen", listen, "Address to listen on; port 0 picks a free one")
       ->capture_default_str();
   app.add_option("--port-file", port_file,
                  "Once listening, write the port to this file (whole, via a rename)");
+  app.add_option("--register", registry,
+                 "Register in etcd while serving, e.g. etcd://127.0.0.1:2379/services/echo "
+                 "(clients connect to the same target; examples/fleet)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -38,6 +43,12 @@ int main(int argc, char** argv) {
   if (auto st = server.add_service(echo_handler.definition()); !st.ok()) {
     std::fprintf(stderr, "echo_server: %s\n", st.to_string().c_str());
     return 1;
+  }
+  if (!registry.empty()) {
+    if (auto st = server.register_with(registry); !st.ok()) {
+      std::fprintf(stderr, "echo_server: %s\n", st.to_string().c_str());
+      return 1;
+    }
   }
   if (auto st = server.start(listen); !st.ok()) {
     std::fprintf(stderr, "echo_server: %s\n", st.to_string().c_str());
