@@ -31,6 +31,7 @@ struct Run {
   EchoClient* client = nullptr;
   uint64_t count = 0;
   uint64_t size = 0;
+  uint32_t retries = 0;  // CallOptions::max_retries (Echo is idempotent)
   // The first window is issued from main(), the rest from reply callbacks
   // on the channel's event loop: sequence numbers are claimed atomically,
   // and the rest is touched on the event loop only.
@@ -49,6 +50,12 @@ struct Run {
   std::condition_variable cv;
   bool done = false;
 
+  slotrpc::CallOptions options() const {
+    slotrpc::CallOptions o;
+    o.max_retries = retries;  // a call its server died under is sent again (to another, in a fleet)
+    return o;
+  }
+
   // False when no call was issued (all were, or the run is stopping).
   bool issue() {
     if (stopping.load()) return false;
@@ -64,7 +71,7 @@ struct Run {
           for (size_t i = 0; i < size_bytes; ++i) bytes[i] = echo::pattern(seq, i);
           return slotrpc::examples::CreateEchoRequest(fbb, seq, payload);
         },
-        {}, [this, seq, started](slotrpc::Reply<EchoReply>&& reply) { on_reply(seq, started, reply); });
+        options(), [this, seq, started](slotrpc::Reply<EchoReply>&& reply) { on_reply(seq, started, reply); });
     return true;
   }
 
@@ -112,6 +119,7 @@ double percentile_us(const slotrpc::Histogram& h, double q) { return h.quantile(
 int main(int argc, char** argv) {
   std::string address = "127.0.0.1:7000";
   uint64_t count = 10000, size = 64, outstanding = 8;
+  uint32_t retries = 0;
   CLI::App app("Calls slotrpc.examples.Echo, keeping K calls in flight until N completed; checks "
                "every reply byte and prints the latency distribution.",
                "echo_client");
@@ -122,6 +130,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(uint64_t{1}, uint64_t{100'000'000}))->capture_default_str();
   app.add_option("--size", size, "Payload bytes per request (echoed back)")
       ->check(CLI::Range(uint64_t{0}, uint64_t{64} << 20))->capture_default_str();
+  app.add_option("--retries", retries, "Times a call is sent again when its server dies (Echo is idempotent)")
+      ->check(CLI::Range(uint32_t{0}, uint32_t{100}))->capture_default_str();
   app.add_option("--outstanding", outstanding, "Calls in flight at once")
       ->check(CLI::Range(uint64_t{1}, uint64_t{4096}))->capture_default_str();
   try {
@@ -141,6 +151,7 @@ int main(int argc, char** argv) {
   run.client = &client;
   run.count = count;
   run.size = size;
+  run.retries = retries;
 
   const auto t0 = std::chrono::steady_clock::now();
   // The first window; `out` holds one extra count meanwhile, so callbacks
