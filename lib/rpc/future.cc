@@ -15,6 +15,7 @@
 // Every wait, spun or slept, updates the average, so a thread whose calls
 // get faster starts spinning again.
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -58,6 +59,10 @@ constexpr int64_t kMaxSpinNs = 20'000;   // never spin longer than this
 constexpr int64_t kMinSpinNs = 1'000;    // the spin when waits are very short
 constexpr int64_t kFirstAverageNs = 5'000;  // a new thread: spin ~10 µs first
 constexpr int64_t kLongWaitNs = 10'000'000;  // waits are counted up to this
+// Past this much of a spin, each clock check also yields the CPU, as an
+// idle loop does after Config::busy_yield_us (5 µs by default): a caller
+// that shares a core with the loop it waits for must not hold that core.
+constexpr int64_t kYieldAfterNs = 5'000;
 
 // This thread's moving average of how long a wait took (1/8 weight).
 thread_local int64_t t_average_ns = kFirstAverageNs;
@@ -111,6 +116,7 @@ void wait_word(std::atomic<uint32_t>* word) {
   const int64_t budget = spin_budget_ns();
   if (budget > 0) {
     const auto until = start + std::chrono::nanoseconds(budget);
+    const auto yield_from = start + std::chrono::nanoseconds(kYieldAfterNs);
     // The clock is read every 64 pauses (a read costs about 20 ns, a pause
     // tens): the spin overshoots its budget by well under a microsecond.
     for (uint32_t i = 1;; ++i) {
@@ -119,7 +125,11 @@ void wait_word(std::atomic<uint32_t>* word) {
         return;
       }
       cpu_relax();
-      if ((i & 63) == 0 && WaitClock::now() >= until) break;
+      if ((i & 63) == 0) {
+        const auto now = WaitClock::now();
+        if (now >= until) break;
+        if (now >= yield_from) ::sched_yield();
+      }
     }
   }
   // Lost wake-ups: the producer sets kReady with an exchange and wakes only
