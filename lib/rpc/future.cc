@@ -9,11 +9,15 @@
 // (docs/benchmarks.md, "Future::get()").  Spinning saves both, but only
 // when the reply comes soon: on a host with fewer cores than busy threads
 // a long spin steals the CPU the loops need to produce the reply.  So the
-// spin is bounded by what this thread's recent waits took: twice their
-// moving average, at most kMaxSpin, and none at all while they take longer
-// than that (the reply will not come within a spin; sleeping is cheaper).
-// Every wait, spun or slept, updates the average, so a thread whose calls
-// get faster starts spinning again.
+// spin is bounded (kMaxSpin) and learned per thread, as the loops' own
+// spin is (reactor/spin_budget.h): a wait that had to sleep but ended
+// within kGrowWindow (a longer spin would likely have caught it) doubles
+// the budget; one that slept longer halves it, down to none.  The learning
+// looks at outcomes, not at how long waits took: a wait that slept
+// includes its own wake-up, which under load is the very cost the spin
+// avoids, and an average of those kept a loaded thread from ever spinning.
+// Past kYieldAfter, each check of the clock also yields the CPU, so a spin
+// never holds a core the loop it waits for could run on.
 #include <linux/futex.h>
 #include <sched.h>
 #include <sys/syscall.h>
@@ -55,26 +59,22 @@ namespace {
 
 using WaitClock = std::chrono::steady_clock;
 
-constexpr int64_t kMaxSpinNs = 20'000;   // never spin longer than this
-constexpr int64_t kMinSpinNs = 1'000;    // the spin when waits are very short
-constexpr int64_t kFirstAverageNs = 5'000;  // a new thread: spin ~10 µs first
-constexpr int64_t kLongWaitNs = 10'000'000;  // waits are counted up to this
+constexpr int64_t kMaxSpinNs = 20'000;     // never spin longer than this
+constexpr int64_t kMinSpinNs = 1'000;      // the smallest spin that is not none
+constexpr int64_t kGrowWindowNs = 50'000;  // a sleep that ended sooner grows the spin
 // Past this much of a spin, each clock check also yields the CPU, as an
-// idle loop does after Config::busy_yield_us (5 µs by default): a caller
-// that shares a core with the loop it waits for must not hold that core.
+// idle loop does after Config::busy_yield_us (5 µs by default).
 constexpr int64_t kYieldAfterNs = 5'000;
 
-// This thread's moving average of how long a wait took (1/8 weight).
-thread_local int64_t t_average_ns = kFirstAverageNs;
+// This thread's spin before it sleeps; starts in the middle.
+thread_local int64_t t_spin_ns = 8'000;
 
-int64_t spin_budget_ns() {
-  if (t_average_ns > kMaxSpinNs) return 0;
-  return std::clamp<int64_t>(2 * t_average_ns, kMinSpinNs, kMaxSpinNs);
-}
-
-void learn(int64_t waited_ns) {
-  waited_ns = std::min(waited_ns, kLongWaitNs);
-  t_average_ns += (waited_ns - t_average_ns) / 8;
+void learn_slept(int64_t waited_ns) {
+  if (waited_ns < kGrowWindowNs) {
+    t_spin_ns = std::clamp<int64_t>(2 * t_spin_ns, kMinSpinNs, kMaxSpinNs);
+  } else {
+    t_spin_ns = t_spin_ns / 2 < kMinSpinNs ? 0 : t_spin_ns / 2;
+  }
 }
 
 inline void cpu_relax() {
@@ -113,17 +113,14 @@ bool announce_sleeper(std::atomic<uint32_t>* word, uint32_t* seen) {
 
 void wait_word(std::atomic<uint32_t>* word) {
   const auto start = WaitClock::now();
-  const int64_t budget = spin_budget_ns();
+  const int64_t budget = t_spin_ns;
   if (budget > 0) {
     const auto until = start + std::chrono::nanoseconds(budget);
     const auto yield_from = start + std::chrono::nanoseconds(kYieldAfterNs);
     // The clock is read every 64 pauses (a read costs about 20 ns, a pause
     // tens): the spin overshoots its budget by well under a microsecond.
     for (uint32_t i = 1;; ++i) {
-      if (is_ready(word)) {
-        learn((WaitClock::now() - start).count());
-        return;
-      }
+      if (is_ready(word)) return;  // the spin paid off: keep it
       cpu_relax();
       if ((i & 63) == 0) {
         const auto now = WaitClock::now();
@@ -137,8 +134,12 @@ void wait_word(std::atomic<uint32_t>* word) {
   // and futex_wait sleeps only while the word still holds what we saw, so
   // either the producer saw kSleeper or we see kReady.
   uint32_t seen = 0;
-  while (announce_sleeper(word, &seen)) futex_wait(word, seen, nullptr);
-  learn((WaitClock::now() - start).count());
+  bool slept = false;
+  while (announce_sleeper(word, &seen)) {
+    futex_wait(word, seen, nullptr);
+    slept = true;
+  }
+  if (slept) learn_slept((WaitClock::now() - start).count());
 }
 
 bool wait_word_for(std::atomic<uint32_t>* word, int64_t timeout_ns) {
