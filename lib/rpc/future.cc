@@ -145,13 +145,16 @@ void wait_word(std::atomic<uint32_t>* word) {
 bool wait_word_for(std::atomic<uint32_t>* word, int64_t timeout_ns) {
   const auto until = WaitClock::now() + std::chrono::nanoseconds(timeout_ns);
   uint32_t seen = 0;
-  while (announce_sleeper(word, &seen)) {
+  for (;;) {
+    if (is_ready(word)) return true;
+    // The deadline before kSleeper: a wait that ends without sleeping
+    // leaves no sleeper behind for the producer to wake.
     const int64_t left = (until - WaitClock::now()).count();
     if (left <= 0) return false;
+    if (!announce_sleeper(word, &seen)) return true;
     timespec ts{static_cast<time_t>(left / 1'000'000'000), static_cast<long>(left % 1'000'000'000)};
     futex_wait(word, seen, &ts);
   }
-  return true;
 }
 
 void wake_word(std::atomic<uint32_t>* word) {
