@@ -5,7 +5,7 @@
 // Why a thread spins, and for how long.  A thread that sleeps at once pays,
 // per call, a futex wake on the loop that completes it and a scheduler hop
 // (on a VM, often an idle vCPU's wake-up) before it runs again: on shm, at
-// one call outstanding, three times the latency of a callback chain
+// one call outstanding, several times the latency of a callback chain
 // (docs/benchmarks.md, "Future::get()").  Spinning saves both, but only
 // when the reply comes soon: on a host with fewer cores than busy threads
 // a long spin steals the CPU the loops need to produce the reply.  So the
