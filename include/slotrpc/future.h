@@ -1,13 +1,13 @@
 // Future<T>: the result of an asynchronous call.
 //
-// get() blocks a plain thread; called inside a handler (which runs on a
+// get() blocks a plain thread (spinning first for about as long as its
+// recent calls took, then asleep); called inside a handler (which runs on a
 // fiber of a server's event loop) it suspends only that fiber, and the loop
 // keeps serving other requests until the result arrives.  That is how a
 // handler calls another service without blocking its server.
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -32,10 +32,8 @@ class Future {
   explicit Future(std::shared_ptr<detail::SharedState<T>> state) : state_(std::move(state)) {}
 
   bool valid() const { return state_ != nullptr; }
-  bool ready() const {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    return state_->value.has_value();
-  }
+  // A plain acquire load: cheap to poll, and never delays the result.
+  bool ready() const { return state_->ready(); }
   // Waits (thread or fiber), then moves the result out; valid() is false after.
   T get() {
     state_->wait();
@@ -46,8 +44,10 @@ class Future {
   // Thread only: waits up to `timeout`; true when ready.
   template <class Rep, class Period>
   bool wait_for(std::chrono::duration<Rep, Period> timeout) const {
-    std::unique_lock<std::mutex> lock(state_->mu);
-    return state_->cv.wait_for(lock, timeout, [&] { return state_->value.has_value(); });
+    // In double nanoseconds first: a timeout of hours::max() must not wrap.
+    const double ns = std::chrono::duration<double, std::nano>(timeout).count();
+    constexpr double kMaxNs = 1e18;  // about 31 years: "forever"
+    return state_->wait_for_ns(ns <= 0 ? 0 : ns >= kMaxNs ? static_cast<int64_t>(kMaxNs) : static_cast<int64_t>(ns));
   }
   // Asks the channel to cancel the call; it completes with CANCELLED unless
   // its result was already on its way.

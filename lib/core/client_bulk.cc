@@ -35,7 +35,8 @@ void ClientSession::on_bulk_done(uint64_t token) {
     if (--call->revokes_pending != 0) return;
     revoking_.erase(revoking_.begin() + static_cast<std::ptrdiff_t>(i));
     call->exposure->release();
-    return finish(call, std::move(call->held));
+    RawReply held = std::move(call->held);  // finish() deletes the call
+    return finish(call, std::move(held));
   }
 }
 

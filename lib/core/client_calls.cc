@@ -484,7 +484,7 @@ void ClientSession::count_finished(PendingCall* call, StatusCode code) {
   call->counters = nullptr;
 }
 
-void ClientSession::finish(PendingCall* call, RawReply reply) {
+void ClientSession::finish(PendingCall* call, RawReply&& reply) {
   if (!reply.ok() && call->method_name != nullptr && !call->handler_status) {
     reply = RawReply(named_status(call->method_name, reply.status()));
   }

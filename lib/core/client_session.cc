@@ -228,7 +228,8 @@ void ClientSession::shutdown(Status status) {
   for (PendingCall* call : dying) complete(call, status);
   for (PendingCall* call : revoked) {
     call->exposure->release();
-    finish(call, std::move(call->held));
+    RawReply held = std::move(call->held);  // finish() deletes the call
+    finish(call, std::move(held));
   }
 }
 

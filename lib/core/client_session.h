@@ -232,7 +232,9 @@ class ClientSession final : public SessionBase,
   void send_on(uint16_t slot, PendingCall* call);
   void free_slot(uint16_t slot);
   void pump_queue();
-  static void finish(PendingCall* call, RawReply reply);
+  // `reply` must not live in `call` (it is deleted before the sink runs):
+  // move PendingCall::held out first.
+  static void finish(PendingCall* call, RawReply&& reply);
   static void count_finished(PendingCall* call, StatusCode code);
   static void count_bulk_out(const PendingCall& call);
   static void count_bulk_in(const PendingCall& call, const std::vector<uint64_t>& received);
