@@ -227,17 +227,12 @@ ssize_t Stream::read(void* buf, size_t len) {
   size_t got = 0;
   const int r = SSL_read_ex(ssl_, buf, len, &got);
   if (r == 1) {
-    wants_socket_ = false;
     // A TLS 1.3 KeyUpdate from the peer makes OpenSSL answer one: out.
     if (pending_out()) flush_out();
     return static_cast<ssize_t>(got);
   }
   const int e = SSL_get_error(ssl_, r);
   if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
-    // OpenSSL took every whole record it had and the socket had no more:
-    // what it still holds is part of a record, and its rest will wake
-    // epoll (pending_in).
-    wants_socket_ = e == SSL_ERROR_WANT_READ;
     errno = EAGAIN;
     return -1;
   }
@@ -321,7 +316,7 @@ ssize_t Stream::write(const iovec* iov, size_t n) {
   return static_cast<ssize_t>(taken);
 }
 
-bool Stream::pending_in() const { return !wants_socket_ && SSL_has_pending(ssl_) == 1; }
+bool Stream::pending_in() const { return SSL_has_pending(ssl_) == 1; }
 
 Identity Stream::peer_identity() const {
   Identity id;

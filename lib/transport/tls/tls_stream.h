@@ -77,12 +77,7 @@ class Stream {
   // EPIPE and the like; EPROTO).  n == 0 only sends what is left over.
   ssize_t write(const iovec* iov, size_t n);
   // Bytes decrypted or read ahead but not yet returned by read(): epoll
-  // will not report them, the reader must come back on its own.  Not
-  // after a read that ended wanting the socket: then OpenSSL holds at most
-  // the start of a record, whose rest epoll reports.  (Counting that
-  // start too kept a TLS link on the transport's watch list, so its loop
-  // polled instead of sleeping while the peer, on the same CPUs, was still
-  // encrypting the rest of a large message.)
+  // will not report them, the reader must come back on its own.
   bool pending_in() const;
   // Nothing left to read now: the socket's last recv() came back short (or
   // empty) and OpenSSL holds nothing: a reader need not call again until
@@ -114,7 +109,6 @@ class Stream {
   int fd_ = -1;
   bool corked_ = false;
   bool rx_short_ = false;  // the last recv() took less than asked
-  bool wants_socket_ = false;  // the last read() ended wanting socket bytes
   int send_errno_ = 0;  // a hard send() error, reported by the next write()
   std::vector<std::byte> out_;  // ciphertext; [out_head_, size) unsent
   size_t out_head_ = 0;
