@@ -121,7 +121,6 @@ struct Pending {
   bool handed = false;  // released to on_hello
   std::shared_ptr<transport::tls::Stream> tls;  // TLS: created once a ClientHello is seen
   std::shared_ptr<transport::tls::Context> tls_context;  // the server's when accepted
-  transport::tls::Identity identity;  // the client certificate's, after the handshake
 };
 
 }  // namespace acceptor_detail
@@ -480,10 +479,7 @@ void Acceptor::Impl::handed_over(const std::shared_ptr<Pending>& p) {
   s.peer = p->peer;
   s.local = p->local;
   s.info = std::move(p->info);
-  s.tls = p->tls != nullptr;
   s.tls_stream = p->tls;
-  s.tls_subject = std::move(p->identity.subject);
-  s.tls_sans = std::move(p->identity.sans);
   finish(p);  // leaves the socket open: released below
   s.fd = p->sock.release();
   on_hello(std::move(s));
@@ -555,12 +551,18 @@ void Acceptor::Impl::sniff(const std::shared_ptr<Pending>& p) {
 
 void Acceptor::Impl::tls_step(const std::shared_ptr<Pending>& p) {
   switch (p->tls->handshake()) {
-    case transport::tls::Stream::Step::kDone:
-      p->identity = p->tls->peer_identity();
+    case transport::tls::Stream::Step::kDone: {
+      // The client's certificate goes straight into the PeerInfo the
+      // session and every call's ServerCall will see.
+      transport::tls::Identity id = p->tls->peer_identity();
+      p->info.tls = true;
+      p->info.tls_subject = std::move(id.subject);
+      p->info.tls_sans = std::move(id.sans);
       base::log().debug("slotrpc: TLS with {}: {}{}", p->peer, p->tls->describe(),
-                        p->identity.subject.empty() ? std::string(", no client certificate")
-                                                    : ", client " + p->identity.subject);
+                        p->info.tls_subject.empty() ? std::string(", no client certificate")
+                                                    : ", client " + p->info.tls_subject);
       return read_more(p);
+    }
     case transport::tls::Stream::Step::kWantRead:
       return when_ready(p, Socket::wait_read, [this, p] { tls_step(p); });
     case transport::tls::Stream::Step::kWantWrite:

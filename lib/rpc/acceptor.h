@@ -53,17 +53,15 @@ struct PendingSession {
   // Arrived on the server's Unix domain socket: an shm session, whose
   // client offer is readable on `fd` already (the acceptor waited for it).
   bool local = false;
-  // What the kernel says about the client (transport filled in later).
+  // Who the client is: what the kernel says about it and, on TLS, its
+  // certificate's subject and SANs (info.tls set; both empty when it sent
+  // none).  The server fills in info.transport once it knows it.
   PeerInfo info;
   // TLS (Config::tls): the connection's stream, its handshake done; the
   // Hello was read through it, the HelloReply goes back through it
   // (send_hello_reply below) and a TCP session's link keeps using it.
-  bool tls = false;
+  // Null without TLS.
   std::shared_ptr<transport::tls::Stream> tls_stream;
-  // The client certificate's subject (RFC 2253) and subject alternative
-  // names ("DNS:x", "IP:x", "URI:x", "email:x"); empty when it sent none.
-  std::string tls_subject;
-  std::vector<std::string> tls_sans;
 };
 
 // Writes a HelloReply (status, message, extension) with one non-blocking

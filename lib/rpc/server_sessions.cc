@@ -216,11 +216,6 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
   p.info.transport = transport == core::WireTransport::kShm     ? "shm"
                      : transport == core::WireTransport::kVerbs ? "verbs"
                                                                 : "tcp";
-  if (p.tls) {
-    p.info.tls = true;
-    p.info.tls_subject = std::move(p.tls_subject);
-    p.info.tls_sans = std::move(p.tls_sans);
-  }
   session->set_peer_info(std::move(p.info));
   session->set_client_takes_trailers((p.hello.features & core::kFeatureMetadata) != 0);
   features |= core::kFeatureMetadata;
@@ -263,7 +258,9 @@ void Server::Impl::open_session(size_t index, rpc::PendingSession p,
                                                : "client certificate " + peer.tls_subject;
     for (size_t i = 0; i < peer.tls_sans.size(); ++i) who += (i == 0 ? " [" : ", ") + peer.tls_sans[i];
     if (!peer.tls_sans.empty()) who += "]";
-    base::log().info("slotrpc: TLS session with {} on loop {}: {}", p.peer, index, who);
+    // The transport named too: on verbs and shm TLS protects the handshake
+    // only (docs/design.md, "Trust and security").
+    base::log().info("slotrpc: TLS session with {} on loop {} ({}): {}", p.peer, index, peer.transport, who);
   }
   sessions[index].emplace(raw, std::move(session));
 }
@@ -312,7 +309,7 @@ Result<std::unique_ptr<core::ServerSession>> Server::Impl::open_tcp(
   // A TLS link reads and writes through the handshake's stream, which the
   // HelloReply is written through before any frame (open_session).
   auto link = rpc::loop_tcp(loop).adopt(
-      link_fd, fmt::format("tcp{} {} -> {}", p.tls ? "+tls" : "", rpc::local_name(fd), peer), p.tls_stream);
+      link_fd, fmt::format("tcp{} {} -> {}", p.tls_stream != nullptr ? "+tls" : "", rpc::local_name(fd), peer), p.tls_stream);
   if (!link.ok()) return link.status();  // adopt() has closed link_fd
   link.value()->configure(config);
   // Loop indexes fit the token's 16 route bits (reactor_threads <= 256).

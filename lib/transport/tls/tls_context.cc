@@ -45,13 +45,26 @@ Status missing_tls_file(std::string_view setting, std::string_view why) {
 // What every context shares: TLS 1.2 or later; no session tickets or
 // cache (a ticket would arrive after the handshake, on a connection whose
 // bytes after the HelloReply belong to the session: a verbs session's
-// control connection must carry none); read-ahead, so that a burst of small
-// records costs one recv.
+// control connection must carry none); read-ahead, so that a burst of
+// small records costs one recv.  (A read buffer of 128 KiB instead of
+// OpenSSL's one record, 16 recvs per MiB instead of 64, showed no saving
+// in CPU per 1 MiB echo, so OpenSSL's default stays.)
+//
+// TLS 1.3 suites, AES-128-GCM first and the server's order deciding: on
+// AES-NI it is the cheapest of the three (openssl speed on this project's
+// 2-vCPU EPYC, 16 KiB blocks: AES-128-GCM 5.3 GB/s, ChaCha20-Poly1305 5.2,
+// AES-256-GCM 5.1), and OpenSSL's default order would pick AES-256-GCM.
+// A client that lists ChaCha20 first (one without AES instructions)
+// still gets it (SSL_OP_PRIORITIZE_CHACHA).
+constexpr const char* kSuites = "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256";
+
 void common_setup(SSL_CTX* ctx) {
   SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
   SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
-  SSL_CTX_set_options(ctx, SSL_OP_NO_TICKET | SSL_OP_NO_RENEGOTIATION);
+  SSL_CTX_set_options(ctx, SSL_OP_NO_TICKET | SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE |
+                               SSL_OP_PRIORITIZE_CHACHA);
   SSL_CTX_set_num_tickets(ctx, 0);
+  SSL_CTX_set_ciphersuites(ctx, kSuites);
   SSL_CTX_set_read_ahead(ctx, 1);
 }
 
