@@ -1,6 +1,6 @@
 // Integration: a server that runs out of memory while setting up a session
 // refuses that session with RESOURCE_EXHAUSTED naming memory, and keeps
-// serving every other one (issue 17, item 3: it used to abort).
+// serving every other one (it used to abort).
 //
 // The server runs in a child forked from this test before any thread
 // exists (this executable has this one test for that reason).

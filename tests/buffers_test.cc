@@ -1,4 +1,4 @@
-// Integration: a peer cannot grow a server's memory (issue 17, "Every
+// Integration: a peer cannot grow a server's memory ("Every
 // per-session buffer has a bound").
 //
 // The abuse: one raw TCP session does the real handshake, then writes PING

@@ -1,4 +1,4 @@
-// What a client sees when its server dies (issue 17, item 1).
+// What a client sees when its server dies.
 //
 //   * An application-style client keeps 8 or 256 calls in flight by issuing
 //     the next call from each callback, against an echo_server process that

@@ -1,5 +1,5 @@
-// Integration: packing small messages end to end over TCP (issue 18;
-// docs/protocol.md, "PACK").
+// Integration: packing small messages end to end over TCP
+// (docs/protocol.md, "PACK").
 //
 // A burst of calls issued in one loop turn (from a reply callback, so on
 // the channel's loop) must go out as a PACK, be answered by a PACK, and

@@ -1,4 +1,4 @@
-// Timeouts on time (issue 17, item 5): the peer timeout and call deadlines
+// Timeouts on time: the peer timeout and call deadlines
 // fire within 10 % (or one timer tick, whichever is larger) of their
 // setting.  Before the fix the liveness check ran every keepalive_ms, so a
 // frozen peer was declared dead up to keepalive_ms late (5.5 s for 5 s).

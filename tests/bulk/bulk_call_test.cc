@@ -1,4 +1,4 @@
-// Bulk attachments on calls (issue 12): CallOptions::send_bulk /
+// Bulk attachments on calls: CallOptions::send_bulk /
 // receive_bulk on the client, ServerCall::read_bulk / write_bulk in the
 // handler, end to end through Channel and Server.
 //

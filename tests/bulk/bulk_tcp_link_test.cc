@@ -1,4 +1,4 @@
-// TcpLink's bulk operations (issue 12, transport.h "Bulk transfers") over
+// TcpLink's bulk operations (transport.h "Bulk transfers") over
 // real loopback connections, both ends in this thread (tcp_world.h).
 #include <algorithm>
 #include <deque>

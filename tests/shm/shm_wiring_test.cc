@@ -1,5 +1,4 @@
-// The shared-memory transport wired into Channel and Server (issue 13,
-// second half):
+// The shared-memory transport wired into Channel and Server:
 //
 //   * transport=auto picks shm for a server on this host (the client
 //     connects to 127.0.0.1:PORT and finds @slotrpc-PORT), and calls run

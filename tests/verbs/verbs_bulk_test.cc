@@ -1,4 +1,4 @@
-// Bulk transfers on verbs links, without sessions (issue 12): the Link's
+// Bulk transfers on verbs links, without sessions: the Link's
 // register_bulk / expose / revoke / read / write driven directly on two
 // transports over the device.
 //

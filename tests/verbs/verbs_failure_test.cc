@@ -1,5 +1,5 @@
-// What a client sees when its server dies, over verbs (issue 17, items 1
-// and 5; tests/client_failure_test.cc and tests/timeouts_test.cc do the same
+// What a client sees when its server dies, over verbs
+// (tests/client_failure_test.cc and tests/timeouts_test.cc do the same
 // over TCP).  An application-style client keeps 8 or 256 calls in flight by
 // issuing the next call from each callback, against an echo_server process
 // (ECHO_SERVER) reached over verbs, that is killed (SIGKILL) or frozen

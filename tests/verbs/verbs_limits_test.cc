@@ -1,6 +1,6 @@
 // Verbs (rxe suite): a server whose locked memory runs out refuses the
 // session beyond it with RESOURCE_EXHAUSTED naming RLIMIT_MEMLOCK, and its
-// earlier verbs sessions keep working (issue 8 item 2, issue 17 item 3).
+// earlier verbs sessions keep working.
 //
 // The server is this binary run as a child (`--child-memlock PORT_FILE`)
 // with a small RLIMIT_MEMLOCK.  The VM runs everything as root, and

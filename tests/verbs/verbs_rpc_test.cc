@@ -608,7 +608,7 @@ TEST_CASE("verbs: echo calls (100,000; fewer under sanitizers) with 32 outstandi
   CHECK(doorbells_per_message < 0.5);  // rxe VM: about 0.05
   CHECK_FALSE(s.closed);
   CHECK(s.free_slots == 64);
-  // The framework counters add up exactly (issue 9): every call started and
+  // The framework counters add up exactly: every call started and
   // finished OK on both sides, bytes agree, and over verbs every send was
   // either inline or not.
   {

@@ -1,4 +1,4 @@
-// Client, bidi and server streaming over verbs (issue 10): the cases of
+// Client, bidi and server streaming over verbs: the cases of
 // tests/stream_cases.h (the TCP test runs the same ones), with the channel and
 // the server on the verbs transport: every message checked in order, messages
 // near the slot size, half-close in both orders, the server ending early,
