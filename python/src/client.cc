@@ -102,6 +102,29 @@ void wait_ready(std::mutex& mu, std::condition_variable& cv, Ready ready,
   }
 }
 
+// The same for a Future's state (slotrpc/detail/shared_state.h), which
+// waits on its own ready word rather than a condition variable.
+template <class T>
+void wait_state(slotrpc::detail::SharedState<T>& state, const std::function<void()>& cancel) {
+  constexpr int64_t kSignalCheckNs = 100'000'000;  // 100 ms
+  for (;;) {
+    {
+      Unlocked unlocked;
+      if (state.wait_for_ns(kSignalCheckNs)) return;
+    }
+    if (PyErr_CheckSignals() != 0) {
+      py::error_already_set error;
+      if (cancel) cancel();
+      {
+        // The call's buffers stay in use until it completes.
+        Unlocked unlocked;
+        state.wait();
+      }
+      throw error;
+    }
+  }
+}
+
 // Where an asyncio loop learns that calls completed (slotrpc/aio.py): the
 // channel's loop pushes the call's token and writes the eventfd only when
 // the queue was empty, without the GIL; the asyncio loop reads the fd
@@ -187,10 +210,7 @@ struct CallState {
     run.clear();
   }
 
-  bool done() {
-    std::lock_guard<std::mutex> lock(reply.mu);
-    return reply.value.has_value();
-  }
+  bool done() { return reply.ready(); }
 
   void wait() {
     if (slotrpc::this_fiber::in_fiber()) {
@@ -198,8 +218,7 @@ struct CallState {
       reply.wait();
       return;
     }
-    wait_ready(reply.mu, reply.cv, [this] { return reply.value.has_value(); },
-               [this] { handle.cancel(); });
+    wait_state(reply, [this] { handle.cancel(); });
   }
 
   py::object result(py::object reply_type) {
