@@ -1,6 +1,7 @@
 // Resolver targets: a scheme of the test's own (register_resolver) whose
 // new endpoint gets calls within a second; dns:///localhost:PORT reaching a
-// server on 127.0.0.1 and one on ::1; and the errors of bad targets and of
+// server on 127.0.0.1 and one on ::1; a dns:/// name that moves to another
+// address, followed when the old endpoint fails; and the errors of bad targets and of
 // a bad SLOTRPC_LB_POLICY.
 #include <doctest/doctest.h>
 #include <slotrpc/slotrpc.h>
@@ -208,6 +209,69 @@ TEST_CASE("dns:///localhost:PORT reaches the server on 127.0.0.1 and the one on 
     auto r = ch.value()->call_typed<Pong>(kWho, who(1)).get();
     REQUIRE_MESSAGE(r.ok(), r.status().to_string());
     return;
+  }
+  CHECK_MESSAGE((WIFEXITED(status) && WEXITSTATUS(status) == 0), "the dns client failed: " << log);
+}
+
+TEST_CASE("helper: dns refresh" * doctest::skip()) {
+  // In a mount namespace whose /etc/hosts (FLEET_HOSTS, bind-mounted) names
+  // svc.test 127.0.0.1 only.  The servers run here, so this process can
+  // stop one.
+  const char* hosts = std::getenv("FLEET_HOSTS");
+  REQUIRE(hosts != nullptr);
+  std::unique_ptr<slotrpc::Server> v4, v6;
+  for (int attempt = 0; attempt < 20 && v6 == nullptr; ++attempt) {
+    v4 = start_who("v4");
+    REQUIRE(v4 != nullptr);
+    v6 = start_who("v6", "[::1]:" + std::to_string(v4->port()));
+  }
+  REQUIRE_MESSAGE(v6 != nullptr, "no port free on both 127.0.0.1 and ::1");
+  slotrpc::Config c;
+  c.transport = slotrpc::TransportKind::kTcp;  // see "helper: dns client"
+  auto ch = Channel::connect("dns:///svc.test:" + std::to_string(v4->port()), c);
+  REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
+  for (int i = 0; i < 10; ++i) {
+    auto r = ch.value()->call_typed<Pong>(kWho, who(i)).get();
+    REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+    CHECK(r->text()->str() == "v4");
+  }
+  // The name moves to ::1 (as a DNS record changes when a pod is replaced)
+  // and the old address's server goes away: the failed session makes the
+  // resolver look again at once, not at its 30 s period, and the calls
+  // that wait for an endpoint meanwhile reach the new one.
+  {
+    std::ofstream out(hosts, std::ios::trunc);
+    out << "::1 svc.test\n";
+  }
+  v4->stop();
+  const auto started = std::chrono::steady_clock::now();
+  for (int i = 0; i < 10; ++i) {
+    auto r = ch.value()->call_typed<Pong>(kWho, who(100 + i), slotrpc::CallOptions::with_timeout(10s)).get();
+    REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+    CHECK(r->text()->str() == "v6");
+  }
+  CHECK(std::chrono::steady_clock::now() - started < 10s);
+}
+
+TEST_CASE("dns:/// looks again when an endpoint fails, and follows the name to its new address") {
+  test_process::TempDir dir("slotrpc-fleet-dns-refresh");
+  const auto hosts = dir.path / "hosts";
+  {
+    std::ofstream out(hosts);
+    out << "127.0.0.1 svc.test\n";
+  }
+  const std::string script = "mount --bind " + hosts.string() +
+                             " /etc/hosts && exec \"$0\" --no-skip '--test-case=helper: dns refresh'";
+  auto o = test_process::SpawnOptions::to_file(dir.path / "child.log");
+  o.env = {"FLEET_HOSTS=" + hosts.string()};
+  test_process::Child child({"/usr/bin/unshare", "-rm", "/bin/sh", "-c", script, test_process::self_exe()}, o);
+  int status = 0;
+  REQUIRE_MESSAGE(child.wait(60000ms, &status), "the dns client did not finish");
+  const std::string log = test_process::read_file(dir.path / "child.log");
+  if (WIFEXITED(status) && WEXITSTATUS(status) != 0 && (has(log, "unshare:") || has(log, "mount:"))) {
+    // Without namespaces /etc/hosts cannot be changed for one process: a
+    // failure that says so, not a silent pass.
+    FAIL("unshare -rm or the bind mount failed, so re-resolution cannot be tested here: " << log);
   }
   CHECK_MESSAGE((WIFEXITED(status) && WEXITSTATUS(status) == 0), "the dns client failed: " << log);
 }
