@@ -79,6 +79,40 @@ std::string error_of(const std::string& target) {
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
+// Runs this binary's `--test-case=HELPER` in a child whose mount namespace
+// has `hosts_text` as its /etc/hosts (unshare -rm: an unprivileged user
+// namespace; the file is bind-mounted, so FLEET_HOSTS, its path, can be
+// rewritten from inside), and reports whether it ran and passed, with its
+// log.
+struct HostsChild {
+  bool ran = false;  // the namespace was made and the helper ran
+  bool ok = false;   // ... and passed
+  std::string log;
+};
+HostsChild run_with_hosts(const std::string& hosts_text, const std::string& helper,
+                          std::vector<std::string> env) {
+  test_process::TempDir dir("slotrpc-fleet-dns");
+  const auto hosts = dir.path / "hosts";
+  {
+    std::ofstream out(hosts);
+    out << hosts_text;
+  }
+  const std::string script =
+      "mount --bind " + hosts.string() + " /etc/hosts && exec \"$0\" --no-skip '--test-case=" + helper + "'";
+  auto o = test_process::SpawnOptions::to_file(dir.path / "child.log");
+  env.push_back("FLEET_HOSTS=" + hosts.string());
+  o.env = std::move(env);
+  test_process::Child child({"/usr/bin/unshare", "-rm", "/bin/sh", "-c", script, test_process::self_exe()}, o);
+  int status = 0;
+  REQUIRE_MESSAGE(child.wait(60000ms, &status), "the dns client did not finish");
+  HostsChild r;
+  r.log = test_process::read_file(dir.path / "child.log");
+  const bool passed = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  r.ran = passed || !(has(r.log, "unshare:") || has(r.log, "mount:"));
+  r.ok = passed;
+  return r;
+}
+
 }  // namespace
 
 void register_testfleet() {
@@ -185,32 +219,19 @@ TEST_CASE("dns:///localhost:PORT reaches the server on 127.0.0.1 and the one on 
   const std::string target = "dns:///localhost:" + std::to_string(v4->port());
 
   // Here, localhost is 127.0.0.1 only (/etc/hosts has no ::1 line), so the
-  // two-address case runs in a child whose mount namespace has its own
-  // /etc/hosts (unshare -rm: an unprivileged user namespace).
-  test_process::TempDir dir("slotrpc-fleet-dns");
-  const auto hosts = dir.path / "hosts";
-  {
-    std::ofstream out(hosts);
-    out << "127.0.0.1 localhost\n::1 localhost\n";
-  }
-  const std::string script = "mount --bind " + hosts.string() +
-                             " /etc/hosts && exec \"$0\" --no-skip '--test-case=helper: dns client'";
-  auto o = test_process::SpawnOptions::to_file(dir.path / "child.log");
-  o.env = {"FLEET_DNS_TARGET=" + target};
-  test_process::Child child({"/usr/bin/unshare", "-rm", "/bin/sh", "-c", script, test_process::self_exe()}, o);
-  int status = 0;
-  REQUIRE_MESSAGE(child.wait(60000ms, &status), "the dns client did not finish");
-  const std::string log = test_process::read_file(dir.path / "child.log");
-  if (WIFEXITED(status) && WEXITSTATUS(status) != 0 && (has(log, "unshare:") || has(log, "mount:"))) {
+  // two-address case runs in a child with its own /etc/hosts.
+  const HostsChild child = run_with_hosts("127.0.0.1 localhost\n::1 localhost\n", "helper: dns client",
+                                          {"FLEET_DNS_TARGET=" + target});
+  if (!child.ran) {
     // No user or mount namespaces here: say so, and check what can be checked.
-    MESSAGE("unshare -rm or the bind mount failed, so the two-address case is not run: " << log);
+    MESSAGE("unshare -rm or the bind mount failed, so the two-address case is not run: " << child.log);
     auto ch = Channel::connect(target);
     REQUIRE_MESSAGE(ch.ok(), ch.status().to_string());
     auto r = ch.value()->call_typed<Pong>(kWho, who(1)).get();
     REQUIRE_MESSAGE(r.ok(), r.status().to_string());
     return;
   }
-  CHECK_MESSAGE((WIFEXITED(status) && WEXITSTATUS(status) == 0), "the dns client failed: " << log);
+  CHECK_MESSAGE(child.ok, "the dns client failed: " << child.log);
 }
 
 TEST_CASE("helper: dns refresh" * doctest::skip()) {
@@ -254,26 +275,12 @@ TEST_CASE("helper: dns refresh" * doctest::skip()) {
 }
 
 TEST_CASE("dns:/// looks again when an endpoint fails, and follows the name to its new address") {
-  test_process::TempDir dir("slotrpc-fleet-dns-refresh");
-  const auto hosts = dir.path / "hosts";
-  {
-    std::ofstream out(hosts);
-    out << "127.0.0.1 svc.test\n";
-  }
-  const std::string script = "mount --bind " + hosts.string() +
-                             " /etc/hosts && exec \"$0\" --no-skip '--test-case=helper: dns refresh'";
-  auto o = test_process::SpawnOptions::to_file(dir.path / "child.log");
-  o.env = {"FLEET_HOSTS=" + hosts.string()};
-  test_process::Child child({"/usr/bin/unshare", "-rm", "/bin/sh", "-c", script, test_process::self_exe()}, o);
-  int status = 0;
-  REQUIRE_MESSAGE(child.wait(60000ms, &status), "the dns client did not finish");
-  const std::string log = test_process::read_file(dir.path / "child.log");
-  if (WIFEXITED(status) && WEXITSTATUS(status) != 0 && (has(log, "unshare:") || has(log, "mount:"))) {
-    // Without namespaces /etc/hosts cannot be changed for one process: a
-    // failure that says so, not a silent pass.
-    FAIL("unshare -rm or the bind mount failed, so re-resolution cannot be tested here: " << log);
-  }
-  CHECK_MESSAGE((WIFEXITED(status) && WEXITSTATUS(status) == 0), "the dns client failed: " << log);
+  const HostsChild child = run_with_hosts("127.0.0.1 svc.test\n", "helper: dns refresh", {});
+  // Without namespaces /etc/hosts cannot be changed for one process: a
+  // failure that says so, not a silent pass.
+  REQUIRE_MESSAGE(child.ran, "unshare -rm or the bind mount failed, so re-resolution cannot be tested here: "
+                                 << child.log);
+  CHECK_MESSAGE(child.ok, "the dns client failed: " << child.log);
 }
 
 TEST_CASE("bad targets and settings give errors that name them") {
