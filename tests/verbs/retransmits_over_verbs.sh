@@ -16,15 +16,18 @@
 # of the two QPs, plus two.  Duplicates are bounded by the same count times
 # one message's packets (61440 / MTU, rounded up, + 1).
 #
-# A canary proves the counters and the bound can see a fault: the same
-# echoes with a 1 ms ACK timeout (SLOTRPC_QP_TIMEOUT=8; rxe rounds it up
-# to one jiffy, 4 ms at HZ=250) and 4 calls in flight, so that rxe's timer
-# fires whenever an acknowledgement takes longer than that while the
-# completer has work, must exceed the bound computed for the default
-# timeout; if it does not, the test fails.  (A 16 ms timeout with one call
-# in flight, the first canary, was too weak in the emulated VM on a host
-# at load 16: 3 to 6 retries in 4 to 9 s, and 1 ms with one call 8 to 20
-# in 3 to 5 s, against the bound's timer term of two expiries a second.)
+# The counters are shown to be live, not only readable: rxe's sent_pkts
+# must rise by at least one message's packets per round trip during each
+# slotrpc run, or the test fails (a check reading dead counters would pass
+# whatever slotrpc did).
+#
+# A canary reports what a 1 ms ACK timeout (SLOTRPC_QP_TIMEOUT=8; rxe
+# rounds it up to one jiffy) with 32 calls in flight causes, beside the
+# bound.  It does not decide the test: whether such a timeout fires depends
+# on how fast the emulated VM runs, not on slotrpc.  It exceeded the bound
+# in every round in boots on a loaded host (10 to 22 retries), and caused
+# none at all in any round of a boot on a quiet one (ASan build, 4 and 32
+# in flight), and the VM has no netem to delay acknowledgements on purpose.
 #
 # Why a loaded host cannot make it pass or fail wrongly.  The emulated VM's
 # speed follows the host's load, and so does what perftest causes per
@@ -35,8 +38,7 @@
 # and every run is held to the bound of its own round's perftest, measured
 # seconds before it under the same load.  A fault shows in every round; a
 # burst of load spans at most a round or two: slotrpc fails when it exceeds
-# its round's bound in a majority of rounds, and the canary fails the test
-# unless it exceeds its round's bound in a majority of rounds.  Each bound
+# its round's bound in a majority of rounds.  Each bound
 # also grows with the run's own seconds, so a run slowed by load gets more
 # room from the timer term, never less.
 #
@@ -62,6 +64,8 @@ else
   counters=yes
 fi
 now() { date +%s.%N; }
+# packets: rxe's sent_pkts now (0 without counters).
+packets() { [ $counters = yes ] && [ -r "$C/sent_pkts" ] && cat "$C/sent_pkts" || echo 0; }
 # snap: "retries duplicates" now.
 snap() { [ $counters = yes ] && echo "$(cat "$C/completer_retry_err") $(cat "$C/duplicate_request")" || echo "0 0"; }
 # delta BEFORE AFTER T0 T1: "retries duplicates seconds".
@@ -71,6 +75,7 @@ mtu=$(ibv_devinfo -d "$DEV" -i "$PORT" 2>/dev/null | awk '/active_mtu/ { print $
 
 ROUNDS=${RETRANSMIT_ROUNDS:-3}
 CANARY_TIMEOUT=8  # 4.096 us x 2^8: about 1 ms
+CANARY_OUTSTANDING=${RETRANSMIT_CANARY_OUTSTANDING:-32}
 NR=$(( (N + ROUNDS - 1) / ROUNDS ))  # round trips per run
 
 # perftest_run: NR round trips of 60 KB RDMA WRITEs at slotrpc's ACK
@@ -129,13 +134,22 @@ round=1
 while [ $round -le $ROUNDS ]; do
   perftest=$(perftest_run) || { say "round $round: ib_write_lat failed"; kill $pid 2>/dev/null; rm -rf "$dir"; exit 1; }
   say "round $round: perftest ib_write_lat $SIZE B x $NR, ACK timeout 2^$QP_TIMEOUT x 4.096 us: retries duplicates seconds = $perftest"
+  p0=$(packets)
   slotrpc=$(echo_run 1)
+  p1=$(packets)
   rc=$(cat "$dir/client.rc")
+  if [ $counters = yes ]; then
+    per_msg=$(( (SIZE + mtu - 1) / mtu ))
+    if [ $((p1 - p0)) -lt $((NR * per_msg)) ]; then
+      say "round $round: rxe0's sent_pkts rose by $((p1 - p0)), under the $((NR * per_msg)) packets $NR messages of $SIZE B need: the counters are not live"
+      fail=1
+    fi
+  fi
   grep -q "$NR ok, 0 failed" "$dir/client.log" && grep -q "over verbs" "$dir/client.log" || rc=1
   [ "$rc" -eq 0 ] || { say "round $round: echo_client failed"; cat "$dir/client.log"; fail=1; }
   say "round $round: slotrpc echo $SIZE B x $NR, default ACK timeout: retries duplicates seconds = $slotrpc"
-  canary=$(echo_run 4 SLOTRPC_QP_TIMEOUT=$CANARY_TIMEOUT)
-  say "round $round: canary (SLOTRPC_QP_TIMEOUT=$CANARY_TIMEOUT, 4 in flight): retries duplicates seconds = $canary"
+  canary=$(echo_run "$CANARY_OUTSTANDING" SLOTRPC_QP_TIMEOUT=$CANARY_TIMEOUT)
+  say "round $round: canary (SLOTRPC_QP_TIMEOUT=$CANARY_TIMEOUT, $CANARY_OUTSTANDING in flight): retries duplicates seconds = $canary"
   if [ $counters = yes ]; then
     set -- $slotrpc; sr=$1 sd=$2 ss=$3
     set -- $(bound "$perftest" "$ss"); br=$1 bd=$2
@@ -163,10 +177,7 @@ if [ $counters = yes ]; then
   if [ $over -ge $majority ]; then
     say "slotrpc exceeded its bound in $over of $ROUNDS rounds"; fail=1
   fi
-  if [ $seen -lt $majority ]; then
-    say "canary: a 1 ms ACK timeout exceeded the bound in only $seen of $ROUNDS rounds: the check cannot see a fault"
-    fail=1
-  fi
+  say "canary: a 1 ms ACK timeout exceeded the bound in $seen of $ROUNDS rounds (reported, not judged; see the top of this script)"
 else
   say "$DEV exposes no completer_retry_err/duplicate_request: retransmits NOT checked"
 fi
