@@ -301,3 +301,47 @@ TEST_CASE("a resolver without etcd reports UNAVAILABLE, and stop() returns at on
   (*resolver)->stop();
   CHECK(Clock::now() - t0 < 1s);
 }
+
+TEST_CASE("stop() withdraws promptly: the key is gone when it returns; with etcd hung it still returns") {
+  test_process::TempDir dir("slotrpc-etcd");
+  etcd_test::Etcd etcd(dir.path);
+  REQUIRE_MESSAGE(etcd.error().empty(), etcd.error());
+  slotrpc::rpc::discovery::Interrupt never;
+  slotrpc::rpc::discovery::EtcdClient client(etcd.endpoint(), never, 2s);
+  const auto listed = [&](const std::string& address) {
+    auto r = client.range_prefix("/fleet/stop/");
+    REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+    for (const auto& kv : r->kvs)
+      if (kv.value == address) return true;
+    return false;
+  };
+  // Within kWithdrawWait and what a loaded host adds to it; before, one
+  // second per request (two of them) against a hung etcd.
+  constexpr auto kBound = 1500ms;
+  slotrpc::Server healthy;
+  REQUIRE(healthy.register_with("etcd://" + etcd.rest("fleet/stop")).ok());
+  REQUIRE(healthy.start("127.0.0.1:0").ok());
+  const std::string a = "127.0.0.1:" + std::to_string(healthy.port());
+  REQUIRE(test_process::wait_until([&] { return listed(a); }));
+  auto t0 = Clock::now();
+  healthy.stop();
+  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+  MESSAGE("stop() with etcd up took " << took.count() << " ms");
+  CHECK(took < kBound);
+  CHECK_MESSAGE(!listed(a), a << " is still registered after stop() returned");
+
+  slotrpc::Server hung;
+  REQUIRE(hung.register_with("etcd://" + etcd.rest("fleet/stop")).ok());
+  REQUIRE(hung.start("127.0.0.1:0").ok());
+  const std::string b = "127.0.0.1:" + std::to_string(hung.port());
+  REQUIRE(test_process::wait_until([&] { return listed(b); }));
+  REQUIRE(etcd.signal(SIGSTOP));
+  t0 = Clock::now();
+  hung.stop();
+  took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+  MESSAGE("stop() with etcd hung took " << took.count() << " ms");
+  CHECK(took < kBound);
+  REQUIRE(etcd.signal(SIGCONT));
+  // No keep-alive since: the lease takes the key.
+  CHECK(test_process::wait_until([&] { return !listed(b); }, kLeaseTtl + 10s, 50ms));
+}

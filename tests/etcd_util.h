@@ -83,7 +83,12 @@ class Etcd {
     if (!child_->wait(std::chrono::seconds(10))) child_->kill_and_reap();
     child_.reset();
   }
-  ~Etcd() { stop(); }
+  ~Etcd() {
+    signal(SIGCONT);  // a test that paused it and failed
+    stop();
+  }
+  // SIGSTOP: an etcd that hangs (connects succeed, nothing answers); SIGCONT.
+  bool signal(int sig) { return child_ != nullptr && child_->signal(sig); }
   // Deletes its data (stopped): the next start() is a new, empty etcd.
   void wipe() {
     std::error_code ec;

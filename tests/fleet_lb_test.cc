@@ -332,3 +332,70 @@ TEST_CASE("a stream stays on the endpoint it started on; streams are balanced li
   CHECK(streams_by_tag["b"] == 2);
   CHECK(streams_by_tag["c"] == 2);
 }
+
+TEST_CASE("p2c counts open streams as outstanding: streams held open alternate between two endpoints") {
+  auto a = start_who("a"), b = start_who("b");
+  REQUIRE(a != nullptr);
+  REQUIRE(b != nullptr);
+  Config c;
+  c.lb_policy = slotrpc::LbPolicy::kP2c;
+  auto ch = connect("list://127.0.0.1:" + std::to_string(a->port()) + ",127.0.0.1:" + std::to_string(b->port()), c);
+  // Each stream asks for more messages than its window: the server waits
+  // for credit, so the stream stays open while we hold its reader.  With
+  // the streams counted, the least loaded of the two takes the next one,
+  // and the counts never differ by more than one; picked at random (not
+  // counted), 20 streams stay that balanced with probability 2^-10.
+  // A window of one message: each open stream holds one of the channel's
+  // slots, not a window's worth.
+  std::vector<slotrpc::ClientReader<Pong>> open;
+  std::map<std::string, int> by_tag;
+  slotrpc::CallOptions one;
+  one.stream_window = 1;
+  for (int s = 0; s < 20; ++s) {
+    open.push_back(ch->server_stream<slotrpc::test::Ping, Pong>(
+        kTags, [](flatbuffers::FlatBufferBuilder& fbb) { return slotrpc::test::CreatePing(fbb, 1'000'000); }, one));
+    auto m = open.back().Read();
+    REQUIRE(m.has_value());
+    REQUIRE_MESSAGE(m->ok(), m->status().to_string());
+    ++by_tag[(*m)->text()->str()];
+    CHECK_MESSAGE(std::abs(by_tag["a"] - by_tag["b"]) <= 1,
+                  "after " << s + 1 << " streams: a " << by_tag["a"] << ", b " << by_tag["b"]);
+  }
+  for (auto& r : open) r.Cancel();
+  open.clear();
+}
+
+TEST_CASE("stats() keeps the counts of an endpoint after it is ejected") {
+  auto a = start_who("a"), b = start_who("b");
+  REQUIRE(a != nullptr);
+  REQUIRE(b != nullptr);
+  auto ch = connect("list://127.0.0.1:" + std::to_string(a->port()) + ",127.0.0.1:" + std::to_string(b->port()));
+  for (int i = 0; i < 200; ++i) REQUIRE(ch->call_typed<Pong>(kWho, who(i)).get().ok());
+  const uint64_t before = ch->stats().messages_sent;
+  CHECK(before >= 200);
+  a->stop();
+  // Ejected once the channel notices its session closed (at most a tick).
+  slotrpc::CallOptions idempotent;
+  idempotent.idempotent = true;
+  idempotent.max_retries = 3;
+  REQUIRE(test_process::wait_until([&] {
+    std::map<std::string, int> by_tag;
+    for (int i = 0; i < 10; ++i) {
+      auto r = ch->call_typed<Pong>(kWho, who(i), idempotent).get();
+      REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+      ++by_tag[r->text()->str()];
+    }
+    return by_tag["b"] == 10;
+  }));
+  // a's 100 calls still count, now and once the fleet has let it go.
+  for (int i = 0; i < 100; ++i) REQUIRE(ch->call_typed<Pong>(kWho, who(i)).get().ok());
+  CHECK(ch->stats().messages_sent >= before + 100);
+  uint64_t last = 0;
+  REQUIRE(test_process::wait_until([&] {
+    last = ch->stats().messages_sent;
+    return ch->stats().in_flight == 1;  // b's health watch only: a's channel is gone
+  }));
+  CHECK(last >= before + 100);
+  for (int i = 0; i < 10; ++i) REQUIRE(ch->call_typed<Pong>(kWho, who(i)).get().ok());
+  CHECK(ch->stats().messages_sent >= before + 110);
+}

@@ -2,7 +2,8 @@
 // (so a reply says which endpoint served it), and server processes of this
 // test binary that serve it ("helper: fleet server", started by
 // start_fleet_server), each until SIGKILL, or SIGTERM, which drains it with
-// Server::shutdown(grace).
+// Server::shutdown(grace).  SIGUSR1 makes its slotrpc.test.Fleet service
+// NOT_SERVING (its slotrpc.test.Other goes on serving), SIGUSR2 SERVING again.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -27,10 +28,14 @@ using namespace std::chrono_literals;
 
 constexpr uint32_t kWho = slotrpc::method_id("slotrpc.test.Fleet.Who");
 constexpr uint32_t kTags = slotrpc::method_id("slotrpc.test.Fleet.Tags");
+constexpr const char* kWhoName = "slotrpc.test.Fleet.Who";
+// The same Who, in a second service of the same server.
+constexpr const char* kOtherWhoName = "slotrpc.test.Other.Who";
+constexpr uint32_t kOtherWho = slotrpc::method_id(kOtherWhoName);
 
 // Who: answers Pong{seq, text = the server's tag}, after sleep_ms.
-inline slotrpc::ServiceDefinition who_service(std::string tag) {
-  slotrpc::ServiceDefinition svc("slotrpc.test.Fleet");
+inline slotrpc::ServiceDefinition who_service(std::string tag, const char* name = "slotrpc.test.Fleet") {
+  slotrpc::ServiceDefinition svc(name);
   svc.add_unary<slotrpc::test::Ping>(
       "Who", [tag](const slotrpc::test::Ping& req, flatbuffers::FlatBufferBuilder& out, slotrpc::ServerCall&) {
         if (req.sleep_ms() != 0) slotrpc::this_fiber::sleep_for(std::chrono::milliseconds(req.sleep_ms()));
@@ -55,6 +60,7 @@ inline slotrpc::ServiceDefinition who_service(std::string tag) {
 inline std::unique_ptr<slotrpc::Server> start_who(const std::string& tag, const std::string& listen = "127.0.0.1:0") {
   auto s = std::make_unique<slotrpc::Server>();
   REQUIRE(s->add_service(who_service(tag)).ok());
+  REQUIRE(s->add_service(who_service(tag, "slotrpc.test.Other")).ok());
   const slotrpc::Status st = s->start(listen);
   if (!st.ok()) return nullptr;
   return s;
@@ -73,6 +79,8 @@ inline void run_fleet_server() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGUSR1);
+  sigaddset(&signals, SIGUSR2);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   auto server = start_who(tag);
   REQUIRE(server != nullptr);
@@ -83,7 +91,8 @@ inline void run_fleet_server() {
   }
   std::filesystem::rename(tmp, port_file);
   int sig = 0;
-  sigwait(&signals, &sig);
+  while (sigwait(&signals, &sig) == 0 && sig != SIGTERM)
+    REQUIRE(server->set_serving("slotrpc.test.Fleet", sig == SIGUSR2).ok());
   server->shutdown(5s);  // a drain: NOT_SERVING, calls in flight finish
 }
 

@@ -320,8 +320,8 @@ CallHandle Channel::call_stream(uint32_t method_id, RequestWriter writer, CallOp
                                 ReplySink on_message, std::function<void(Status)> on_end) {
   Status refused = impl_->intercept(method_id, options);
   if (impl_->fleet && refused.ok()) {
-    // A stream stays on the endpoint it starts on.
-    if (auto ep = impl_->fleet->pick())
+    // A stream stays on the endpoint it starts on, counted there (p2c).
+    if (auto ep = impl_->fleet->start_stream(method_id, options, nullptr, on_end))
       return ep->channel->call_stream(method_id, std::move(writer), std::move(options), std::move(on_message),
                                       std::move(on_end));
     refused = Status(StatusCode::kUnavailable, "no usable endpoint: " + impl_->fleet->describe());
@@ -453,7 +453,7 @@ std::shared_ptr<detail::OutStreamState> Channel::open_stream(uint32_t method_id,
                                                              std::function<void(Status)> on_end) {
   Status refused = impl_->intercept(method_id, options);
   if (impl_->fleet && refused.ok()) {
-    if (auto ep = impl_->fleet->pick())
+    if (auto ep = impl_->fleet->start_stream(method_id, options, bidi ? nullptr : &on_reply, on_end))
       return ep->channel->open_stream(method_id, bidi, std::move(options), std::move(on_reply), std::move(on_end));
     refused = Status(StatusCode::kUnavailable, "no usable endpoint: " + impl_->fleet->describe());
   }

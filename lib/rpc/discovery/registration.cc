@@ -97,17 +97,22 @@ void Registration::run() {
 void Registration::withdraw() {
   if (withdrawn_) return;
   withdrawn_ = true;
+  // Ends the keep-alive thread's sleep or request in flight at once.
   interrupt_.fire();
   if (thread_.joinable()) thread_.join();
-  // The thread's interrupt has fired: a client of its own, bounded, for
-  // the last two requests.
+  // One request, bounded by kWithdrawWait: revoking the lease deletes the
+  // key with it (etcd's rule), so a healthy etcd drops the server within a
+  // round trip, and one that hangs costs stop() no more than the bound;
+  // the key then leaves when the lease expires (kLeaseTtl), as if the
+  // process had died.
   Interrupt last;
-  EtcdClient client(target_.endpoint, last, std::chrono::seconds(1));
-  Status st = client.remove(key_);
-  if (lease_ != 0) (void)client.revoke(lease_);
-  if (!st.ok()) {
-    base::log().warn("slotrpc: could not withdraw {} from etcd ({}); it leaves when its lease expires", key_,
-                     st.message());
+  EtcdClient client(target_.endpoint, last, kWithdrawWait);
+  const Status st = lease_ != 0 ? client.revoke(lease_) : client.remove(key_);
+  // A lease etcd no longer has took the key with it.
+  if (!st.ok() && st.message().find("lease not found") == std::string::npos) {
+    base::log().warn("slotrpc: could not withdraw {} from etcd within {} ms ({}); it leaves when its lease "
+                     "expires (within {} s)",
+                     key_, kWithdrawWait.count(), st.message(), kLeaseTtl.count());
   }
 }
 

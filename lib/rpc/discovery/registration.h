@@ -21,6 +21,10 @@ namespace slotrpc::rpc::discovery {
 // Long enough to ride out a pause of a second or two, short enough that a
 // dead server leaves its clients' lists within a few seconds.
 constexpr std::chrono::seconds kLeaseTtl{3};
+// The most withdraw() (and so Server::stop()) waits for etcd: a healthy
+// etcd answers within milliseconds, and a key left behind expires with its
+// lease anyway.
+constexpr std::chrono::milliseconds kWithdrawWait{500};
 
 class Registration {
  public:
@@ -37,8 +41,9 @@ class Registration {
   const std::string& address() const { return address_; }
   // Registers, in the background (a first failure is logged and retried).
   void start();
-  // Stops the keep-alives and deletes the key (waiting up to a second for
-  // etcd).  Idempotent; also what the destructor does.
+  // Stops the keep-alives (a request in flight included) and deletes the
+  // key, waiting at most kWithdrawWait for etcd.  Idempotent; also what the
+  // destructor does.
   void withdraw();
 
  private:

@@ -1,5 +1,6 @@
-// A fleet's endpoints: connected, health-watched, ejected when their
-// session dies and probed back with backoff, and picked per call.
+// A fleet's endpoints: connected, ejected when their session dies and
+// probed back with backoff, picked per call, and counted in stats() even
+// after they left (fleet_health.cc watches their health).
 #include "rpc/fleet/fleet.h"
 
 #include <fmt/format.h>
@@ -24,6 +25,30 @@ constexpr std::chrono::milliseconds kProbeBackoffMax{10'000};
 // looked at more often.
 constexpr std::chrono::milliseconds kTick{100};
 constexpr std::chrono::milliseconds kParkedTick{10};
+
+// What only grows over a channel's life: summed over every endpoint the
+// fleet ever had.
+void add_counters(Channel::Stats& out, const Channel::Stats& s) {
+  out.late_replies_dropped += s.late_replies_dropped;
+  out.messages_sent += s.messages_sent;
+  out.reconnect_attempts += s.reconnect_attempts;
+  out.reconnects += s.reconnects;
+  out.cross_loop_handoffs += s.cross_loop_handoffs;
+  out.packs_sent += s.packs_sent;
+  out.packed_requests += s.packed_requests;
+  out.packs_received += s.packs_received;
+  out.work_requests += s.work_requests;
+  out.link_messages += s.link_messages;
+}
+
+// What is true now: summed over the endpoints that have it now.
+void add_gauges(Channel::Stats& out, const Channel::Stats& s) {
+  out.in_flight += s.in_flight;
+  out.zombies += s.zombies;
+  out.held_replies += s.held_replies;
+  out.queued += s.queued;
+  out.lent += s.lent;
+}
 }  // namespace
 
 Result<std::shared_ptr<Fleet>> Fleet::start(std::unique_ptr<Resolver> resolver, Options options) {
@@ -115,6 +140,7 @@ void Fleet::on_update(Result<std::vector<std::string>> update) {
   for (auto it = slots_.begin(); it != slots_.end();) {
     if (std::find(order_.begin(), order_.end(), it->first) == order_.end() && !it->second.connecting) {
       base::log().info("slotrpc: {}: endpoint {} left the resolver's list", opt_.target, it->first);
+      if (it->second.live) retire_locked(std::move(it->second.live));
       it = slots_.erase(it);
     } else {
       ++it;
@@ -148,8 +174,50 @@ void Fleet::eject_locked(Slot& slot, const Status& why) {
   slot.last_error = why;
   base::log().warn("slotrpc: {}: endpoint {} ejected, probed again in {} ms: {}", opt_.target,
                    slot.live->address, wait.count(), why.message());
+  retire_locked(std::move(slot.live));
   slot.live.reset();
   publish_locked();
+}
+
+void Fleet::retire_locked(std::shared_ptr<Endpoint> ep) {
+  // Its watches would keep a call in flight there for good, and its calls
+  // still out finish on its channel, which lives on here until then.
+  ep->cancel_watches();
+  retired_.push_back({std::move(ep), Clock::now()});
+}
+
+void Fleet::fold_retired(bool all) {
+  // Not on an event loop: reading a channel's stats waits for its loop.
+  std::lock_guard<std::mutex> stats_lock(stats_mu_);
+  std::vector<std::shared_ptr<Endpoint>> candidates;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Retired& r : retired_) candidates.push_back(r.ep);
+  }
+  if (candidates.empty()) return;
+  // An endpoint whose calls are all over, or that has been gone long
+  // enough that what it still does is noise: its counters join the sum and
+  // its channel closes.
+  constexpr auto kRetiredAtMost = std::chrono::seconds(10);
+  std::vector<std::pair<std::shared_ptr<Endpoint>, Channel::Stats>> done;
+  for (const auto& ep : candidates) {
+    const Channel::Stats s = ep->channel->stats();
+    if (all || (s.in_flight == 0 && s.queued == 0 && s.held_replies == 0 && s.lent == 0 && s.zombies == 0)) {
+      done.emplace_back(ep, s);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto now = Clock::now();
+  for (auto it = retired_.begin(); it != retired_.end();) {
+    auto d = std::find_if(done.begin(), done.end(), [&](const auto& x) { return x.first == it->ep; });
+    if (d == done.end() && now - it->since < kRetiredAtMost) {
+      ++it;
+      continue;
+    }
+    const Channel::Stats s = d != done.end() ? d->second : it->ep->channel->stats();
+    add_counters(retired_sum_, s);
+    it = retired_.erase(it);
+  }
 }
 
 void Fleet::report_failure(const std::shared_ptr<Endpoint>& ep, const Status& why) {
@@ -166,12 +234,12 @@ void Fleet::report_failure(const std::shared_ptr<Endpoint>& ep, const Status& wh
   if (resolver_) resolver_->refresh();
 }
 
-std::shared_ptr<Endpoint> Fleet::pick(const Endpoint* avoid) {
+std::shared_ptr<Endpoint> Fleet::pick(const Endpoint* avoid, uint64_t service) {
   const std::shared_ptr<const Snapshot> snap = snapshot_.load(std::memory_order_acquire);
   const auto& eps = snap->endpoints;
   const size_t n = eps.size();
   if (n == 0) return nullptr;
-  auto ok = [avoid](const std::shared_ptr<Endpoint>& e) { return e->usable() && e.get() != avoid; };
+  auto ok = [avoid, service](const std::shared_ptr<Endpoint>& e) { return e->usable(service) && e.get() != avoid; };
   switch (opt_.policy) {
     case LbPolicy::kPickFirst:
       for (const auto& e : eps)
@@ -209,27 +277,8 @@ std::shared_ptr<Endpoint> Fleet::pick(const Endpoint* avoid) {
   }
   // Only `avoid` is usable: a retry may go back to it.
   for (const auto& e : eps)
-    if (e->usable()) return e;
+    if (e->usable(service)) return e;
   return nullptr;
-}
-
-void Fleet::watch_health(const std::shared_ptr<Endpoint>& ep) {
-  std::weak_ptr<Endpoint> weak = ep;
-  ep->watch = slotrpc::watch_health(
-      *ep->channel, "",
-      [weak, target = opt_.target](ServingStatus s) {
-        auto e = weak.lock();
-        if (!e) return;
-        const bool serving = s == ServingStatus::kServing;
-        if (e->serving.exchange(serving) != serving)
-          base::log().info("slotrpc: {}: endpoint {} reports {}", target, e->address, to_string(s));
-      },
-      [weak](Status end) {
-        // A watch ends OK when the server drains: no more calls there.  A
-        // failed watch says nothing about serving (an old server without
-        // slotrpc.Health); a dead session is noticed on its own.
-        if (auto e = weak.lock(); e && end.ok()) e->serving.store(false);
-      });
 }
 
 void Fleet::maintain() {
@@ -308,6 +357,7 @@ void Fleet::maintain() {
         report_failure(ep, Status(StatusCode::kUnavailable, "its session closed"));
     }
     settle_parked();
+    fold_retired(false);
     lock.lock();
     if (closing_) break;
     auto wake = Clock::now() + (parked_.empty() ? kTick : kParkedTick);
@@ -324,32 +374,32 @@ std::vector<std::shared_ptr<Channel>> Fleet::channels() const {
 }
 
 Channel::Stats Fleet::stats() const {
+  std::lock_guard<std::mutex> stats_lock(stats_mu_);
   Channel::Stats out;
   const auto snap = snapshot_.load();
   out.closed = snap->endpoints.empty();
   for (const auto& e : snap->endpoints) {
     const Channel::Stats s = e->channel->stats();
+    add_counters(out, s);
+    add_gauges(out, s);
     out.free_slots += s.free_slots;
-    out.in_flight += s.in_flight;
-    out.zombies += s.zombies;
-    out.held_replies += s.held_replies;
-    out.queued += s.queued;
-    out.lent += s.lent;
-    out.late_replies_dropped += s.late_replies_dropped;
-    out.messages_sent += s.messages_sent;
-    out.reconnect_attempts += s.reconnect_attempts;
-    out.reconnects += s.reconnects;
-    out.cross_loop_handoffs += s.cross_loop_handoffs;
-    out.packs_sent += s.packs_sent;
-    out.packed_requests += s.packed_requests;
-    out.packs_received += s.packs_received;
-    out.work_requests += s.work_requests;
-    out.link_messages += s.link_messages;
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  // The fleet's own probes of ejected endpoints count as reconnects too.
-  out.reconnect_attempts += probes_;
-  out.reconnects += reconnects_;
+  std::vector<std::shared_ptr<Endpoint>> retired;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    add_counters(out, retired_sum_);
+    for (const Retired& r : retired_) retired.push_back(r.ep);
+    // The fleet's own probes of ejected endpoints count as reconnects too.
+    out.reconnect_attempts += probes_;
+    out.reconnects += reconnects_;
+  }
+  // Endpoints that left, not yet folded: their counters, and the calls
+  // still out there (they take no new ones: no free slots).
+  for (const auto& e : retired) {
+    const Channel::Stats s = e->channel->stats();
+    add_counters(out, s);
+    add_gauges(out, s);
+  }
   return out;
 }
 
@@ -358,7 +408,7 @@ TransportKind Fleet::transport() const {
   return snap->endpoints.empty() ? TransportKind::kAuto : snap->endpoints.front()->channel->transport();
 }
 
-std::string Fleet::describe() const {
+std::string Fleet::describe(uint64_t service) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out = fmt::format("{} endpoint{}", order_.size(), order_.size() == 1 ? "" : "s");
   const char* sep = ": ";
@@ -368,7 +418,10 @@ std::string Fleet::describe() const {
     if (it != slots_.end()) {
       const Slot& s = it->second;
       if (s.live && s.live->failed) state = "failed";
-      else if (s.live) state = s.live->serving ? "SERVING" : "NOT_SERVING";
+      else if (s.live && !s.live->serving) state = "NOT_SERVING";
+      else if (s.live && (s.live->services_down.load() & service) != 0)
+        state = "NOT_SERVING " + services_.at(static_cast<size_t>(__builtin_ctzll(service)));
+      else if (s.live) state = "SERVING";
       else if (s.attempted) state = "ejected: " + s.last_error.message();
     }
     out += fmt::format("{}{} ({})", sep, a, state);

@@ -9,7 +9,9 @@
 //
 //   resolvers.cc   the scheme registry, list:// and dns:///
 //   fleet.cc       endpoints: connect, eject with backoff, probe back,
-//                  health watch, the pickers
+//                  the pickers, stats over live and retired endpoints
+//   fleet_health.cc  health watches: the server's, and one per service this
+//                  channel's calls name (per-service NOT_SERVING)
 //   fleet_call.cc  a unary call's attempts: moved to another endpoint when
 //                  its session died and it may be retried; parked while no
 //                  endpoint is usable
@@ -21,6 +23,7 @@
 // branch per call for it.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -50,18 +53,35 @@ bool is_resolver_target(std::string_view target);
 // it and the known ones) or a REST the scheme's factory refuses.
 Result<std::unique_ptr<Resolver>> make_resolver(std::string_view target);
 
+// Per-service health: each service a call names (CallOptions::method_name,
+// which generated clients set) gets a bit, and every endpoint a watch of
+// slotrpc.Health for it; an endpoint with the bit down gets no calls of
+// that service.  Past this many services a channel watches only the
+// server as a whole for the rest.
+constexpr size_t kMaxWatchedServices = 64;
+
 // One server of the fleet, connected.  Immutable but for its atomics: an
 // endpoint that fails is replaced by a new Endpoint when it is probed back.
 struct Endpoint {
   std::string address;
   std::shared_ptr<Channel> channel;
-  std::atomic<uint32_t> outstanding{0};  // unary calls in flight (p2c)
+  // Calls, streams and bulk calls in flight from this channel (p2c).
+  std::atomic<uint32_t> outstanding{0};
   std::atomic<bool> serving{true};       // slotrpc.Health says SERVING (or nothing yet)
   std::atomic<bool> failed{false};       // its session died: eject at the next tick
-  CallHandle watch;                      // the health watch
-  bool usable() const {
-    return serving.load(std::memory_order_relaxed) && !failed.load(std::memory_order_relaxed);
+  // Bit i: service i of the fleet (Fleet::service_bit) is not SERVING here.
+  std::atomic<uint64_t> services_down{0};
+  CallHandle watch;  // the health watch of the server as a whole
+  std::mutex watch_mu;
+  std::vector<CallHandle> service_watches;  // watch_mu; index i watches service i
+  bool retired = false;                     // watch_mu: its watches are cancelled
+  // `service`: the bit of the call's service (0: none known).
+  bool usable(uint64_t service = 0) const {
+    return serving.load(std::memory_order_relaxed) && !failed.load(std::memory_order_relaxed) &&
+           (services_down.load(std::memory_order_relaxed) & service) == 0;
   }
+  // Ends its health watches (an endpoint leaving the fleet).
+  void cancel_watches();
 };
 
 // The endpoints calls may go to now, in the resolver's order.
@@ -94,8 +114,22 @@ class Fleet : public std::enable_shared_from_this<Fleet> {
   void close(bool may_block = true);
 
   // A usable endpoint by the policy, other than `avoid` when there is one;
-  // null when none is usable.  Any thread; no lock.
-  std::shared_ptr<Endpoint> pick(const Endpoint* avoid = nullptr);
+  // null when none is usable.  `service`: the call's service_bit().  Any
+  // thread; no lock.
+  std::shared_ptr<Endpoint> pick(const Endpoint* avoid = nullptr, uint64_t service = 0);
+
+  // The bit of the service `method_name` ("pkg.Service.Method") belongs to,
+  // 0 for none (a raw call without a name, or past kMaxWatchedServices).
+  // The first call of a method learns its service under the lock and starts
+  // watching it on every endpoint; later ones read a lock-free table.
+  uint64_t service_bit(uint32_t method_id, const char* method_name);
+
+  // A stream's endpoint (it stays there): picked as a call of its service
+  // would be, and counted as outstanding there until it ends.  The count
+  // is held by a wrapper of `on_end`, or of `*reply_ends` for a client
+  // stream (whose reply ends it).  Null when no endpoint is usable.
+  std::shared_ptr<Endpoint> start_stream(uint32_t method_id, const CallOptions& options, ReplySink* reply_ends,
+                                         std::function<void(Status)>& on_end);
 
   // Unary call (fleet_call.cc): on the picked endpoint; idempotent calls
   // with max_retries move to another endpoint when the session died.
@@ -111,8 +145,9 @@ class Fleet : public std::enable_shared_from_this<Fleet> {
   std::vector<std::shared_ptr<Channel>> channels() const;
   Channel::Stats stats() const;
   TransportKind transport() const;
-  // "3 endpoints: a:1 (SERVING), b:2 (NOT_SERVING), c:3 (ejected: why)".
-  std::string describe() const;
+  // "3 endpoints: a:1 (SERVING), b:2 (NOT_SERVING), c:3 (ejected: why)";
+  // with a service bit, an endpoint NOT_SERVING that service says so.
+  std::string describe(uint64_t service = 0) const;
   const std::string& target() const { return opt_.target; }
   reactor::Reactor& home() const { return *opt_.home; }
 
@@ -136,6 +171,13 @@ class Fleet : public std::enable_shared_from_this<Fleet> {
   void publish_locked();
   void eject_locked(Slot& slot, const Status& why);
   void watch_health(const std::shared_ptr<Endpoint>& ep);
+  // Starts the watches `ep` lacks of services_ (fleet_health.cc).
+  void watch_services(const std::shared_ptr<Endpoint>& ep);
+  uint64_t learn_service(uint32_t method_id, const char* method_name);
+  // An endpoint leaves the fleet (ejected, or no longer listed): its
+  // counters still count in stats() until fold_retired() adds them up.
+  void retire_locked(std::shared_ptr<Endpoint> ep);
+  void fold_retired(bool all);
   void settle_parked();
   void finish_parked(const std::shared_ptr<UnaryCall>& call, Status why);
   std::chrono::milliseconds backoff(uint32_t failures);
@@ -144,6 +186,12 @@ class Fleet : public std::enable_shared_from_this<Fleet> {
   std::unique_ptr<Resolver> resolver_;
   std::atomic<std::shared_ptr<const Snapshot>> snapshot_;
   std::atomic<uint64_t> next_rr_{0};
+  // method id -> service bit: (id << 32) | (index + 1), 0 = empty slot;
+  // written under mu_, read without a lock.  Open addressing, linear probe.
+  static constexpr size_t kMethodTable = 256;
+  std::array<std::atomic<uint64_t>, kMethodTable> methods_{};
+  size_t methods_used_ = 0;            // mu_
+  std::vector<std::string> services_;  // mu_; append only, index = bit
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -155,6 +203,15 @@ class Fleet : public std::enable_shared_from_this<Fleet> {
   std::map<std::string, Slot> slots_;
   std::deque<Parked> parked_;
   uint64_t probes_ = 0, reconnects_ = 0;
+  // Endpoints that left the fleet, until their calls are over, and the
+  // counters of those since folded (stats() must not lose them).
+  struct Retired {
+    std::shared_ptr<Endpoint> ep;
+    Clock::time_point since;
+  };
+  std::vector<Retired> retired_;  // mu_
+  Channel::Stats retired_sum_;    // mu_
+  mutable std::mutex stats_mu_;   // stats() against fold_retired(): each endpoint counted once
   std::minstd_rand jitter_{std::random_device{}()};
   std::thread maintainer_;
 };

@@ -16,6 +16,7 @@ namespace slotrpc::fleet {
 struct UnaryCall : std::enable_shared_from_this<UnaryCall> {
   std::weak_ptr<Fleet> fleet;
   uint32_t method_id = 0;
+  uint64_t service = 0;  // Fleet::service_bit
   RequestWriter writer;
   CallOptions options;
   ReplySink sink;
@@ -39,7 +40,7 @@ struct UnaryCall : std::enable_shared_from_this<UnaryCall> {
 namespace {
 
 void attempt(const std::shared_ptr<UnaryCall>& c, Fleet& f, const Endpoint* avoid) {
-  std::shared_ptr<Endpoint> ep = f.pick(avoid);
+  std::shared_ptr<Endpoint> ep = f.pick(avoid, c->service);
   if (!ep) return f.park(c);
   ep->outstanding.fetch_add(1, std::memory_order_relaxed);
   // A call that cannot move keeps its writer and options in one attempt.
@@ -90,11 +91,12 @@ void finish_unsent(const std::shared_ptr<UnaryCall>& c, reactor::Reactor& home, 
 CallHandle Fleet::call(uint32_t method_id, RequestWriter writer, CallOptions options, ReplySink sink) {
   const bool movable = options.idempotent && options.max_retries > 0 && options.send_segments.empty() &&
                        options.receive_segments.empty();
+  const uint64_t service = service_bit(method_id, options.method_name);
   if (!movable) {
     // A call that cannot move to another endpoint (most calls): straight
     // to the endpoint's channel, with no state of the fleet's own and no
     // lock.  A bulk call keeps its own retry rule, on its endpoint.
-    if (std::shared_ptr<Endpoint> ep = pick()) {
+    if (std::shared_ptr<Endpoint> ep = pick(nullptr, service)) {
       ep->outstanding.fetch_add(1, std::memory_order_relaxed);
       return raw::call(*ep->channel, method_id, std::move(writer), std::move(options),
                                [weak = weak_from_this(), ep, sink = std::move(sink)](RawReply&& reply) {
@@ -109,6 +111,7 @@ CallHandle Fleet::call(uint32_t method_id, RequestWriter writer, CallOptions opt
   auto c = std::make_shared<UnaryCall>();
   c->fleet = weak_from_this();
   c->method_id = method_id;
+  c->service = service;
   c->retries_left = movable ? options.max_retries : 0;
   c->writer = std::move(writer);
   c->options = std::move(options);
@@ -153,7 +156,6 @@ void Fleet::settle_parked() {
     parked.swap(parked_);
   }
   const auto now = Clock::now();
-  const bool any = pick() != nullptr;
   std::string why;
   for (Parked& p : parked) {
     bool cancelled = false;
@@ -163,10 +165,10 @@ void Fleet::settle_parked() {
     }
     if (cancelled) {
       finish_parked(p.call, Status(StatusCode::kCancelled, "cancelled by the caller"));
-    } else if (any) {
+    } else if (pick(nullptr, p.call->service) != nullptr) {
       attempt(p.call, *this, nullptr);  // parks it again if that endpoint went meanwhile
     } else if (now >= p.give_up) {
-      if (why.empty()) why = describe();
+      why = describe(p.call->service);
       finish_parked(p.call, p.deadline ? Status(StatusCode::kDeadlineExceeded,
                                                 fmt::format("deadline passed while no endpoint of {} was usable ({})",
                                                             opt_.target, why))
@@ -179,6 +181,31 @@ void Fleet::settle_parked() {
       parked_.push_back(std::move(p));
     }
   }
+}
+
+std::shared_ptr<Endpoint> Fleet::start_stream(uint32_t method_id, const CallOptions& options, ReplySink* reply_ends,
+                                               std::function<void(Status)>& on_end) {
+  std::shared_ptr<Endpoint> ep = pick(nullptr, service_bit(method_id, options.method_name));
+  if (!ep) return nullptr;
+  // Counted until the callback that ends the stream is gone (run, or
+  // dropped with the call): a stream holds its endpoint's slots as long as
+  // a call would, often far longer, so p2c must see it.
+  struct Count {
+    std::shared_ptr<Endpoint> ep;
+    explicit Count(std::shared_ptr<Endpoint> e) : ep(std::move(e)) { ep->outstanding.fetch_add(1, std::memory_order_relaxed); }
+    ~Count() { ep->outstanding.fetch_sub(1, std::memory_order_relaxed); }
+  };
+  auto count = std::make_shared<Count>(ep);
+  if (reply_ends != nullptr) {
+    *reply_ends = [count, inner = std::move(*reply_ends)](RawReply&& reply) {
+      if (inner) inner(std::move(reply));
+    };
+  } else {
+    on_end = [count, inner = std::move(on_end)](Status st) {
+      if (inner) inner(std::move(st));
+    };
+  }
+  return ep;
 }
 
 }  // namespace slotrpc::fleet
