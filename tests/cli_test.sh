@@ -2,14 +2,22 @@
 # slotrpc-cli against examples/kv's server: list, describe, and a call of
 # every method kind (unary, server stream, client stream from stdin, bidi),
 # then the errors a user meets (unknown service or method, bad JSON, no
-# server).  Run by meson test:  cli_test.sh SLOTRPC_CLI KV_SERVER
+# server); then a server that cannot send a schema (no slotrpc.Reflection,
+# or a service without one): the error says so and what to do, and
+# --schema FILE.bfbs makes describe and call work.
+# Run by meson test:  cli_test.sh SLOTRPC_CLI KV_SERVER BARE_SERVER FLATC ECHO_FBS
 set -uo pipefail
 cli=$1
 kv_server=$2
+bare_server=$3
+flatc=$4
+echo_fbs=$5
 dir=$(mktemp -d)
 server_pid=
+bare_pid=
 cleanup() {
   [[ -n $server_pid ]] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
+  [[ -n $bare_pid ]] && kill "$bare_pid" 2>/dev/null && wait "$bare_pid" 2>/dev/null
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -87,6 +95,45 @@ out=$("$cli" "$addr" bogus 2>&1); rc=$?
 [[ $rc == 2 ]] || fail "unknown command: exit $rc"
 out=$("$cli" 127.0.0.1:1 list 2>&1); rc=$?
 [[ $rc == 1 ]] || fail "no server: exit $rc ($out)"
+
+# A server that cannot send schemas.  `bare MODE`: starts cli_bare_server
+# in MODE (reflection: refuses slotrpc.Reflection; schema: Echo without
+# one) and sets $bare to its address.
+bare() {
+  [[ -n $bare_pid ]] && kill "$bare_pid" 2>/dev/null && wait "$bare_pid" 2>/dev/null
+  rm -f "$dir/bare.port"
+  "$bare_server" "$1" "$dir/bare.port" >"$dir/bare.log" 2>&1 &
+  bare_pid=$!
+  for _ in $(seq 200); do [[ -s $dir/bare.port ]] && break; sleep 0.1; done
+  [[ -s $dir/bare.port ]] || { echo "cli_bare_server did not start: $(cat "$dir/bare.log")"; exit 1; }
+  bare=127.0.0.1:$(cat "$dir/bare.port")
+}
+"$flatc" --binary --schema -o "$dir" "$echo_fbs" || { echo "flatc could not write echo.bfbs"; exit 1; }
+echo_svc=slotrpc.examples.Echo
+request='{"seq": 7, "payload": [1, 2, 3]}'
+
+bare reflection
+out=$("$cli" "$bare" list 2>&1); rc=$?
+[[ $rc == 1 ]] || fail "list without reflection: exit $rc"
+expect "list without reflection names what is missing" "does not run slotrpc.Reflection" "$out"
+expect "list without reflection says what still works" "--schema FILE.bfbs" "$out"
+out=$("$cli" "$bare" call $echo_svc/Echo "$request" 2>&1); rc=$?
+[[ $rc == 1 ]] || fail "call without reflection: exit $rc"
+expect "call without reflection names the service's schema to give" "give the schema of $echo_svc with --schema" "$out"
+out=$("$cli" --schema "$dir/echo.bfbs" "$bare" call $echo_svc/Echo "$request" 2>&1)
+expect "call without reflection, with --schema" '"seq": 7' "$out"
+out=$("$cli" --schema "$dir/echo.bfbs" "$bare" describe $echo_svc 2>&1)
+expect "describe without reflection, with --schema" "rpc Echo(slotrpc.examples.EchoRequest) returns (slotrpc.examples.EchoReply)" "$out"
+out=$("$cli" --schema "$dir/nope.bfbs" "$bare" call $echo_svc/Echo "$request" 2>&1)
+expect "an unreadable --schema file is named" "--schema $dir/nope.bfbs: cannot read it" "$out"
+
+bare schema
+out=$("$cli" "$bare" describe $echo_svc 2>&1); rc=$?
+[[ $rc == 1 ]] || fail "a service without a schema: exit $rc"
+expect "a service without a schema: why" "has no schema" "$out"
+expect "a service without a schema: what to do" "give its schema with --schema FILE.bfbs" "$out"
+out=$("$cli" --schema "$dir/echo.bfbs" "$bare" call $echo_svc/Echo "$request" 2>&1)
+expect "a service without a schema, with --schema" '"seq": 7' "$out"
 
 if ((failures > 0)); then
   printf '%d check(s) failed\n' "$failures"

@@ -5,7 +5,11 @@
 //   slotrpc-cli HOST:PORT list
 //   slotrpc-cli HOST:PORT describe SERVICE
 //   slotrpc-cli HOST:PORT call SERVICE/METHOD ['{json}']
+//   slotrpc-cli --schema echo.bfbs HOST:PORT call demo.Echo/Echo '{...}'
 //
+// --schema gives a service's binary schema (flatc --binary --schema F.fbs)
+// for a server that cannot send it: one without slotrpc.Reflection, or a
+// service registered without slotrpc-gen's code.
 // A unary call prints its reply as one line of JSON; a server stream one
 // line per message.  Client and bidi streams read their messages from
 // stdin, one JSON object per line (a bidi call prints replies as they come).
@@ -16,7 +20,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <string>
 #include <thread>
 
@@ -36,7 +42,9 @@ constexpr const char* kUsage =
     "       slotrpc-cli [--timeout MS] HOST:PORT call SERVICE/METHOD ['{json}']\n"
     "  call: a unary or server-streaming method takes one JSON request (default {});\n"
     "        client and bidi streams read one JSON request per line from stdin.\n"
-    "  --timeout MS  deadline of list, describe and unary calls (default 10000)\n";
+    "  --timeout MS  deadline of list, describe and unary calls (default 10000)\n"
+    "  --schema FILE.bfbs  a binary schema (flatc --binary --schema F.fbs) for describe and\n"
+    "        call, used before asking the server's slotrpc.Reflection; may be repeated\n";
 
 int fail(const std::string& what) {
   std::fprintf(stderr, "slotrpc-cli: %s\n", what.c_str());
@@ -58,19 +66,41 @@ struct Cli {
     return o;
   }
 
-  // A status that says the server has no reflection, when that is why.
-  Status explain(const Status& st) const {
-    if (st.code() == StatusCode::kUnimplemented || st.message().find("unknown method") != std::string::npos)
-      return Status(st.code(), fmt::format("the server at {} does not run slotrpc.Reflection (a server built "
-                                           "before it, or not a slotrpc server): {}",
-                                           address, st.message()));
-    return st;
+  std::vector<std::string> schema_files;  // --schema, in order
+
+  // A status that says the server has no reflection, when that is why, and
+  // what to do: `service` is the one the command needs (empty for list).
+  Status explain(const Status& st, const std::string& service) const {
+    if (st.code() != StatusCode::kUnimplemented) return st;
+    const std::string todo =
+        service.empty()
+            ? "list needs it; describe and call work without it when given the service's schema: "
+              "--schema FILE.bfbs (flatc --binary --schema FILE.fbs)"
+            : fmt::format("give the schema of {} with --schema FILE.bfbs (flatc --binary --schema on the .fbs "
+                          "that declares it)",
+                          service);
+    return Status(st.code(), fmt::format("the server at {} does not run slotrpc.Reflection (built before "
+                                         "slotrpc 0.2, or it refuses the service), so it cannot send its "
+                                         "schemas; {}. The server said: {}",
+                                         address, todo, st.message()));
   }
 
-  slotrpc::Result<std::vector<std::string>> services() {
+  // The first --schema file that declares `service`; null if none does.
+  slotrpc::Result<std::unique_ptr<slotrpc_cli::Schema>> local_schema(const std::string& service) const {
+    for (const std::string& file : schema_files) {
+      std::ifstream in(file, std::ios::binary);
+      if (!in) return Status(StatusCode::kNotFound, fmt::format("--schema {}: cannot read it", file));
+      std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (slotrpc_cli::Schema::declares(bytes, service))
+        return slotrpc_cli::Schema::load(std::move(bytes), service, "--schema " + file);
+    }
+    return std::unique_ptr<slotrpc_cli::Schema>();
+  }
+
+  slotrpc::Result<std::vector<std::string>> services(const std::string& wanted = "") {
     slotrpc::ReflectionClient client(*channel);
     auto r = client.ListServices([](auto& b) { return slotrpc::CreateListServicesRequest(b); }, options()).get();
-    if (!r.ok()) return explain(r.status());
+    if (!r.ok()) return explain(r.status(), wanted);
     std::vector<std::string> out;
     if (r->services() != nullptr)
       for (const auto* s : *r->services()) out.push_back(s->str());
@@ -78,7 +108,9 @@ struct Cli {
   }
 
   slotrpc::Result<std::unique_ptr<slotrpc_cli::Schema>> schema(const std::string& service) {
-    auto names = services();
+    auto local = local_schema(service);
+    if (!local.ok() || *local != nullptr) return local;
+    auto names = services(service);
     if (!names.ok()) return names.status();
     if (std::find(names->begin(), names->end(), service) == names->end()) {
       std::string all;
@@ -92,7 +124,14 @@ struct Cli {
                    return slotrpc::CreateServiceSchemaRequest(b, b.CreateString(service));
                  }, options())
                  .get();
-    if (!r.ok()) return explain(r.status());
+    if (!r.ok()) {
+      if (r.status().code() == StatusCode::kNotFound && r.status().message().find("has no schema") != std::string::npos)
+        return Status(r.status().code(),
+                      fmt::format("{}; give its schema with --schema FILE.bfbs (flatc --binary --schema on the "
+                                  ".fbs that declares {})",
+                                  r.status().message(), service));
+      return explain(r.status(), service);
+    }
     std::string bfbs;
     if (r->bfbs() != nullptr) bfbs.assign(reinterpret_cast<const char*>(r->bfbs()->data()), r->bfbs()->size());
     return slotrpc_cli::Schema::load(std::move(bfbs), service);
@@ -209,6 +248,11 @@ int main(int argc, char** argv) {
     if (args.front() == "--help" || args.front() == "-h") {
       std::printf("%s", kUsage);
       return 0;
+    }
+    if (args.front() == "--schema" && args.size() > 1) {
+      cli.schema_files.push_back(args[1]);
+      args.erase(args.begin(), args.begin() + 2);
+      continue;
     }
     if (args.front() == "--timeout" && args.size() > 1) {
       const long ms = std::strtol(args[1].c_str(), nullptr, 10);

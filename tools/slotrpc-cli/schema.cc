@@ -71,10 +71,22 @@ std::string type_name(const reflection::Schema& s, const reflection::Type& t) {
 
 }  // namespace
 
-slotrpc::Result<std::unique_ptr<Schema>> Schema::load(std::string bfbs, const std::string& service) {
+bool Schema::declares(const std::string& bfbs, const std::string& service) {
+  flatbuffers::Verifier v(reinterpret_cast<const uint8_t*>(bfbs.data()), bfbs.size());
+  if (!reflection::VerifySchemaBuffer(v)) return false;
+  const reflection::Schema* schema = reflection::GetSchema(bfbs.data());
+  if (schema->services() == nullptr) return false;
+  for (const reflection::Service* sv : *schema->services())
+    if (sv->name()->str() == service) return true;
+  return false;
+}
+
+slotrpc::Result<std::unique_ptr<Schema>> Schema::load(std::string bfbs, const std::string& service,
+                                                      const std::string& source) {
   flatbuffers::Verifier v(reinterpret_cast<const uint8_t*>(bfbs.data()), bfbs.size());
   if (!reflection::VerifySchemaBuffer(v))
-    return Status(StatusCode::kDataLoss, fmt::format("the schema the server sent for {} does not verify", service));
+    return Status(StatusCode::kDataLoss, fmt::format("{} for {} is not a binary schema (.bfbs) that verifies",
+                                                     source, service));
   auto s = std::unique_ptr<Schema>(new Schema);
   s->bfbs_ = std::move(bfbs);
   s->schema_ = reflection::GetSchema(s->bfbs_.data());
@@ -83,7 +95,7 @@ slotrpc::Result<std::unique_ptr<Schema>> Schema::load(std::string bfbs, const st
       if (sv->name()->str() == service) s->service_ = sv;
   }
   if (s->service_ == nullptr)
-    return Status(StatusCode::kDataLoss, fmt::format("the schema the server sent does not declare {}", service));
+    return Status(StatusCode::kDataLoss, fmt::format("{} does not declare {}", source, service));
   if (s->service_->calls() != nullptr) {
     for (const reflection::RPCCall* c : *s->service_->calls()) {
       Method m;

@@ -34,8 +34,12 @@ struct AnyTable : flatbuffers::Table {
 
 class Schema {
  public:
-  // Checks the bytes, finds `service` in them.
-  static slotrpc::Result<std::unique_ptr<Schema>> load(std::string bfbs, const std::string& service);
+  // Checks the bytes, finds `service` in them; `source` names where they
+  // came from in errors.
+  static slotrpc::Result<std::unique_ptr<Schema>> load(std::string bfbs, const std::string& service,
+                                                      const std::string& source = "the schema the server sent");
+  // Whether `bfbs` is a schema that declares `service`.
+  static bool declares(const std::string& bfbs, const std::string& service);
 
   const std::vector<Method>& methods() const { return methods_; }
   const Method* find(const std::string& method) const;
