@@ -186,37 +186,36 @@ void Fleet::retire_locked(std::shared_ptr<Endpoint> ep) {
   retired_.push_back({std::move(ep), Clock::now()});
 }
 
-void Fleet::fold_retired(bool all) {
-  // Not on an event loop: reading a channel's stats waits for its loop.
-  std::lock_guard<std::mutex> stats_lock(stats_mu_);
-  std::vector<std::shared_ptr<Endpoint>> candidates;
+void Fleet::fold_retired() {
+  // Each endpoint is counted once by stats() without a lock held across
+  // the reads (which wait for the endpoints' loops, where a callback may be
+  // calling stats() itself): stats() copies the list and the sum in one
+  // critical section, and this adds an endpoint to the sum and takes it
+  // off the list in one.
+  std::vector<Retired> candidates;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const Retired& r : retired_) candidates.push_back(r.ep);
+    candidates = retired_;
   }
   if (candidates.empty()) return;
   // An endpoint whose calls are all over, or that has been gone long
   // enough that what it still does is noise: its counters join the sum and
   // its channel closes.
   constexpr auto kRetiredAtMost = std::chrono::seconds(10);
-  std::vector<std::pair<std::shared_ptr<Endpoint>, Channel::Stats>> done;
-  for (const auto& ep : candidates) {
-    const Channel::Stats s = ep->channel->stats();
-    if (all || (s.in_flight == 0 && s.queued == 0 && s.held_replies == 0 && s.lent == 0 && s.zombies == 0)) {
-      done.emplace_back(ep, s);
-    }
-  }
-  std::lock_guard<std::mutex> lock(mu_);
   const auto now = Clock::now();
-  for (auto it = retired_.begin(); it != retired_.end();) {
-    auto d = std::find_if(done.begin(), done.end(), [&](const auto& x) { return x.first == it->ep; });
-    if (d == done.end() && now - it->since < kRetiredAtMost) {
-      ++it;
-      continue;
-    }
-    const Channel::Stats s = d != done.end() ? d->second : it->ep->channel->stats();
+  std::vector<std::pair<std::shared_ptr<Endpoint>, Channel::Stats>> done;
+  for (const Retired& r : candidates) {
+    const Channel::Stats s = r.ep->channel->stats();
+    const bool idle = s.in_flight == 0 && s.queued == 0 && s.held_replies == 0 && s.lent == 0 && s.zombies == 0;
+    if (idle || now - r.since >= kRetiredAtMost) done.emplace_back(r.ep, s);
+  }
+  if (done.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [ep, s] : done) {
+    auto it = std::find_if(retired_.begin(), retired_.end(), [&](const Retired& r) { return r.ep == ep; });
+    if (it == retired_.end()) continue;
     add_counters(retired_sum_, s);
-    it = retired_.erase(it);
+    retired_.erase(it);
   }
 }
 
@@ -357,7 +356,7 @@ void Fleet::maintain() {
         report_failure(ep, Status(StatusCode::kUnavailable, "its session closed"));
     }
     settle_parked();
-    fold_retired(false);
+    fold_retired();
     lock.lock();
     if (closing_) break;
     auto wake = Clock::now() + (parked_.empty() ? kTick : kParkedTick);
@@ -374,7 +373,6 @@ std::vector<std::shared_ptr<Channel>> Fleet::channels() const {
 }
 
 Channel::Stats Fleet::stats() const {
-  std::lock_guard<std::mutex> stats_lock(stats_mu_);
   Channel::Stats out;
   const auto snap = snapshot_.load();
   out.closed = snap->endpoints.empty();

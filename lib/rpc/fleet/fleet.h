@@ -177,7 +177,7 @@ class Fleet : public std::enable_shared_from_this<Fleet> {
   // An endpoint leaves the fleet (ejected, or no longer listed): its
   // counters still count in stats() until fold_retired() adds them up.
   void retire_locked(std::shared_ptr<Endpoint> ep);
-  void fold_retired(bool all);
+  void fold_retired();
   void settle_parked();
   void finish_parked(const std::shared_ptr<UnaryCall>& call, Status why);
   std::chrono::milliseconds backoff(uint32_t failures);
@@ -211,7 +211,6 @@ class Fleet : public std::enable_shared_from_this<Fleet> {
   };
   std::vector<Retired> retired_;  // mu_
   Channel::Stats retired_sum_;    // mu_
-  mutable std::mutex stats_mu_;   // stats() against fold_retired(): each endpoint counted once
   std::minstd_rand jitter_{std::random_device{}()};
   std::thread maintainer_;
 };
