@@ -399,3 +399,29 @@ TEST_CASE("stats() keeps the counts of an endpoint after it is ejected") {
   for (int i = 0; i < 10; ++i) REQUIRE(ch->call_typed<Pong>(kWho, who(i)).get().ok());
   CHECK(ch->stats().messages_sent >= before + 110);
 }
+
+TEST_CASE("p2c counts open bidi streams too") {
+  auto a = start_who("a"), b = start_who("b");
+  REQUIRE(a != nullptr);
+  REQUIRE(b != nullptr);
+  Config c;
+  c.lb_policy = slotrpc::LbPolicy::kP2c;
+  auto ch = connect("list://127.0.0.1:" + std::to_string(a->port()) + ",127.0.0.1:" + std::to_string(b->port()), c);
+  // As with server streams above: each stream is open until WritesDone,
+  // and the least loaded endpoint takes the next one.
+  std::vector<slotrpc::ClientReaderWriter<slotrpc::test::Ping, Pong>> open;
+  std::map<std::string, int> by_tag;
+  slotrpc::CallOptions one;
+  one.stream_window = 1;
+  for (int s = 0; s < 20; ++s) {
+    open.push_back(ch->bidi_stream<slotrpc::test::Ping, Pong>(kChat, one));
+    REQUIRE(open.back().Write([s](flatbuffers::FlatBufferBuilder& fbb) { return slotrpc::test::CreatePing(fbb, s); }));
+    auto m = open.back().Read();
+    REQUIRE(m.has_value());
+    REQUIRE_MESSAGE(m->ok(), m->status().to_string());
+    ++by_tag[(*m)->text()->str()];
+    CHECK_MESSAGE(std::abs(by_tag["a"] - by_tag["b"]) <= 1,
+                  "after " << s + 1 << " streams: a " << by_tag["a"] << ", b " << by_tag["b"]);
+  }
+  for (auto& st : open) CHECK(st.Finish().ok());
+}

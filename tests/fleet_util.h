@@ -28,6 +28,7 @@ using namespace std::chrono_literals;
 
 constexpr uint32_t kWho = slotrpc::method_id("slotrpc.test.Fleet.Who");
 constexpr uint32_t kTags = slotrpc::method_id("slotrpc.test.Fleet.Tags");
+constexpr uint32_t kChat = slotrpc::method_id("slotrpc.test.Fleet.Chat");
 constexpr const char* kWhoName = "slotrpc.test.Fleet.Who";
 // The same Who, in a second service of the same server.
 constexpr const char* kOtherWhoName = "slotrpc.test.Other.Who";
@@ -51,6 +52,19 @@ inline slotrpc::ServiceDefinition who_service(std::string tag, const char* name 
             return slotrpc::test::CreatePong(fbb, i, fbb.CreateString(tag));
           });
           if (!ok) return out.error();
+        }
+        return slotrpc::Status();
+      });
+  // Chat: a bidi stream that answers each Ping with Pong{seq, tag}.
+  svc.add_bidi_stream<slotrpc::test::Ping, slotrpc::test::Pong>(
+      "Chat", [tag](slotrpc::ServerReaderWriter<slotrpc::test::Ping, slotrpc::test::Pong>& stream,
+                    slotrpc::ServerCall&) {
+        while (const slotrpc::test::Ping* p = stream.Read()) {
+          const uint64_t seq = p->seq();
+          const bool ok = stream.Write([&](flatbuffers::FlatBufferBuilder& fbb) {
+            return slotrpc::test::CreatePong(fbb, seq, fbb.CreateString(tag));
+          });
+          if (!ok) return stream.write_error();
         }
         return slotrpc::Status();
       });
