@@ -368,7 +368,10 @@ void Fleet::maintain() {
 
 std::vector<std::shared_ptr<Channel>> Fleet::channels() const {
   std::vector<std::shared_ptr<Channel>> out;
-  for (const auto& e : snapshot_.load()->endpoints) out.push_back(e->channel);
+  // Held in a local: a range-for over a member of the temporary would
+  // outlive it (C++20), and the snapshot may be replaced meanwhile.
+  const auto snap = snapshot_.load();
+  for (const auto& e : snap->endpoints) out.push_back(e->channel);
   return out;
 }
 

@@ -96,7 +96,8 @@ uint64_t Fleet::learn_service(uint32_t method_id, const char* method_name) {
   if (added) {
     // Every endpoint watches the new service from now on; until a watch
     // answers, the endpoint counts as serving it.
-    for (const auto& ep : snapshot_.load(std::memory_order_acquire)->endpoints) watch_services(ep);
+    const auto snap = snapshot_.load(std::memory_order_acquire);  // held: see Fleet::channels()
+    for (const auto& ep : snap->endpoints) watch_services(ep);
   }
   return bit_of(value);
 }
