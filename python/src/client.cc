@@ -102,15 +102,14 @@ void wait_ready(std::mutex& mu, std::condition_variable& cv, Ready ready,
   }
 }
 
-// The same for a Future's state (slotrpc/detail/shared_state.h), which
-// waits on its own ready word rather than a condition variable.
-template <class T>
-void wait_state(slotrpc::detail::SharedState<T>& state, const std::function<void()>& cancel) {
-  constexpr int64_t kSignalCheckNs = 100'000'000;  // 100 ms
+// The same for a call's state, through the library's public wait
+// (Future::wait_for in 100 ms slices), so that a caller waits as a C++
+// client's Future does.
+void wait_future(const slotrpc::Future<RawReply>& f, const std::function<void()>& cancel) {
   for (;;) {
     {
       Unlocked unlocked;
-      if (state.wait_for_ns(kSignalCheckNs)) return;
+      if (f.wait_for(100ms)) return;
     }
     if (PyErr_CheckSignals() != 0) {
       py::error_already_set error;
@@ -118,7 +117,8 @@ void wait_state(slotrpc::detail::SharedState<T>& state, const std::function<void
       {
         // The call's buffers stay in use until it completes.
         Unlocked unlocked;
-        state.wait();
+        while (!f.wait_for(1h)) {
+        }
       }
       throw error;
     }
@@ -169,7 +169,7 @@ struct CompletionQueue {
 };
 
 // One unary or client-stream reply, as a future.
-struct CallState {
+struct CallState : std::enable_shared_from_this<CallState> {
   slotrpc::detail::SharedState<RawReply> reply;
   slotrpc::CallHandle handle;
   bool taken = false;  // result() moved the reply out (the Python wrapper caches it)
@@ -218,7 +218,11 @@ struct CallState {
       reply.wait();
       return;
     }
-    wait_state(reply, [this] { handle.cancel(); });
+    if (reply.ready()) return;
+    // A Future over this state (sharing its ownership) for the public wait.
+    const slotrpc::Future<RawReply> f(
+        std::shared_ptr<slotrpc::detail::SharedState<RawReply>>(shared_from_this(), &reply));
+    wait_future(f, [this] { handle.cancel(); });
   }
 
   py::object result(py::object reply_type) {
@@ -232,19 +236,7 @@ struct CallState {
     if (taken) throw py::value_error("result() already taken");
     taken = true;
     // The Message takes the slot.
-    return py::cast(new Message(std::move(*raw), std::move(reply_type)),
-                    py::return_value_policy::take_ownership);
-  }
-};
-
-// Shared, so that close() on one thread cannot free the channel under a
-// call another thread is issuing (with the GIL released).
-struct PyChannel {
-  std::shared_ptr<slotrpc::Channel> channel;
-
-  std::shared_ptr<slotrpc::Channel> get() {
-    if (!channel) throw py::value_error("channel is closed");
-    return channel;
+    return wrap_message(new Message(std::move(*raw), std::move(reply_type)));
   }
 };
 
@@ -362,8 +354,7 @@ struct InStream {
       return py::none();
     }
     if (!m->ok()) raise_status(m->status());
-    return py::cast(new Message(std::move(*m), std::move(reply_type)),
-                    py::return_value_policy::take_ownership);
+    return wrap_message(new Message(std::move(*m), std::move(reply_type)));
   }
 };
 

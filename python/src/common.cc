@@ -84,20 +84,27 @@ std::string request_bytes(const py::handle& obj) {
 
 // ------------------------------------------------------------------ Message
 
-Message::Message(slotrpc::RawReply reply, py::object type) : type_(std::move(type)) {
-  for (size_t i = 0; i < slotrpc::kMaxBulkSegments; ++i) bulk_received_.push_back(reply.bulk_received(i));
-  auto keeper = std::make_unique<SlotKeeper>();
-  keeper->reply = std::move(reply);
-  keeper->bytes = keeper->reply.payload();
-  bytes_ = keeper->bytes;
-  keeper_ = py::cast(keeper.release(), py::return_value_policy::take_ownership);
+Message::Message(slotrpc::RawReply reply, py::object type)
+    : owned_(std::move(reply)), bytes_(owned_->payload()), type_(std::move(type)) {
+  for (size_t i = slotrpc::kMaxBulkSegments; i-- > 0;) {
+    if (const uint64_t n = owned_->bulk_received(i); n != 0) {
+      if (bulk_received_.empty()) bulk_received_.resize(i + 1);
+      bulk_received_[i] = n;
+    }
+  }
 }
 
 Message::Message(std::span<const std::byte> borrowed, py::object type)
-    : bytes_(borrowed), type_(std::move(type)) {
-  auto keeper = std::make_unique<SlotKeeper>();
-  keeper->bytes = borrowed;
-  keeper_ = py::cast(keeper.release(), py::return_value_policy::take_ownership);
+    : bytes_(borrowed), type_(std::move(type)) {}
+
+namespace {
+const py::detail::type_info* g_message_type = nullptr;
+}  // namespace
+
+py::object wrap_message(Message* m) {
+  if (g_message_type == nullptr) g_message_type = py::detail::get_type_info(typeid(Message));
+  return py::reinterpret_steal<py::object>(py::detail::type_caster_generic::cast(
+      m, py::return_value_policy::take_ownership, py::handle(), g_message_type, nullptr, nullptr));
 }
 
 void Message::check() const {
@@ -110,7 +117,19 @@ void Message::check() const {
 
 py::object Message::data() {
   check();
-  if (!view_) view_ = py::memoryview(keeper_);  // holds the keeper, hence the slot
+  if (!view_) {
+    if (!keeper_) {
+      // The view holds the keeper, and the keeper the reply, hence the slot.
+      auto keeper = std::make_unique<SlotKeeper>();
+      if (owned_) {
+        keeper->reply = std::move(*owned_);
+        owned_.reset();
+      }
+      keeper->bytes = bytes_;
+      keeper_ = py::cast(keeper.release(), py::return_value_policy::take_ownership);
+    }
+    view_ = py::memoryview(keeper_);
+  }
   return view_;
 }
 
@@ -137,6 +156,7 @@ void Message::release() {
   valid_ = false;
   bytes_ = {};
   keeper_ = py::object();
+  owned_.reset();
 }
 
 // ------------------------------------------------------------------ bulk
@@ -232,5 +252,6 @@ PYBIND11_MODULE(_core, m) {
       .def("release", [](Region& r) { r.region.release(); });
 
   bind_client(m);
+  bind_unary(m);
   bind_server(m);
 }

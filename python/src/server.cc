@@ -76,7 +76,7 @@ class PyServerCall {
       if (!status.ok()) raise_status(status);
       return py::none();
     }
-    last_ = py::cast(new Message(msg, py::none()), py::return_value_policy::take_ownership);
+    last_ = wrap_message(new Message(msg, py::none()));
     return last_;
   }
 
@@ -165,7 +165,7 @@ slotrpc::Handler make_handler(PyObject* fn, slotrpc::MethodKind kind) {
       Message* msg = nullptr;
       if (kind == slotrpc::MethodKind::kUnary || kind == slotrpc::MethodKind::kServerStream) {
         msg = new Message(call.request(), py::none());
-        request = py::cast(msg, py::return_value_policy::take_ownership);
+        request = wrap_message(msg);
       }
       try {
         py::object result = py::reinterpret_borrow<py::object>(fn)(request, ctx);
