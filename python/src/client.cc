@@ -243,7 +243,8 @@ struct CallState : std::enable_shared_from_this<CallState> {
 std::shared_ptr<CallState> start_call(PyChannel& self, uint32_t id, const py::object& request,
                                       const py::object& timeout, const py::object& send_bulk,
                                       const py::object& receive_bulk, bool idempotent,
-                                      uint32_t max_retries) {
+                                      uint32_t max_retries, std::shared_ptr<CompletionQueue> queue = nullptr,
+                                      uint64_t token = 0) {
   std::shared_ptr<slotrpc::Channel> keep = self.get();
   slotrpc::Channel& ch = *keep;
   auto bytes = std::make_shared<const std::string>(request_bytes(request));
@@ -251,6 +252,8 @@ std::shared_ptr<CallState> start_call(PyChannel& self, uint32_t id, const py::ob
   options.idempotent = idempotent;
   options.max_retries = max_retries;
   auto state = std::make_shared<CallState>();
+  state->queue = std::move(queue);  // before the call: no reply can precede it
+  state->token = token;
   if (!send_bulk.is_none() || !receive_bulk.is_none()) {
     state->bulk = std::make_unique<BulkHold>();
     add_bulk(options, send_bulk, receive_bulk, *state->bulk);
@@ -480,9 +483,24 @@ void bind_client(py::module_& m) {
              return c;
            }),
            py::arg("address"), py::arg("settings") = py::dict())
-      .def("call", &start_call, py::arg("method_id"), py::arg("request"), py::arg("timeout") = py::none(),
+      .def("call",
+           [](PyChannel& self, uint32_t id, const py::object& request, const py::object& timeout,
+              const py::object& send_bulk, const py::object& receive_bulk, bool idempotent, uint32_t max_retries) {
+             return start_call(self, id, request, timeout, send_bulk, receive_bulk, idempotent, max_retries);
+           },
+           py::arg("method_id"), py::arg("request"), py::arg("timeout") = py::none(),
            py::arg("send_bulk") = py::none(), py::arg("receive_bulk") = py::none(),
            py::arg("idempotent") = false, py::arg("max_retries") = 0)
+      .def(
+          "call_queued",
+          [](PyChannel& self, uint32_t id, const py::object& request, std::shared_ptr<CompletionQueue> queue,
+             uint64_t token, const py::object& timeout, const py::object& send_bulk, const py::object& receive_bulk,
+             bool idempotent, uint32_t max_retries) {
+            // call() and notify_queue() in one: the asyncio client's per-call path.
+            return start_call(self, id, request, timeout, send_bulk, receive_bulk, idempotent, max_retries,
+                              std::move(queue), token);
+          },
+          "call() that posts `token` to `queue` when it completes")
       .def(
           "call_stream",
           [](PyChannel& self, uint32_t id, const py::object& request, const py::object& timeout) {
