@@ -160,7 +160,9 @@ slotrpc::Handler make_handler(PyObject* fn, slotrpc::MethodKind kind) {
       // Raw pointers kept beside the objects: a cast<T&>() back costs a
       // pybind11 type lookup (a hash of the type's name) per call.
       auto* pcall = new PyServerCall(call);
-      py::object ctx = py::cast(pcall, py::return_value_policy::take_ownership);
+      static const py::detail::type_info* call_type = py::detail::get_type_info(typeid(PyServerCall));
+      py::object ctx = py::reinterpret_steal<py::object>(py::detail::type_caster_generic::cast(
+          pcall, py::return_value_policy::take_ownership, py::handle(), call_type, nullptr, nullptr));
       py::object request = py::none();
       Message* msg = nullptr;
       if (kind == slotrpc::MethodKind::kUnary || kind == slotrpc::MethodKind::kServerStream) {
