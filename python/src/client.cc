@@ -102,6 +102,8 @@ void wait_ready(std::mutex& mu, std::condition_variable& cv, Ready ready,
   }
 }
 
+}  // namespace
+
 // The same for a call's state, through the library's public wait
 // (Future::wait_for in 100 ms slices), so that a caller waits as a C++
 // client's Future does.
@@ -124,6 +126,8 @@ void wait_future(const slotrpc::Future<RawReply>& f, const std::function<void()>
     }
   }
 }
+
+namespace {
 
 // Where an asyncio loop learns that calls completed (slotrpc/aio.py): the
 // channel's loop pushes the call's token and writes the eventfd only when

@@ -97,16 +97,6 @@ Message::Message(slotrpc::RawReply reply, py::object type)
 Message::Message(std::span<const std::byte> borrowed, py::object type)
     : bytes_(borrowed), type_(std::move(type)) {}
 
-namespace {
-const py::detail::type_info* g_message_type = nullptr;
-}  // namespace
-
-py::object wrap_message(Message* m) {
-  if (g_message_type == nullptr) g_message_type = py::detail::get_type_info(typeid(Message));
-  return py::reinterpret_steal<py::object>(py::detail::type_caster_generic::cast(
-      m, py::return_value_policy::take_ownership, py::handle(), g_message_type, nullptr, nullptr));
-}
-
 void Message::check() const {
   if (!valid_)
     throw py::value_error(
@@ -230,21 +220,7 @@ PYBIND11_MODULE(_core, m) {
                                {static_cast<ssize_t>(k.bytes.size())}, {1}, /*readonly=*/true);
       });
 
-  py::class_<Message>(m, "Message",
-                      "A message read in place in its slot (replies: while the object lives)")
-      .def_property_readonly("data", &Message::data,
-                             "read-only memoryview over the slot (released with the message)")
-      .def("copy", &Message::copy, "the bytes, copied: keep these")
-      .def("message", &Message::message, py::arg("type") = py::none(),
-           "type.GetRootAs(self.data, 0): the flatc --python root")
-      .def("bulk_received", &Message::bulk_received, py::arg("i"),
-           "bytes the handler wrote into receive_bulk segment i")
-      .def("release", &Message::release, "gives the slot back now")
-      .def_property_readonly("valid", &Message::valid)
-      .def_property("type", &Message::type, &Message::set_type,
-                    "the flatc --python class message() uses by default")
-      .def("__len__", &Message::size)
-      .def("__bytes__", &Message::copy);
+  bind_message(m);
 
   py::class_<Region>(m, "Region", "Memory registered for bulk payloads")
       .def_property_readonly("size", &Region::size)

@@ -22,6 +22,7 @@
 
 #include <slotrpc/call.h>
 #include <slotrpc/channel.h>
+#include <slotrpc/future.h>
 #include <slotrpc/memory.h>
 #include <slotrpc/reply.h>
 #include <slotrpc/status.h>
@@ -149,6 +150,12 @@ struct PyChannel {
   }
 };
 
+// Waits for a call on a plain thread with the GIL released, through
+// Future::wait_for() in 100 ms slices; between slices Python's signal
+// handlers run, and one that raises runs `cancel`, waits for the call to
+// end (its buffers stay in use until then) and propagates.
+void wait_future(const slotrpc::Future<slotrpc::RawReply>& f, const std::function<void()>& cancel);
+
 // Raises slotrpc.RpcError(code, details) (defined in slotrpc/_status.py).
 [[noreturn]] void raise_status(const slotrpc::Status& status);
 // The status a Python exception stands for: an RpcError's code and
@@ -220,10 +227,11 @@ class Message {
   bool valid_ = true;
 };
 
-// The Python object for a new Message (takes ownership).  Uses the type's
-// pybind11 record looked up once, where py::cast would hash the type's
-// name on every call.
+// The Python object for a new Message (takes ownership), and the Message
+// behind one (message.cc: _core.Message is a plain CPython type).
 py::object wrap_message(Message* m);
+Message& message_of(const py::handle& obj);
+void bind_message(py::module_& m);
 
 // A registered buffer (Channel/Server.register_memory): the region and
 // the Python object whose memory it is, kept alive while the region is.

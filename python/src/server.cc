@@ -124,7 +124,7 @@ class PyServerCall {
   }
   void drop_last() {
     if (last_) {
-      last_.cast<Message&>().release();
+      message_of(last_).release();
       last_ = py::object();
     }
   }

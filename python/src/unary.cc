@@ -57,28 +57,6 @@ py::object bulk_helper(const char* name) {
   return py::module_::import("slotrpc._bulk").attr(name);
 }
 
-// Waits for a call issued on a plain thread whose first wait slice found it
-// not ready: 100 ms slices, with the GIL held only between them to run
-// Python's signal handlers.  A handler that raises cancels the call, which
-// is then waited for (its request and buffers stay in use until it ends)
-// and the exception propagates.
-void wait_with_signals(slotrpc::Future<RawReply>& f) {
-  for (;;) {
-    if (PyErr_CheckSignals() != 0) {
-      py::error_already_set error;
-      f.cancel();
-      {
-        NoGil unlocked;
-        while (!f.wait_for(1h)) {
-        }
-      }
-      throw error;
-    }
-    NoGil unlocked;
-    if (f.wait_for(100ms)) return;
-  }
-}
-
 PyObject* call(UnaryMethod* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   // request, timeout=None, send_bulk=None, receive_bulk=None, max_retries=0
   static const char* const kNames[] = {"request", "timeout", "send_bulk", "receive_bulk", "max_retries"};
@@ -170,7 +148,7 @@ PyObject* call(UnaryMethod* self, PyObject* const* args, size_t nargsf, PyObject
         keep.reset();  // without the GIL: it may be the last reference (close() raced)
         ready = f.wait_for(100ms);
       }
-      if (!ready) wait_with_signals(f);
+      if (!ready) wait_future(f, [&f] { f.cancel(); });
       reply = f.get();  // ready: does not wait
     }
     if (!reply.ok()) raise_status(reply.status());

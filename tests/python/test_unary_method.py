@@ -106,3 +106,27 @@ def test_error_status(stub, types):
     with pytest.raises(RpcError) as e:
         stub.Slow(types.ping(delay_ms=20000), timeout=0.05)
     assert e.value.code() == StatusCode.DEADLINE_EXCEEDED
+
+
+def test_message_object(stub, types):
+    # _core.Message is a plain CPython type (python/src/message.cc).
+    reply = stub.Echo(types.ping(9, "msg"))
+    assert isinstance(reply, slotrpc.Message)
+    assert len(reply) == len(reply.copy()) == len(bytes(reply)) > 0
+    assert reply.message(types.Pong.Pong).Seq() == 9
+    assert reply.message(type=types.Pong.Pong).Text() == b"msg"
+    assert reply.type is types.Pong.Pong and reply.message().Seq() == 9
+    reply.type = None
+    with pytest.raises(TypeError, match="no type given"):
+        reply.message()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'kind'"):
+        reply.message(kind=None)
+    assert reply.bulk_received(0) == 0 and reply.bulk_received(99) == 0
+    assert reply.valid
+    reply.release()
+    assert not reply.valid
+    with pytest.raises(ValueError, match="message released"):
+        reply.data
+    reply.release()  # twice is harmless
+    with pytest.raises(TypeError):
+        slotrpc.Message()
