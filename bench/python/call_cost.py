@@ -14,21 +14,13 @@ and --quiet give a per-call instruction count with few warm-up effects.
 
 import argparse
 import asyncio
+import os
 import statistics
+import sys
 import time
 
-SERVICE = "slotrpc.examples.Echo"
-
-
-def echo_request(seq, payload):
-    import flatbuffers
-    b = flatbuffers.Builder(256)
-    p = b.CreateByteVector(payload)
-    b.StartObject(2)
-    b.PrependUOffsetTRelativeSlot(1, p, 0)
-    b.PrependUint64Slot(0, seq, 0)
-    b.Finish(b.EndObject())
-    return bytes(b.Output())
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from vs_grpcio import SERVICE, echo_request  # noqa: E402
 
 
 def main():

@@ -150,6 +150,22 @@ struct PyChannel {
   }
 };
 
+// Runs `fn` for a plain CPython entry point (unary.cc, message.cc): a C++
+// exception becomes the Python error it stands for, and the result null.
+template <class Fn>
+PyObject* guarded(Fn&& fn) {
+  try {
+    return fn();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (py::builtin_exception& e) {
+    e.set_error();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
 // Waits for a call on a plain thread with the GIL released, through
 // Future::wait_for() in 100 ms slices; between slices Python's signal
 // handlers run, and one that raises runs `cancel`, waits for the call to

@@ -19,21 +19,6 @@ PyTypeObject* g_type = nullptr;
 
 Message& impl_of(PyObject* self) { return *reinterpret_cast<MessageObject*>(self)->impl; }
 
-// Runs `fn`, turning a C++ exception into the Python error it stands for.
-template <class Fn>
-PyObject* guarded(Fn&& fn) {
-  try {
-    return fn();
-  } catch (py::error_already_set& e) {
-    e.restore();
-  } catch (py::builtin_exception& e) {
-    e.set_error();
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-  }
-  return nullptr;
-}
-
 void message_dealloc(PyObject* self) {
   PyTypeObject* type = Py_TYPE(self);
   delete reinterpret_cast<MessageObject*>(self)->impl;

@@ -3,7 +3,8 @@
 // a pybind11 function, because this is the per-call path of every
 // synchronous unary call and pybind11's dispatcher, its argument casters
 // and its type lookups (a hash of the type's name per cast) cost more
-// than the call's own work (callgrind: docs/benchmarks.md, "Python").
+// than the call's own work (callgrind: docs/benchmarks.md, "Python
+// binding beside grpcio").
 //
 // One call issues the request and waits for its reply under a single
 // release of the GIL, with the request read in place from the caller's
@@ -93,7 +94,7 @@ PyObject* call(UnaryMethod* self, PyObject* const* args, size_t nargsf, PyObject
     PyErr_SetString(PyExc_TypeError, "a unary call needs its request");
     return nullptr;
   }
-  try {
+  return guarded([&]() -> PyObject* {
     // The request's bytes, read in place: bytes directly, any other
     // buffer through the buffer protocol, a Builder or a build callback
     // through slotrpc._bulk.message_bytes.
@@ -155,14 +156,7 @@ PyObject* call(UnaryMethod* self, PyObject* const* args, size_t nargsf, PyObject
     return wrap_message(new Message(std::move(reply), py::reinterpret_borrow<py::object>(self->reply_type)))
         .release()
         .ptr();
-  } catch (py::error_already_set& e) {
-    e.restore();
-  } catch (py::builtin_exception& e) {
-    e.set_error();
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-  }
-  return nullptr;
+  });
 }
 
 PyObject* unary_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
