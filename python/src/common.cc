@@ -116,9 +116,10 @@ py::object Message::data() {
         owned_.reset();
       }
       keeper->bytes = bytes_;
-      keeper_ = py::cast(keeper.release(), py::return_value_policy::take_ownership);
+      keeper_ = wrap_slot(std::move(keeper));
     }
-    view_ = py::memoryview(keeper_);
+    view_ = py::reinterpret_steal<py::object>(PyMemoryView_FromObject(keeper_.ptr()));
+    if (!view_) throw py::error_already_set();
   }
   return view_;
 }
@@ -212,13 +213,6 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("seconds"),
       "sleeps; in a handler suspends only its fiber (its loop serves on), elsewhere the thread");
-
-  py::class_<SlotKeeper>(m, "_Slot", py::buffer_protocol())
-      .def_buffer([](SlotKeeper& k) {
-        return py::buffer_info(const_cast<std::byte*>(k.bytes.data()), 1,
-                               py::format_descriptor<uint8_t>::format(), 1,
-                               {static_cast<ssize_t>(k.bytes.size())}, {1}, /*readonly=*/true);
-      });
 
   bind_message(m);
 

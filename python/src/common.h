@@ -247,6 +247,8 @@ class Message {
 // behind one (message.cc: _core.Message is a plain CPython type).
 py::object wrap_message(Message* m);
 Message& message_of(const py::handle& obj);
+// The Python object (_core._Slot, a read-only buffer) owning a SlotKeeper.
+py::object wrap_slot(std::unique_ptr<SlotKeeper> keeper);
 void bind_message(py::module_& m);
 
 // A registered buffer (Channel/Server.register_memory): the region and

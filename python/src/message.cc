@@ -85,7 +85,35 @@ PyGetSetDef message_getset[] = {
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
+// _core._Slot: what a Message's memoryview exports, holding the slot.
+struct SlotObject {
+  PyObject_HEAD
+  SlotKeeper* keeper;
+};
+
+PyTypeObject* g_slot_type = nullptr;
+
+void slot_dealloc(PyObject* self) {
+  PyTypeObject* type = Py_TYPE(self);
+  delete reinterpret_cast<SlotObject*>(self)->keeper;
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+int slot_getbuffer(PyObject* self, Py_buffer* view, int flags) {
+  const SlotKeeper& k = *reinterpret_cast<SlotObject*>(self)->keeper;
+  return PyBuffer_FillInfo(view, self, const_cast<std::byte*>(k.bytes.data()),
+                           static_cast<Py_ssize_t>(k.bytes.size()), /*readonly=*/1, flags);
+}
+
 }  // namespace
+
+py::object wrap_slot(std::unique_ptr<SlotKeeper> keeper) {
+  PyObject* self = g_slot_type->tp_alloc(g_slot_type, 0);
+  if (self == nullptr) throw py::error_already_set();
+  reinterpret_cast<SlotObject*>(self)->keeper = keeper.release();
+  return py::reinterpret_steal<py::object>(self);
+}
 
 py::object wrap_message(Message* m) {
   std::unique_ptr<Message> owned(m);
@@ -117,6 +145,20 @@ void bind_message(py::module_& m) {
   g_type = reinterpret_cast<PyTypeObject*>(type);
   Py_INCREF(type);  // g_type's own reference: the module may be torn down before the last Message
   m.add_object("Message", py::reinterpret_steal<py::object>(type));
+
+  static PyType_Slot slot_slots[] = {
+      {Py_tp_dealloc, reinterpret_cast<void*>(&slot_dealloc)},
+      {Py_bf_getbuffer, reinterpret_cast<void*>(&slot_getbuffer)},
+      {Py_tp_doc, const_cast<char*>("The slot behind a Message's memoryview")},
+      {0, nullptr},
+  };
+  static PyType_Spec slot_spec = {"slotrpc._core._Slot", sizeof(SlotObject), 0,
+                                  Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION, slot_slots};
+  PyObject* slot_type = PyType_FromSpec(&slot_spec);
+  if (slot_type == nullptr) throw py::error_already_set();
+  g_slot_type = reinterpret_cast<PyTypeObject*>(slot_type);
+  Py_INCREF(slot_type);
+  m.add_object("_Slot", py::reinterpret_steal<py::object>(slot_type));
 }
 
 }  // namespace slotrpc_py
