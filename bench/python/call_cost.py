@@ -10,6 +10,7 @@ Modes: sync (64 B unary calls one after the other: p50 and mean, in us),
 aio (calls/s with --outstanding asyncio calls in flight), data (as sync,
 reading each reply's bytes through .data).  Under callgrind, --calls small
 and --quiet give a per-call instruction count with few warm-up effects.
+--serve runs the Python server side instead, for the handler's cost.
 """
 
 import argparse
@@ -23,15 +24,35 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from vs_grpcio import SERVICE, echo_request  # noqa: E402
 
 
+def serve(port_file, stop_file):
+    """A Python server's handler cost, for a profile of its loop thread
+    under a C++ client (examples/echo's echo_client)."""
+    import slotrpc
+    server = slotrpc.Server()
+    server.add_method(SERVICE, "Echo", slotrpc.MethodKind.UNARY, lambda req, ctx: req.copy())
+    server.start("127.0.0.1:0")
+    with open(port_file, "w") as f:
+        f.write(str(server.port))
+    while not os.path.exists(stop_file):
+        time.sleep(0.2)
+    server.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--address", required=True)
+    ap.add_argument("--address")
     ap.add_argument("--transport", default="tcp")
     ap.add_argument("--mode", default="sync", choices=("sync", "aio", "data"))
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--outstanding", type=int, default=32)
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--serve", metavar="PORT_FILE",
+                    help="instead: serve Echo from Python (the handler returns req.copy()) on a free port, "
+                         "written to PORT_FILE, until --stop-file exists")
+    ap.add_argument("--stop-file", default="stop")
     args = ap.parse_args()
+    if args.serve:
+        return serve(args.serve, args.stop_file)
 
     import slotrpc
     import slotrpc.aio
