@@ -12,14 +12,23 @@ port), then measures from this process:
 slotrpc over TCP and over shared memory, grpcio over TCP.  The messages are
 examples/echo/echo.fbs's EchoRequest (seq and a payload); both servers
 answer with the request's bytes, which is a valid EchoReply (same layout).
+
+The C++ client's figures come from the same run, between the Python ones
+(--cxx-bench, default build/bench/slotrpc-bench: its latency mode with
+Future::get() and its bulk mode's 64 MiB echo), and so does the Python
+client against the C++ examples/echo server (--echo-server), which
+separates the client's cost from the Python server's.  --rounds repeats
+the whole set, interleaved.
 """
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -104,15 +113,68 @@ async def rate(call, request, outstanding, seconds):
     return done[0] / (time.monotonic() - t0)
 
 
+def cxx_figures(bench, calls):
+    """The C++ client's p50 (Future::get(), 64 B) and 64 MiB bulk echo p50
+    over shm and tcp, from slotrpc-bench (its own C++ server)."""
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "lat.json")
+        subprocess.run([bench, "--modes", "latency", "--transports", "shm,tcp", "--sizes", "64", "--wait", "future",
+                        "--warmup", str(calls // 10), "--calls", str(calls), "--json", out],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for r in json.load(open(out))["results"]:
+            rows.setdefault(r["system"].replace("slotrpc-", ""), {})["p50"] = r["p50_us"]
+        out = os.path.join(tmp, "bulk.json")
+        subprocess.run([bench, "--modes", "bulk", "--transports", "bulk-shm,bulk-tcp", "--bulk-sizes", str(TENSOR),
+                        "--bulk-calls", "5", "--json", out],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for r in json.load(open(out))["results"]:
+            rows.setdefault(r["system"].replace("slotrpc-bulk-", ""), {})["tensor_ms"] = r["p50_us"] / 1000
+    return rows
+
+
+def python_vs_cxx_server(echo_server, transport, calls):
+    """The Python client's 64 B p50 against examples/echo's C++ server."""
+    import slotrpc
+    with tempfile.TemporaryDirectory() as tmp:
+        port_file = os.path.join(tmp, "port")
+        srv = subprocess.Popen([echo_server, "--listen", "127.0.0.1:0", "--port-file", port_file],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            while not os.path.exists(port_file) or not open(port_file).read().strip():
+                if srv.poll() is not None:
+                    raise RuntimeError(f"{echo_server} exited with {srv.returncode}")
+                time.sleep(0.01)
+            port = int(open(port_file).read())
+            with slotrpc.Channel(f"127.0.0.1:{port}", transport=transport) as ch:
+                return p50_us(ch.unary_unary(SERVICE + ".Echo"), echo_request(1, bytes(range(40))), calls)
+        finally:
+            srv.terminate()
+            srv.wait()
+
+
 def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    build = os.path.join(here, "..", "..", "build")
     ap = argparse.ArgumentParser()
     ap.add_argument("--serve", action="store_true")
     ap.add_argument("--calls", type=int, default=5000)
     ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--cxx-bench", default=os.path.join(build, "bench", "slotrpc-bench"),
+                    help="slotrpc-bench for the C++ client's figures ('' to skip)")
+    ap.add_argument("--echo-server", default=os.path.join(build, "examples", "echo", "echo_server"),
+                    help="examples/echo's C++ server for the Python client alone ('' to skip)")
     args = ap.parse_args()
     if args.serve:
         return serve()
+    for r in range(args.rounds):
+        if args.rounds > 1:
+            print(f"\nround {r + 1} of {args.rounds}", flush=True)
+        one_round(args)
 
+
+def one_round(args):
     import grpc
 
     import slotrpc
@@ -172,9 +234,32 @@ def main():
         server.stdin.close()
         server.wait(timeout=30)
 
+    cxx = cxx_figures(args.cxx_bench, args.calls) if args.cxx_bench else {}
+    for transport in ("tcp", "shm"):
+        if transport in cxx:
+            c = cxx[transport]
+            rows.append((f"C++ {transport}", c.get("p50", float("nan")), float("nan"), c.get("tensor_ms", float("nan"))))
+    if args.echo_server:
+        for transport in ("tcp", "shm"):
+            rows.append((f"py->C++ {transport}", python_vs_cxx_server(args.echo_server, transport, args.calls),
+                         float("nan"), float("nan")))
+
     print(f"{'':14} {'64 B p50 (us)':>14} {'calls/s @32':>12} {'64 MiB round trip (ms)':>23}")
     for name, p50, cps, ms in rows:
         print(f"{name:14} {p50:14.1f} {cps:12.0f} {ms:23.1f}")
+    fig = {name: (p50, cps, ms) for name, p50, cps, ms in rows}
+    g = fig["grpcio tcp"]
+    t = fig["slotrpc tcp"]
+    print(f"slotrpc tcp / grpcio: p50 1/{g[0] / t[0]:.1f}, calls/s {t[1] / g[1]:.1f}x")
+    for transport in ("tcp", "shm"):
+        if f"C++ {transport}" in fig:
+            c = fig[f"C++ {transport}"]
+            p = fig[f"slotrpc {transport}"]
+            line = f"python / C++ over {transport}: p50 {p[0] / c[0]:.1f}x, 64 MiB {p[2] / c[2]:.2f}x"
+            if f"py->C++ {transport}" in fig:
+                line += f"; python client against the C++ server: p50 {fig[f'py->C++ {transport}'][0] / c[0]:.1f}x"
+            print(line)
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -27,7 +27,13 @@ class Channel:
 
     # grpcio's names: what generated stubs call.
     def unary_unary(self, method, reply_type=None, idempotent=False):
-        return UnaryUnary(self, _method_id(method), reply_type, idempotent)
+        """The method's callable: m(request, timeout=None, send_bulk=None,
+        receive_bulk=None, max_retries=0) is the reply; m.future(...) a
+        Future.  The call itself is native (_core.UnaryMethod): it is the
+        per-call path of every synchronous unary call."""
+        method_id = _method_id(method)
+        futures = UnaryUnary(self, method_id, reply_type, idempotent)
+        return _core.UnaryMethod(self._core, method_id, reply_type, idempotent, futures.future)
 
     def unary_stream(self, method, reply_type=None):
         return UnaryStream(self, _method_id(method), reply_type)
@@ -110,6 +116,8 @@ class Future:
 
 
 class UnaryUnary:
+    """A unary method's Future form (Channel.unary_unary's `.future`)."""
+
     def __init__(self, channel, method_id, reply_type, idempotent):
         self._channel = channel
         self._id = method_id
@@ -121,14 +129,6 @@ class UnaryUnary:
             self._id, message_bytes(request), timeout, bulk_list(send_bulk), bulk_list(receive_bulk),
             self._idempotent, max_retries)
         return Future(core, self._reply_type)
-
-    def __call__(self, request, timeout=None, send_bulk=None, receive_bulk=None, max_retries=0):
-        """The reply (a Message: .data, .copy(), .message()), or RpcError."""
-        # future(...).result() without the Future wrapper: this is the
-        # per-call path of every synchronous unary call.
-        return self._channel._core.call(
-            self._id, message_bytes(request), timeout, bulk_list(send_bulk), bulk_list(receive_bulk),
-            self._idempotent, max_retries).result(self._reply_type)
 
 
 class ReplyIterator:

@@ -125,9 +125,32 @@ class _UnaryUnary:
         self._idempotent = idempotent
 
     async def __call__(self, request, timeout=None, send_bulk=None, receive_bulk=None, max_retries=0):
-        core = self._channel._core.call(self._id, message_bytes(request), timeout, bulk_list(send_bulk),
-                                        bulk_list(receive_bulk), self._idempotent, max_retries)
-        return await _completion(core, self._reply_type)
+        # _completion() inlined, and the call issued with its queue and
+        # token in one step: this is the per-call path of asyncio clients.
+        loop = asyncio.get_running_loop()
+        completions = getattr(loop, "_slotrpc_completions", None) or _completions_of(loop)
+        done = loop.create_future()
+        completions.next_token = token = completions.next_token + 1
+        completions.waiting[token] = done
+        if type(request) is not bytes:
+            request = message_bytes(request)
+        if send_bulk is not None:
+            send_bulk = bulk_list(send_bulk)
+        if receive_bulk is not None:
+            receive_bulk = bulk_list(receive_bulk)
+        try:
+            core = self._channel._core.call_queued(self._id, request, completions.queue, token, timeout, send_bulk,
+                                                   receive_bulk, self._idempotent, max_retries)
+        except BaseException:
+            completions.waiting.pop(token, None)
+            raise
+        try:
+            await done
+        except asyncio.CancelledError:
+            completions.waiting.pop(token, None)
+            core.cancel()
+            raise
+        return core.result(self._reply_type)  # ready: does not wait
 
 
 class _Replies:

@@ -102,15 +102,16 @@ void wait_ready(std::mutex& mu, std::condition_variable& cv, Ready ready,
   }
 }
 
-// The same for a Future's state (slotrpc/detail/shared_state.h), which
-// waits on its own ready word rather than a condition variable.
-template <class T>
-void wait_state(slotrpc::detail::SharedState<T>& state, const std::function<void()>& cancel) {
-  constexpr int64_t kSignalCheckNs = 100'000'000;  // 100 ms
+}  // namespace
+
+// The same for a call's state, through the library's public wait
+// (Future::wait_for in 100 ms slices), so that a caller waits as a C++
+// client's Future does.
+void wait_future(const slotrpc::Future<RawReply>& f, const std::function<void()>& cancel) {
   for (;;) {
     {
       Unlocked unlocked;
-      if (state.wait_for_ns(kSignalCheckNs)) return;
+      if (f.wait_for(100ms)) return;
     }
     if (PyErr_CheckSignals() != 0) {
       py::error_already_set error;
@@ -118,12 +119,15 @@ void wait_state(slotrpc::detail::SharedState<T>& state, const std::function<void
       {
         // The call's buffers stay in use until it completes.
         Unlocked unlocked;
-        state.wait();
+        while (!f.wait_for(1h)) {
+        }
       }
       throw error;
     }
   }
 }
+
+namespace {
 
 // Where an asyncio loop learns that calls completed (slotrpc/aio.py): the
 // channel's loop pushes the call's token and writes the eventfd only when
@@ -169,7 +173,7 @@ struct CompletionQueue {
 };
 
 // One unary or client-stream reply, as a future.
-struct CallState {
+struct CallState : std::enable_shared_from_this<CallState> {
   slotrpc::detail::SharedState<RawReply> reply;
   slotrpc::CallHandle handle;
   bool taken = false;  // result() moved the reply out (the Python wrapper caches it)
@@ -218,7 +222,11 @@ struct CallState {
       reply.wait();
       return;
     }
-    wait_state(reply, [this] { handle.cancel(); });
+    if (reply.ready()) return;
+    // A Future over this state (sharing its ownership) for the public wait.
+    const slotrpc::Future<RawReply> f(
+        std::shared_ptr<slotrpc::detail::SharedState<RawReply>>(shared_from_this(), &reply));
+    wait_future(f, [this] { handle.cancel(); });
   }
 
   py::object result(py::object reply_type) {
@@ -232,26 +240,15 @@ struct CallState {
     if (taken) throw py::value_error("result() already taken");
     taken = true;
     // The Message takes the slot.
-    return py::cast(new Message(std::move(*raw), std::move(reply_type)),
-                    py::return_value_policy::take_ownership);
-  }
-};
-
-// Shared, so that close() on one thread cannot free the channel under a
-// call another thread is issuing (with the GIL released).
-struct PyChannel {
-  std::shared_ptr<slotrpc::Channel> channel;
-
-  std::shared_ptr<slotrpc::Channel> get() {
-    if (!channel) throw py::value_error("channel is closed");
-    return channel;
+    return wrap_message(new Message(std::move(*raw), std::move(reply_type)));
   }
 };
 
 std::shared_ptr<CallState> start_call(PyChannel& self, uint32_t id, const py::object& request,
                                       const py::object& timeout, const py::object& send_bulk,
                                       const py::object& receive_bulk, bool idempotent,
-                                      uint32_t max_retries) {
+                                      uint32_t max_retries, std::shared_ptr<CompletionQueue> queue = nullptr,
+                                      uint64_t token = 0) {
   std::shared_ptr<slotrpc::Channel> keep = self.get();
   slotrpc::Channel& ch = *keep;
   auto bytes = std::make_shared<const std::string>(request_bytes(request));
@@ -259,6 +256,8 @@ std::shared_ptr<CallState> start_call(PyChannel& self, uint32_t id, const py::ob
   options.idempotent = idempotent;
   options.max_retries = max_retries;
   auto state = std::make_shared<CallState>();
+  state->queue = std::move(queue);  // before the call: no reply can precede it
+  state->token = token;
   if (!send_bulk.is_none() || !receive_bulk.is_none()) {
     state->bulk = std::make_unique<BulkHold>();
     add_bulk(options, send_bulk, receive_bulk, *state->bulk);
@@ -362,8 +361,7 @@ struct InStream {
       return py::none();
     }
     if (!m->ok()) raise_status(m->status());
-    return py::cast(new Message(std::move(*m), std::move(reply_type)),
-                    py::return_value_policy::take_ownership);
+    return wrap_message(new Message(std::move(*m), std::move(reply_type)));
   }
 };
 
@@ -489,9 +487,24 @@ void bind_client(py::module_& m) {
              return c;
            }),
            py::arg("address"), py::arg("settings") = py::dict())
-      .def("call", &start_call, py::arg("method_id"), py::arg("request"), py::arg("timeout") = py::none(),
+      .def("call",
+           [](PyChannel& self, uint32_t id, const py::object& request, const py::object& timeout,
+              const py::object& send_bulk, const py::object& receive_bulk, bool idempotent, uint32_t max_retries) {
+             return start_call(self, id, request, timeout, send_bulk, receive_bulk, idempotent, max_retries);
+           },
+           py::arg("method_id"), py::arg("request"), py::arg("timeout") = py::none(),
            py::arg("send_bulk") = py::none(), py::arg("receive_bulk") = py::none(),
            py::arg("idempotent") = false, py::arg("max_retries") = 0)
+      .def(
+          "call_queued",
+          [](PyChannel& self, uint32_t id, const py::object& request, std::shared_ptr<CompletionQueue> queue,
+             uint64_t token, const py::object& timeout, const py::object& send_bulk, const py::object& receive_bulk,
+             bool idempotent, uint32_t max_retries) {
+            // call() and notify_queue() in one: the asyncio client's per-call path.
+            return start_call(self, id, request, timeout, send_bulk, receive_bulk, idempotent, max_retries,
+                              std::move(queue), token);
+          },
+          "call() that posts `token` to `queue` when it completes")
       .def(
           "call_stream",
           [](PyChannel& self, uint32_t id, const py::object& request, const py::object& timeout) {

@@ -84,21 +84,18 @@ std::string request_bytes(const py::handle& obj) {
 
 // ------------------------------------------------------------------ Message
 
-Message::Message(slotrpc::RawReply reply, py::object type) : type_(std::move(type)) {
-  for (size_t i = 0; i < slotrpc::kMaxBulkSegments; ++i) bulk_received_.push_back(reply.bulk_received(i));
-  auto keeper = std::make_unique<SlotKeeper>();
-  keeper->reply = std::move(reply);
-  keeper->bytes = keeper->reply.payload();
-  bytes_ = keeper->bytes;
-  keeper_ = py::cast(keeper.release(), py::return_value_policy::take_ownership);
+Message::Message(slotrpc::RawReply reply, py::object type)
+    : owned_(std::move(reply)), bytes_(owned_->payload()), type_(std::move(type)) {
+  for (size_t i = slotrpc::kMaxBulkSegments; i-- > 0;) {
+    if (const uint64_t n = owned_->bulk_received(i); n != 0) {
+      if (bulk_received_.empty()) bulk_received_.resize(i + 1);
+      bulk_received_[i] = n;
+    }
+  }
 }
 
 Message::Message(std::span<const std::byte> borrowed, py::object type)
-    : bytes_(borrowed), type_(std::move(type)) {
-  auto keeper = std::make_unique<SlotKeeper>();
-  keeper->bytes = borrowed;
-  keeper_ = py::cast(keeper.release(), py::return_value_policy::take_ownership);
-}
+    : bytes_(borrowed), type_(std::move(type)) {}
 
 void Message::check() const {
   if (!valid_)
@@ -110,7 +107,20 @@ void Message::check() const {
 
 py::object Message::data() {
   check();
-  if (!view_) view_ = py::memoryview(keeper_);  // holds the keeper, hence the slot
+  if (!view_) {
+    if (!keeper_) {
+      // The view holds the keeper, and the keeper the reply, hence the slot.
+      auto keeper = std::make_unique<SlotKeeper>();
+      if (owned_) {
+        keeper->reply = std::move(*owned_);
+        owned_.reset();
+      }
+      keeper->bytes = bytes_;
+      keeper_ = wrap_slot(std::move(keeper));
+    }
+    view_ = py::reinterpret_steal<py::object>(PyMemoryView_FromObject(keeper_.ptr()));
+    if (!view_) throw py::error_already_set();
+  }
   return view_;
 }
 
@@ -137,6 +147,7 @@ void Message::release() {
   valid_ = false;
   bytes_ = {};
   keeper_ = py::object();
+  owned_.reset();
 }
 
 // ------------------------------------------------------------------ bulk
@@ -203,28 +214,7 @@ PYBIND11_MODULE(_core, m) {
       py::arg("seconds"),
       "sleeps; in a handler suspends only its fiber (its loop serves on), elsewhere the thread");
 
-  py::class_<SlotKeeper>(m, "_Slot", py::buffer_protocol())
-      .def_buffer([](SlotKeeper& k) {
-        return py::buffer_info(const_cast<std::byte*>(k.bytes.data()), 1,
-                               py::format_descriptor<uint8_t>::format(), 1,
-                               {static_cast<ssize_t>(k.bytes.size())}, {1}, /*readonly=*/true);
-      });
-
-  py::class_<Message>(m, "Message",
-                      "A message read in place in its slot (replies: while the object lives)")
-      .def_property_readonly("data", &Message::data,
-                             "read-only memoryview over the slot (released with the message)")
-      .def("copy", &Message::copy, "the bytes, copied: keep these")
-      .def("message", &Message::message, py::arg("type") = py::none(),
-           "type.GetRootAs(self.data, 0): the flatc --python root")
-      .def("bulk_received", &Message::bulk_received, py::arg("i"),
-           "bytes the handler wrote into receive_bulk segment i")
-      .def("release", &Message::release, "gives the slot back now")
-      .def_property_readonly("valid", &Message::valid)
-      .def_property("type", &Message::type, &Message::set_type,
-                    "the flatc --python class message() uses by default")
-      .def("__len__", &Message::size)
-      .def("__bytes__", &Message::copy);
+  bind_message(m);
 
   py::class_<Region>(m, "Region", "Memory registered for bulk payloads")
       .def_property_readonly("size", &Region::size)
@@ -232,5 +222,6 @@ PYBIND11_MODULE(_core, m) {
       .def("release", [](Region& r) { r.region.release(); });
 
   bind_client(m);
+  bind_unary(m);
   bind_server(m);
 }

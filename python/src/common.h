@@ -22,6 +22,7 @@
 
 #include <slotrpc/call.h>
 #include <slotrpc/channel.h>
+#include <slotrpc/future.h>
 #include <slotrpc/memory.h>
 #include <slotrpc/reply.h>
 #include <slotrpc/status.h>
@@ -137,6 +138,40 @@ class Unlocked {
   PyThreadState* ts_;
 };
 
+// A Channel as Python holds it.  Shared, so that close() on one thread
+// cannot free the channel under a call another thread is issuing (with
+// the GIL released).
+struct PyChannel {
+  std::shared_ptr<slotrpc::Channel> channel;
+
+  std::shared_ptr<slotrpc::Channel> get() {
+    if (!channel) throw py::value_error("channel is closed");
+    return channel;
+  }
+};
+
+// Runs `fn` for a plain CPython entry point (unary.cc, message.cc): a C++
+// exception becomes the Python error it stands for, and the result null.
+template <class Fn>
+PyObject* guarded(Fn&& fn) {
+  try {
+    return fn();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (py::builtin_exception& e) {
+    e.set_error();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+// Waits for a call on a plain thread with the GIL released, through
+// Future::wait_for() in 100 ms slices; between slices Python's signal
+// handlers run, and one that raises runs `cancel`, waits for the call to
+// end (its buffers stay in use until then) and propagates.
+void wait_future(const slotrpc::Future<slotrpc::RawReply>& f, const std::function<void()>& cancel);
+
 // Raises slotrpc.RpcError(code, details) (defined in slotrpc/_status.py).
 [[noreturn]] void raise_status(const slotrpc::Status& status);
 // The status a Python exception stands for: an RpcError's code and
@@ -179,6 +214,9 @@ struct SlotKeeper {
 // valid until the next stream read or until the handler returns).  `.data`
 // is a read-only memoryview over the slot; release() releases that view,
 // so a stale read raises ValueError instead of seeing another call's bytes.
+// The SlotKeeper the view exports is made on the first `.data`, not per
+// call: a reply that is only copied, measured or dropped costs one Python
+// object, not two.
 class Message {
  public:
   Message(slotrpc::RawReply reply, py::object type);
@@ -196,13 +234,22 @@ class Message {
 
  private:
   void check() const;
-  py::object keeper_;  // SlotKeeper
+  std::optional<slotrpc::RawReply> owned_;  // a reply's, until a view takes it
+  py::object keeper_;                       // SlotKeeper, once a view exists
   std::span<const std::byte> bytes_;
-  std::vector<uint64_t> bulk_received_;
+  std::vector<uint64_t> bulk_received_;     // empty unless the call had receive_bulk
   py::object type_;
   py::object view_;  // the memoryview handed out
   bool valid_ = true;
 };
+
+// The Python object for a new Message (takes ownership), and the Message
+// behind one (message.cc: _core.Message is a plain CPython type).
+py::object wrap_message(Message* m);
+Message& message_of(const py::handle& obj);
+// The Python object (_core._Slot, a read-only buffer) owning a SlotKeeper.
+py::object wrap_slot(std::unique_ptr<SlotKeeper> keeper);
+void bind_message(py::module_& m);
 
 // A registered buffer (Channel/Server.register_memory): the region and
 // the Python object whose memory it is, kept alive while the region is.
@@ -233,6 +280,8 @@ std::string request_bytes(const py::handle& obj);
 slotrpc::Config config_from(const py::dict& settings);
 
 void bind_client(py::module_& m);
+// _core.UnaryMethod, a synchronous unary method's callable (unary.cc).
+void bind_unary(py::module_& m);
 void bind_server(py::module_& m);
 
 }  // namespace slotrpc_py

@@ -76,7 +76,7 @@ class PyServerCall {
       if (!status.ok()) raise_status(status);
       return py::none();
     }
-    last_ = py::cast(new Message(msg, py::none()), py::return_value_policy::take_ownership);
+    last_ = wrap_message(new Message(msg, py::none()));
     return last_;
   }
 
@@ -124,7 +124,7 @@ class PyServerCall {
   }
   void drop_last() {
     if (last_) {
-      last_.cast<Message&>().release();
+      message_of(last_).release();
       last_ = py::object();
     }
   }
@@ -160,12 +160,14 @@ slotrpc::Handler make_handler(PyObject* fn, slotrpc::MethodKind kind) {
       // Raw pointers kept beside the objects: a cast<T&>() back costs a
       // pybind11 type lookup (a hash of the type's name) per call.
       auto* pcall = new PyServerCall(call);
-      py::object ctx = py::cast(pcall, py::return_value_policy::take_ownership);
+      static const py::detail::type_info* call_type = py::detail::get_type_info(typeid(PyServerCall));
+      py::object ctx = py::reinterpret_steal<py::object>(py::detail::type_caster_generic::cast(
+          pcall, py::return_value_policy::take_ownership, py::handle(), call_type, nullptr, nullptr));
       py::object request = py::none();
       Message* msg = nullptr;
       if (kind == slotrpc::MethodKind::kUnary || kind == slotrpc::MethodKind::kServerStream) {
         msg = new Message(call.request(), py::none());
-        request = py::cast(msg, py::return_value_policy::take_ownership);
+        request = wrap_message(msg);
       }
       try {
         py::object result = py::reinterpret_borrow<py::object>(fn)(request, ctx);
