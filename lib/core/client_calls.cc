@@ -19,10 +19,9 @@
 
 namespace slotrpc::detail {
 struct ReplyAccess {
-  static void set_bulk_received(RawReply& reply, std::vector<uint64_t> lengths) {
-    reply.set_bulk_received(std::move(lengths));
+  static void set_extras(RawReply& reply, std::unique_ptr<ReplyExtras> extras) {
+    reply.set_extras(std::move(extras));
   }
-  static void set_trailers(RawReply& reply, Metadata trailers) { reply.trailers_ = std::move(trailers); }
 };
 }  // namespace slotrpc::detail
 
@@ -99,7 +98,7 @@ void ClientSession::submit(PendingCall* call) {
                                                "streaming (it predates the feature)",
                                                peer_)));
   }
-  if (!call->send_bulk.empty() || !call->receive_bulk.empty()) {
+  if (call->has_bulk()) [[unlikely]] {
     if (call->stream || call->client_stream) {
       return fail_later(call, Status(StatusCode::kInvalidArgument,
                                      "bulk segments (CallOptions::send_bulk / receive_bulk) are for "
@@ -197,13 +196,15 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
     fail_later(call, failed.status());
   };
   size_t block_bytes = 0;
-  if (!call->send_bulk.empty() || !call->receive_bulk.empty()) {
-    if (Status st = expose_bulk(call, b, &block_bytes); !st.ok()) return abandon(std::move(st));
-  }
   size_t meta_bytes = 0;
-  if (!call->metadata.empty()) {
-    if (Status st = write_metadata(call, b, block_bytes, &meta_bytes); !st.ok())
-      return abandon(std::move(st));
+  if (call->extras) [[unlikely]] {
+    if (call->has_bulk()) {
+      if (Status st = expose_bulk(call, b, &block_bytes); !st.ok()) return abandon(std::move(st));
+    }
+    if (call->has_metadata()) {
+      if (Status st = write_metadata(call, b, block_bytes, &meta_bytes); !st.ok())
+        return abandon(std::move(st));
+    }
   }
 
   ++s.generation;
@@ -234,7 +235,7 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
   if (call->counters != nullptr) {
     call->counters->calls.bytes_out += kHeaderSize + h.payload_len;
     call->method_counters->bytes_out += kHeaderSize + h.payload_len;
-    if (call->exposure) count_bulk_out(*call);
+    if (call->exposure() != nullptr) [[unlikely]] count_bulk_out(*call);
   }
   link_->arm(slot);  // the reply may now land in our receive slot
   outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), slot,
@@ -271,7 +272,7 @@ void ClientSession::abort_call(uint16_t slot, Status status, uint16_t wire_statu
   loop_.timers().cancel(call->timer);
   call->timer = 0;
   send_control(Kind::kCancel, slot, s.generation, s.request_id, 0, wire_status);
-  if (call->exposure) return end_call(call, RawReply(std::move(status)));
+  if (call->exposure() != nullptr) return end_call(call, RawReply(std::move(status)));
   fail(call, std::move(status));
 }
 
@@ -319,7 +320,7 @@ void ClientSession::on_message(const transport::Completion& c) {
   s.call = nullptr;
   if (call->method_counters != nullptr) call->method_counters->bytes_in += c.length;
   loop_.timers().cancel(call->timer);
-  if (h.bulk() && (call->exposure == nullptr || h.kind() != Kind::kReply)) {
+  if (h.bulk() && (call->exposure() == nullptr || h.kind() != Kind::kReply)) {
     // The session goes first (its link's close makes every exposure
     // unreachable), then the caller learns.
     protocol_error(fmt::format("reply in slot {} carries a bulk block, but its call has no bulk segments",
@@ -336,27 +337,18 @@ void ClientSession::on_message(const transport::Completion& c) {
     ++late_replies_dropped_;
     end_stream(h.slot);
     free_slot(h.slot);
-    if (call->exposure) return end_call(call, RawReply(deadline_exceeded(*call)));
+    if (call->exposure() != nullptr) return end_call(call, RawReply(deadline_exceeded(*call)));
     return fail(call, deadline_exceeded(*call));
   }
   std::span<const std::byte> payload(bytes + kHeaderSize, h.payload_len);
-  Metadata trailers;
-  if (h.metadata()) {
-    // Trailers: copied out, so that they outlive the slot (and come with
-    // errors, which hold none).
-    auto len = check_metadata_block(payload);
-    if (!len.ok()) {
-      protocol_error(fmt::format("reply in slot {}: {}", h.slot, len.status().message()));
-      return complete(call, Status(StatusCode::kUnavailable,
-                                   "the server sent a malformed reply: " + len.status().message()));
+  // Trailers and bulk lengths, for the few replies with either (null
+  // otherwise: a reply without them constructs nothing for them).
+  std::unique_ptr<::slotrpc::detail::ReplyExtras> extras;
+  if (h.metadata()) [[unlikely]] {
+    if (Status st = take_trailers(payload, extras); !st.ok()) {
+      protocol_error(fmt::format("reply in slot {}: {}", h.slot, st.message()));
+      return complete(call, Status(StatusCode::kUnavailable, "the server sent a malformed reply: " + st.message()));
     }
-    const MetadataView view(payload.first(len.value()));
-    trailers.reserve(view.size());
-    for (size_t i = 0; i < view.size(); ++i) {
-      auto [k, v] = view.at(i);
-      trailers.emplace_back(std::string(k), std::string(v));
-    }
-    payload = payload.subspan(len.value());
   }
   if (call->stream) {
     // The final status of a stream: no more messages will come.  (A
@@ -380,28 +372,27 @@ void ClientSession::on_message(const transport::Completion& c) {
     std::string message(reinterpret_cast<const char*>(payload.data()), payload.size());
     free_slot(h.slot);
     RawReply failed(Status(static_cast<StatusCode>(h.status), std::move(message)));
-    if (!trailers.empty()) ::slotrpc::detail::ReplyAccess::set_trailers(failed, std::move(trailers));
+    if (extras) ::slotrpc::detail::ReplyAccess::set_extras(failed, std::move(extras));
     return end_call(call, std::move(failed));
   }
-  std::vector<uint64_t> received;
-  if (h.bulk()) {
+  if (h.bulk()) [[unlikely]] {
     // How much the handler wrote into each receive segment, checked
     // against what the call offered.
-    const std::vector<uint64_t>& lengths = call->exposure->receive_lengths();
+    const std::vector<uint64_t>& lengths = call->exposure()->receive_lengths();
     std::array<uint64_t, kMaxBulkSegments> written{};
     size_t block = 0;
     if (Status st = bulk::decode_reply_block(payload, lengths, written, &block); !st.ok()) {
       protocol_error(st.message());
       return complete(call, Status(StatusCode::kUnavailable, "the server sent a malformed reply: " + st.message()));
     }
-    received.assign(written.begin(), written.begin() + static_cast<std::ptrdiff_t>(lengths.size()));
-    count_bulk_in(*call, received);
+    if (!extras) extras = std::make_unique<::slotrpc::detail::ReplyExtras>();
+    extras->bulk_received.assign(written.begin(), written.begin() + static_cast<std::ptrdiff_t>(lengths.size()));
+    count_bulk_in(*call, extras->bulk_received);
     payload = payload.subspan(block);
   }
   s.state = SlotState::kHeld;  // until the application drops the reply
-  RawReply reply(Status(), payload, shared_from_this(), h.slot, h.generation);
-  if (!received.empty()) ::slotrpc::detail::ReplyAccess::set_bulk_received(reply, std::move(received));
-  if (!trailers.empty()) ::slotrpc::detail::ReplyAccess::set_trailers(reply, std::move(trailers));
+  RawReply reply(payload, shared_from_this(), h.slot, h.generation);
+  if (extras) [[unlikely]] ::slotrpc::detail::ReplyAccess::set_extras(reply, std::move(extras));
   end_call(call, std::move(reply));
 }
 
@@ -457,7 +448,7 @@ void ClientSession::pump_queue() {
 // server, counted as it is sent, and those the server wrote for it.
 void ClientSession::count_bulk_out(const PendingCall& call) {
   uint64_t n = 0;
-  for (const BulkSegment& seg : call.send_bulk) n += seg.length;
+  for (const BulkSegment& seg : call.extras->send_bulk) n += seg.length;
   call.counters->calls.bulk_bytes_out += n;
   call.method_counters->bulk_bytes_out += n;
 }
@@ -582,6 +573,24 @@ void ClientSession::cancel(uint64_t request_id, Status status) {
 
 namespace slotrpc::core {
 
+// Cold path: a reply's trailers, checked and copied out (they outlive the
+// slot, and come with errors, which hold none); `payload` then starts after
+// them.
+Status ClientSession::take_trailers(std::span<const std::byte>& payload,
+                                    std::unique_ptr<::slotrpc::detail::ReplyExtras>& extras) {
+  auto len = check_metadata_block(payload);
+  if (!len.ok()) return len.status();
+  const MetadataView view(payload.first(len.value()));
+  extras = std::make_unique<::slotrpc::detail::ReplyExtras>();
+  extras->trailers.reserve(view.size());
+  for (size_t i = 0; i < view.size(); ++i) {
+    auto [k, v] = view.at(i);
+    extras->trailers.emplace_back(std::string(k), std::string(v));
+  }
+  payload = payload.subspan(len.value());
+  return {};
+}
+
 Status ClientSession::write_metadata(PendingCall* call, SlotBuilder& b, size_t block_bytes,
                                      size_t* bytes) {
   if ((peer_features_ & kFeatureMetadata) == 0) {
@@ -589,7 +598,7 @@ Status ClientSession::write_metadata(PendingCall* call, SlotBuilder& b, size_t b
                   fmt::format("the server at {} does not take call metadata (it predates the feature)",
                               peer_));
   }
-  auto n = metadata_block_bytes(call->metadata, "call metadata");
+  auto n = metadata_block_bytes(call->extras->metadata, "call metadata");
   if (!n.ok()) return n.status();
   const size_t flatbuffer_len = b.is_finished() ? b.GetSize() : 0;
   if (flatbuffer_len + block_bytes + n.value() > b.payload_capacity()) {
@@ -610,7 +619,7 @@ Status ClientSession::write_metadata(PendingCall* call, SlotBuilder& b, size_t b
   } else {
     at = reinterpret_cast<std::byte*>(b.GetBufferPointer()) - block_bytes - n.value();
   }
-  encode_metadata(call->metadata, at, n.value());
+  encode_metadata(call->extras->metadata, at, n.value());
   *bytes = n.value();
   return {};
 }
