@@ -280,7 +280,7 @@ void ClientSession::abort_call(uint16_t slot, Status status, uint16_t wire_statu
 // the windows' invalidations are posted now and the call completes with
 // their kBulkDone).  Calls without bulk segments finish at once.
 void ClientSession::end_call(PendingCall* call, RawReply&& reply) {
-  if (hold_for_revoke(call, reply)) return;
+  if (call->extras != nullptr && hold_for_revoke(call, reply)) [[unlikely]] return;
   finish(call, std::move(reply));
 }
 
