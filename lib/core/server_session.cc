@@ -183,15 +183,23 @@ void ServerSession::on_message(const transport::Completion& c) {
   s.bulk = false;
   s.timeout_us = h.timeout_us;
   s.received = loop_.received_at();
-  s.method = methods_.find(h.method_id);
-  s.counters = nullptr;
-  if (s.method != nullptr) {
-    auto it = counters.methods.find(h.method_id);
-    if (it != counters.methods.end()) {
-      s.counters = &it->second;
-      ++s.counters->started;
-      s.counters->bytes_in += c.length;
+  // The method and its counters: two hash lookups, done again only when
+  // the method differs from the last call's (the table is frozen, and
+  // counter entries are never erased, so the pointers stay valid).
+  if (h.method_id != last_method_.id || last_method_.side != &counters || last_method_.counters == nullptr) {
+    const MethodDescriptor* m = methods_.find(h.method_id);
+    core::MethodCounters* mc = nullptr;
+    if (m != nullptr) {
+      auto it = counters.methods.find(h.method_id);
+      if (it != counters.methods.end()) mc = &it->second;
     }
+    last_method_ = {h.method_id, &counters, m, mc};
+  }
+  s.method = last_method_.method;
+  s.counters = last_method_.counters;
+  if (s.counters != nullptr) {
+    ++s.counters->started;
+    s.counters->bytes_in += c.length;
   }
 
   if (s.method == nullptr) {

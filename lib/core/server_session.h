@@ -198,6 +198,13 @@ class ServerSession final : public SessionBase {
   PeerInfo peer_info_;
   const CallChecks* checks_ = nullptr;
   bool client_trailers_ = false;
+  // The last request's method and its counters (on_message).
+  struct LastMethod {
+    uint32_t id = 0;
+    const core::SideCounters* side = nullptr;
+    const MethodDescriptor* method = nullptr;
+    core::MethodCounters* counters = nullptr;
+  } last_method_;
   ClosedFn on_closed_;
   SlotRing recv_ring_;
   SlotRing send_ring_;
