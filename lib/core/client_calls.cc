@@ -195,9 +195,15 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
     if (hold_for_revoke(call, failed)) return;
     fail_later(call, failed.status());
   };
-  size_t block_bytes = 0;
-  size_t meta_bytes = 0;
+  // What goes between the header and the FlatBuffer (call metadata, then
+  // a bulk block) and the flags that say so: one length and one flags
+  // byte, both zero for a call without extras, so that the header costs
+  // what it cost before either feature existed.
+  size_t extra_bytes = 0;
+  uint8_t extra_flags = 0;
   if (call->extras) [[unlikely]] {
+    size_t block_bytes = 0;
+    size_t meta_bytes = 0;
     if (call->has_bulk()) {
       if (Status st = expose_bulk(call, b, &block_bytes); !st.ok()) return abandon(std::move(st));
     }
@@ -205,6 +211,8 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
       if (Status st = write_metadata(call, b, block_bytes, &meta_bytes); !st.ok())
         return abandon(std::move(st));
     }
+    extra_bytes = block_bytes + meta_bytes;
+    extra_flags = static_cast<uint8_t>((block_bytes != 0 ? kFlagBulk : 0) | (meta_bytes != 0 ? kFlagMetadata : 0));
   }
 
   ++s.generation;
@@ -216,12 +224,11 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
 
   Header h;
   h.flags = static_cast<uint8_t>(Kind::kRequest) | (call->stream ? kFlagServerStream : 0) |
-            (call->client_stream ? kFlagClientStream : 0) | (block_bytes != 0 ? kFlagBulk : 0) |
-            (meta_bytes != 0 ? kFlagMetadata : 0);
+            (call->client_stream ? kFlagClientStream : 0) | extra_flags;
   h.method_id = call->method_id;
   h.request_id = call->request_id;
   const uint32_t flatbuffer_len = b.is_finished() ? b.GetSize() : 0;
-  h.payload_len = flatbuffer_len + static_cast<uint32_t>(block_bytes + meta_bytes);
+  h.payload_len = flatbuffer_len + static_cast<uint32_t>(extra_bytes);
   h.slot = slot;
   h.generation = s.generation;
   h.timeout_us = call->deadline ? remaining_us(call->deadline, Clock::now()) : 0;  // no clock read without one
@@ -229,7 +236,7 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
   // at the start of the slot then.  A bulk block sits between the header
   // and the FlatBuffer (expose_bulk wrote it there).
   // Call metadata goes first, before the bulk block (write_metadata).
-  std::byte* msg = flatbuffer_len == 0 ? b.slot() : b.message_begin() - block_bytes - meta_bytes;
+  std::byte* msg = flatbuffer_len == 0 ? b.slot() : b.message_begin() - extra_bytes;
   encode_header(h, msg);
 
   if (call->counters != nullptr) {
