@@ -35,6 +35,7 @@ constexpr uint32_t kFail = slotrpc::method_id("slotrpc.test.Meta.Fail");
 constexpr uint32_t kBig = slotrpc::method_id("slotrpc.test.Meta.BigTrailer");
 constexpr uint32_t kCount = slotrpc::method_id("slotrpc.test.Meta.Count");
 constexpr uint32_t kBulk = slotrpc::method_id("slotrpc.test.Meta.Bulk");
+constexpr uint32_t kPlain = slotrpc::method_id("slotrpc.test.Meta.Plain");
 
 struct Overlay {
   Overlay() { slotrpc::set_environment_overlay(false); }
@@ -59,6 +60,13 @@ ServiceDefinition make_service(std::atomic<int>* runs) {
     ++*runs;
     call.add_trailer("served-by", "show");
     call.add_trailer("seq", std::to_string(req.seq()));
+    out.Finish(slotrpc::test::CreatePong(out, req.seq(), out.CreateString(all_metadata(call))));
+    return {};
+  });
+  // Plain: no trailers.
+  svc.add_unary<Ping>("Plain", [runs](const Ping& req, flatbuffers::FlatBufferBuilder& out,
+                                      ServerCall& call) -> Status {
+    ++*runs;
     out.Finish(slotrpc::test::CreatePong(out, req.seq(), out.CreateString(all_metadata(call))));
     return {};
   });
@@ -166,6 +174,35 @@ TEST_CASE("call metadata reaches the handler and trailers come back, over tcp an
     auto e = ended.get_future();
     REQUIRE(e.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
     CHECK(e.get().ok());
+  }
+}
+
+// The server keeps a slot's trailers until the reply that sends them, and
+// a call without metadata reads none: nothing of one call reaches the next
+// in the same slot (one call at a time reuses the slot).
+TEST_CASE("metadata and trailers belong to their call: the next call in the slot sees none") {
+  std::atomic<int> runs{0};
+  auto server = start(&runs);
+  for (TransportKind t : {TransportKind::kTcp, TransportKind::kShm}) {
+    INFO("transport ", slotrpc::to_string(t));
+    auto ch = connect(*server, t);
+    for (int round = 0; round < 3; ++round) {
+      CallOptions o;
+      o.add_metadata("trace-id", "r" + std::to_string(round));
+      auto with = ch->call_typed<Pong>(kShow, ping(10 + round, "x"), o).get();
+      REQUIRE_MESSAGE(with.ok(), with.status().to_string());
+      CHECK(with.trailers().size() == 2);
+      auto failed = ch->call_typed<Pong>(kFail, ping(20 + round, "x")).get();
+      REQUIRE(failed.trailer("retry-after-ms") != nullptr);
+
+      auto plain = ch->call_typed<Pong>(kPlain, ping(30 + round, "x")).get();
+      REQUIRE_MESSAGE(plain.ok(), plain.status().to_string());
+      CHECK(plain->text()->str().empty());       // no metadata left from the call before
+      CHECK(plain.trailers().empty());           // no trailers left from the calls before
+      CHECK(plain.trailer("served-by") == nullptr);
+      CHECK(plain.raw().trailers().empty());
+      CHECK(plain.bulk_received(0) == 0);
+    }
   }
 }
 

@@ -13,10 +13,10 @@
 namespace {
 
 template <class T>
-concept FillsBulkReceived = requires(T& r) { r.set_bulk_received(std::vector<uint64_t>{}); };
+concept FillsExtras = requires(T& r) { r.set_extras(nullptr); };
 
-static_assert(!FillsBulkReceived<slotrpc::RawReply>,
-              "RawReply::set_bulk_received is the client session's, not the API's");
+static_assert(!FillsExtras<slotrpc::RawReply>,
+              "RawReply::set_extras (bulk lengths, trailers) is the client session's, not the API's");
 static_assert(std::is_invocable_v<slotrpc::ReplySink, slotrpc::RawReply&&>);
 static_assert(std::is_invocable_v<slotrpc::RequestWriter, flatbuffers::FlatBufferBuilder&>);
 

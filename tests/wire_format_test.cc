@@ -252,6 +252,26 @@ TEST_CASE("wire_format: validate_header accepts a good header") {
   }
 }
 
+// validate_header reads the flags byte from a table built at compile time;
+// every one of the 256 bytes against the rule as protocol.md states it.
+TEST_CASE("wire_format: validate_header takes exactly the flags each kind may carry, all 256 bytes") {
+  Header h = good_header();
+  int accepted = 0;
+  for (unsigned f = 0; f < 256; ++f) {
+    const unsigned kind = f & 0x0f;
+    const unsigned bits = f & 0xf0;
+    bool expected = kind >= 1 && kind <= 12;
+    if (kind == 2) expected = (bits & ~0xc0u) == 0;        // reply: bulk, metadata
+    else if (kind == 3) expected = (bits & ~0x80u) == 0;   // error: metadata
+    else if (kind != 1) expected = expected && bits == 0;  // request: any; the rest: none
+    h.flags = static_cast<uint8_t>(f);
+    CAPTURE(f);
+    CHECK((check(h) == HeaderError::kOk) == expected);
+    accepted += check(h) == HeaderError::kOk ? 1 : 0;
+  }
+  CHECK(accepted == 16 + 4 + 2 + 9);
+}
+
 TEST_CASE("wire_format: validate_header rejects each bad input") {
   SUBCASE("too short") {
     const Header h = good_header();

@@ -38,12 +38,27 @@ class ReplyOwner;
 // The client session's access to what it fills in (lib/core/).
 struct ReplyAccess;
 SLOTRPC_API void release_reply(const std::shared_ptr<ReplyOwner>& owner, uint16_t slot, uint32_t generation);
+
+// What few replies carry: the bytes a handler wrote into the call's receive
+// segments, and the server's trailers.  Out of line, so that a reply
+// without either moves and dies as one null pointer for both.
+struct ReplyExtras {
+  std::vector<uint64_t> bulk_received;
+  Metadata trailers;
+};
+// The trailers of a reply that has none.
+SLOTRPC_API const Metadata& no_trailers();
 }  // namespace detail
 
 class RawReply {
  public:
   RawReply() = default;
   explicit RawReply(Status status) : status_(std::move(status)) {}
+  // An OK reply: no Status to move in (a std::string move is an out-of-line
+  // call into libstdc++, the largest part of a reply's moves).
+  RawReply(std::span<const std::byte> payload, std::shared_ptr<detail::ReplyOwner> owner, uint16_t slot,
+           uint32_t generation)
+      : payload_(payload), owner_(std::move(owner)), slot_(slot), generation_(generation) {}
   RawReply(Status status, std::span<const std::byte> payload,
            std::shared_ptr<detail::ReplyOwner> owner, uint16_t slot, uint32_t generation)
       : status_(std::move(status)),
@@ -53,15 +68,16 @@ class RawReply {
         generation_(generation) {}
   // Member by member: a reply moves several times on its way to the
   // caller, and constructing empty, then releasing nothing, then assigning
-  // cost more than the move itself.
+  // cost more than the move itself.  An OK status without a message (every
+  // reply that succeeded) is not moved: the default one is the same.
   RawReply(RawReply&& o) noexcept
-      : status_(std::move(o.status_)),
-        payload_(std::exchange(o.payload_, {})),
+      : payload_(std::exchange(o.payload_, {})),
         owner_(std::move(o.owner_)),
         slot_(o.slot_),
         generation_(o.generation_),
-        bulk_received_(std::move(o.bulk_received_)),
-        trailers_(std::move(o.trailers_)) {}
+        extras_(std::move(o.extras_)) {
+    if (!o.status_.ok() || !o.status_.message().empty()) status_ = std::move(o.status_);
+  }
   RawReply& operator=(RawReply&& o) noexcept {
     if (this != &o) {
       release();
@@ -70,8 +86,7 @@ class RawReply {
       owner_ = std::move(o.owner_);
       slot_ = o.slot_;
       generation_ = o.generation_;
-      bulk_received_ = std::move(o.bulk_received_);
-      trailers_ = std::move(o.trailers_);
+      extras_ = std::move(o.extras_);
       o.payload_ = {};
     }
     return *this;
@@ -90,14 +105,16 @@ class RawReply {
   // Bulk calls (CallOptions::receive_bulk): how many bytes the handler
   // wrote into receive segment i (the end of the furthest write_bulk), 0
   // for a segment it did not write.  Kept after release().
-  uint64_t bulk_received(size_t i) const { return i < bulk_received_.size() ? bulk_received_[i] : 0; }
+  uint64_t bulk_received(size_t i) const {
+    return extras_ && i < extras_->bulk_received.size() ? extras_->bulk_received[i] : 0;
+  }
 
   // The server's trailers (ServerCall::add_trailer), on success and on
   // failure alike; kept after release().
-  const Metadata& trailers() const { return trailers_; }
+  const Metadata& trailers() const { return extras_ ? extras_->trailers : detail::no_trailers(); }
   // The first trailer named `key`, or null.
   const std::string* trailer(std::string_view key) const {
-    for (const auto& [k, v] : trailers_)
+    for (const auto& [k, v] : trailers())
       if (k == key) return &v;
     return nullptr;
   }
@@ -113,16 +130,16 @@ class RawReply {
 
  private:
   friend struct detail::ReplyAccess;
-  // The client session fills it from the reply's descriptor block.
-  void set_bulk_received(std::vector<uint64_t> lengths) { bulk_received_ = std::move(lengths); }
+  // The client session fills them in from the reply's descriptor block and
+  // trailers (null: neither).
+  void set_extras(std::unique_ptr<detail::ReplyExtras> extras) { extras_ = std::move(extras); }
 
   Status status_;
   std::span<const std::byte> payload_;
   std::shared_ptr<detail::ReplyOwner> owner_;
   uint16_t slot_ = 0;
   uint32_t generation_ = 0;
-  std::vector<uint64_t> bulk_received_;  // empty unless the call had receive segments
-  Metadata trailers_;                    // empty unless the server sent some
+  std::unique_ptr<detail::ReplyExtras> extras_;  // null unless the reply has bulk lengths or trailers
 };
 
 

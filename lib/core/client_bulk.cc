@@ -15,16 +15,17 @@ namespace slotrpc::core {
 // False when nothing is reachable any more (the leases are released): the
 // caller completes the call itself.
 bool ClientSession::hold_for_revoke(PendingCall* call, RawReply& reply) {
-  if (!call->exposure) return false;
+  if (call->exposure() == nullptr) return false;
+  PendingCall::Extras& x = *call->extras;
   if (!closed_ && link_) {
-    call->revokes_pending = call->exposure->revoke(*link_, call->request_id);
-    if (call->revokes_pending > 0) {
-      call->held = std::move(reply);
+    x.revokes_pending = x.exposure->revoke(*link_, call->request_id);
+    if (x.revokes_pending > 0) {
+      x.held = std::move(reply);
       revoking_.push_back(call);
       return true;
     }
   }
-  call->exposure->release();
+  x.exposure->release();
   return false;
 }
 
@@ -32,10 +33,10 @@ void ClientSession::on_bulk_done(uint64_t token) {
   for (size_t i = 0; i < revoking_.size(); ++i) {
     PendingCall* call = revoking_[i];
     if (call->request_id != token) continue;
-    if (--call->revokes_pending != 0) return;
+    if (--call->extras->revokes_pending != 0) return;
     revoking_.erase(revoking_.begin() + static_cast<std::ptrdiff_t>(i));
-    call->exposure->release();
-    RawReply held = std::move(call->held);  // finish() deletes the call
+    call->extras->exposure->release();
+    RawReply held = std::move(call->extras->held);  // finish() deletes the call
     return finish(call, std::move(held));
   }
 }
@@ -45,9 +46,10 @@ void ClientSession::on_bulk_done(uint64_t token) {
 // size.  Nothing is exposed when a check fails.
 Status ClientSession::expose_bulk(PendingCall* call, SlotBuilder& b, size_t* block_bytes) {
   // Before the block is sized (CallExposure::expose checks again).
-  if (Status st = bulk::check_counts(call->send_bulk.size(), call->receive_bulk.size()); !st.ok())
+  PendingCall::Extras& x = *call->extras;
+  if (Status st = bulk::check_counts(x.send_bulk.size(), x.receive_bulk.size()); !st.ok())
     return st;
-  const size_t block = bulk::request_block_bytes(call->send_bulk.size(), call->receive_bulk.size());
+  const size_t block = bulk::request_block_bytes(x.send_bulk.size(), x.receive_bulk.size());
   const size_t flatbuffer_len = b.is_finished() ? b.GetSize() : 0;
   if (flatbuffer_len + block > b.payload_capacity()) {
     return Status(StatusCode::kResourceExhausted,
@@ -56,8 +58,8 @@ Status ClientSession::expose_bulk(PendingCall* call, SlotBuilder& b, size_t* blo
                               flatbuffer_len, block, b.payload_capacity()));
   }
   bulk::RequestBlock descriptors;
-  call->exposure = std::make_unique<bulk::CallExposure>();
-  Status st = call->exposure->expose(*link_, call->send_bulk, call->receive_bulk, max_bulk_bytes_,
+  x.exposure = std::make_unique<bulk::CallExposure>();
+  Status st = x.exposure->expose(*link_, x.send_bulk, x.receive_bulk, max_bulk_bytes_,
                                      descriptors);
   if (!st.ok()) return st;
   std::byte* at = flatbuffer_len == 0 ? b.slot() + kHeaderSize

@@ -19,10 +19,9 @@
 
 namespace slotrpc::detail {
 struct ReplyAccess {
-  static void set_bulk_received(RawReply& reply, std::vector<uint64_t> lengths) {
-    reply.set_bulk_received(std::move(lengths));
+  static void set_extras(RawReply& reply, std::unique_ptr<ReplyExtras> extras) {
+    reply.set_extras(std::move(extras));
   }
-  static void set_trailers(RawReply& reply, Metadata trailers) { reply.trailers_ = std::move(trailers); }
 };
 }  // namespace slotrpc::detail
 
@@ -99,7 +98,7 @@ void ClientSession::submit(PendingCall* call) {
                                                "streaming (it predates the feature)",
                                                peer_)));
   }
-  if (!call->send_bulk.empty() || !call->receive_bulk.empty()) {
+  if (call->has_bulk()) [[unlikely]] {
     if (call->stream || call->client_stream) {
       return fail_later(call, Status(StatusCode::kInvalidArgument,
                                      "bulk segments (CallOptions::send_bulk / receive_bulk) are for "
@@ -196,14 +195,24 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
     if (hold_for_revoke(call, failed)) return;
     fail_later(call, failed.status());
   };
-  size_t block_bytes = 0;
-  if (!call->send_bulk.empty() || !call->receive_bulk.empty()) {
-    if (Status st = expose_bulk(call, b, &block_bytes); !st.ok()) return abandon(std::move(st));
-  }
-  size_t meta_bytes = 0;
-  if (!call->metadata.empty()) {
-    if (Status st = write_metadata(call, b, block_bytes, &meta_bytes); !st.ok())
-      return abandon(std::move(st));
+  // What goes between the header and the FlatBuffer (call metadata, then
+  // a bulk block) and the flags that say so: one length and one flags
+  // byte, both zero for a call without extras, so that the header costs
+  // what it cost before either feature existed.
+  size_t extra_bytes = 0;
+  uint8_t extra_flags = 0;
+  if (call->extras) [[unlikely]] {
+    size_t block_bytes = 0;
+    size_t meta_bytes = 0;
+    if (call->has_bulk()) {
+      if (Status st = expose_bulk(call, b, &block_bytes); !st.ok()) return abandon(std::move(st));
+    }
+    if (call->has_metadata()) {
+      if (Status st = write_metadata(call, b, block_bytes, &meta_bytes); !st.ok())
+        return abandon(std::move(st));
+    }
+    extra_bytes = block_bytes + meta_bytes;
+    extra_flags = static_cast<uint8_t>((block_bytes != 0 ? kFlagBulk : 0) | (meta_bytes != 0 ? kFlagMetadata : 0));
   }
 
   ++s.generation;
@@ -215,12 +224,11 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
 
   Header h;
   h.flags = static_cast<uint8_t>(Kind::kRequest) | (call->stream ? kFlagServerStream : 0) |
-            (call->client_stream ? kFlagClientStream : 0) | (block_bytes != 0 ? kFlagBulk : 0) |
-            (meta_bytes != 0 ? kFlagMetadata : 0);
+            (call->client_stream ? kFlagClientStream : 0) | extra_flags;
   h.method_id = call->method_id;
   h.request_id = call->request_id;
   const uint32_t flatbuffer_len = b.is_finished() ? b.GetSize() : 0;
-  h.payload_len = flatbuffer_len + static_cast<uint32_t>(block_bytes + meta_bytes);
+  h.payload_len = flatbuffer_len + static_cast<uint32_t>(extra_bytes);
   h.slot = slot;
   h.generation = s.generation;
   h.timeout_us = call->deadline ? remaining_us(call->deadline, Clock::now()) : 0;  // no clock read without one
@@ -228,13 +236,13 @@ void ClientSession::send_on(uint16_t slot, PendingCall* call) {
   // at the start of the slot then.  A bulk block sits between the header
   // and the FlatBuffer (expose_bulk wrote it there).
   // Call metadata goes first, before the bulk block (write_metadata).
-  std::byte* msg = flatbuffer_len == 0 ? b.slot() : b.message_begin() - block_bytes - meta_bytes;
+  std::byte* msg = flatbuffer_len == 0 ? b.slot() : b.message_begin() - extra_bytes;
   encode_header(h, msg);
 
   if (call->counters != nullptr) {
     call->counters->calls.bytes_out += kHeaderSize + h.payload_len;
     call->method_counters->bytes_out += kHeaderSize + h.payload_len;
-    if (call->exposure) count_bulk_out(*call);
+    if (call->exposure() != nullptr) [[unlikely]] count_bulk_out(*call);
   }
   link_->arm(slot);  // the reply may now land in our receive slot
   outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), slot,
@@ -271,7 +279,7 @@ void ClientSession::abort_call(uint16_t slot, Status status, uint16_t wire_statu
   loop_.timers().cancel(call->timer);
   call->timer = 0;
   send_control(Kind::kCancel, slot, s.generation, s.request_id, 0, wire_status);
-  if (call->exposure) return end_call(call, RawReply(std::move(status)));
+  if (call->exposure() != nullptr) return end_call(call, RawReply(std::move(status)));
   fail(call, std::move(status));
 }
 
@@ -279,7 +287,7 @@ void ClientSession::abort_call(uint16_t slot, Status status, uint16_t wire_statu
 // the windows' invalidations are posted now and the call completes with
 // their kBulkDone).  Calls without bulk segments finish at once.
 void ClientSession::end_call(PendingCall* call, RawReply&& reply) {
-  if (hold_for_revoke(call, reply)) return;
+  if (call->extras != nullptr && hold_for_revoke(call, reply)) [[unlikely]] return;
   finish(call, std::move(reply));
 }
 
@@ -319,7 +327,7 @@ void ClientSession::on_message(const transport::Completion& c) {
   s.call = nullptr;
   if (call->method_counters != nullptr) call->method_counters->bytes_in += c.length;
   loop_.timers().cancel(call->timer);
-  if (h.bulk() && (call->exposure == nullptr || h.kind() != Kind::kReply)) {
+  if (h.bulk() && (call->exposure() == nullptr || h.kind() != Kind::kReply)) {
     // The session goes first (its link's close makes every exposure
     // unreachable), then the caller learns.
     protocol_error(fmt::format("reply in slot {} carries a bulk block, but its call has no bulk segments",
@@ -336,27 +344,18 @@ void ClientSession::on_message(const transport::Completion& c) {
     ++late_replies_dropped_;
     end_stream(h.slot);
     free_slot(h.slot);
-    if (call->exposure) return end_call(call, RawReply(deadline_exceeded(*call)));
+    if (call->exposure() != nullptr) return end_call(call, RawReply(deadline_exceeded(*call)));
     return fail(call, deadline_exceeded(*call));
   }
   std::span<const std::byte> payload(bytes + kHeaderSize, h.payload_len);
-  Metadata trailers;
-  if (h.metadata()) {
-    // Trailers: copied out, so that they outlive the slot (and come with
-    // errors, which hold none).
-    auto len = check_metadata_block(payload);
-    if (!len.ok()) {
-      protocol_error(fmt::format("reply in slot {}: {}", h.slot, len.status().message()));
-      return complete(call, Status(StatusCode::kUnavailable,
-                                   "the server sent a malformed reply: " + len.status().message()));
+  // Trailers and bulk lengths, for the few replies with either (null
+  // otherwise: a reply without them constructs nothing for them).
+  std::unique_ptr<::slotrpc::detail::ReplyExtras> extras;
+  if (h.metadata()) [[unlikely]] {
+    if (Status st = take_trailers(payload, extras); !st.ok()) {
+      protocol_error(fmt::format("reply in slot {}: {}", h.slot, st.message()));
+      return complete(call, Status(StatusCode::kUnavailable, "the server sent a malformed reply: " + st.message()));
     }
-    const MetadataView view(payload.first(len.value()));
-    trailers.reserve(view.size());
-    for (size_t i = 0; i < view.size(); ++i) {
-      auto [k, v] = view.at(i);
-      trailers.emplace_back(std::string(k), std::string(v));
-    }
-    payload = payload.subspan(len.value());
   }
   if (call->stream) {
     // The final status of a stream: no more messages will come.  (A
@@ -380,28 +379,27 @@ void ClientSession::on_message(const transport::Completion& c) {
     std::string message(reinterpret_cast<const char*>(payload.data()), payload.size());
     free_slot(h.slot);
     RawReply failed(Status(static_cast<StatusCode>(h.status), std::move(message)));
-    if (!trailers.empty()) ::slotrpc::detail::ReplyAccess::set_trailers(failed, std::move(trailers));
+    if (extras) ::slotrpc::detail::ReplyAccess::set_extras(failed, std::move(extras));
     return end_call(call, std::move(failed));
   }
-  std::vector<uint64_t> received;
-  if (h.bulk()) {
+  if (h.bulk()) [[unlikely]] {
     // How much the handler wrote into each receive segment, checked
     // against what the call offered.
-    const std::vector<uint64_t>& lengths = call->exposure->receive_lengths();
+    const std::vector<uint64_t>& lengths = call->exposure()->receive_lengths();
     std::array<uint64_t, kMaxBulkSegments> written{};
     size_t block = 0;
     if (Status st = bulk::decode_reply_block(payload, lengths, written, &block); !st.ok()) {
       protocol_error(st.message());
       return complete(call, Status(StatusCode::kUnavailable, "the server sent a malformed reply: " + st.message()));
     }
-    received.assign(written.begin(), written.begin() + static_cast<std::ptrdiff_t>(lengths.size()));
-    count_bulk_in(*call, received);
+    if (!extras) extras = std::make_unique<::slotrpc::detail::ReplyExtras>();
+    extras->bulk_received.assign(written.begin(), written.begin() + static_cast<std::ptrdiff_t>(lengths.size()));
+    count_bulk_in(*call, extras->bulk_received);
     payload = payload.subspan(block);
   }
   s.state = SlotState::kHeld;  // until the application drops the reply
-  RawReply reply(Status(), payload, shared_from_this(), h.slot, h.generation);
-  if (!received.empty()) ::slotrpc::detail::ReplyAccess::set_bulk_received(reply, std::move(received));
-  if (!trailers.empty()) ::slotrpc::detail::ReplyAccess::set_trailers(reply, std::move(trailers));
+  RawReply reply(payload, shared_from_this(), h.slot, h.generation);
+  if (extras) [[unlikely]] ::slotrpc::detail::ReplyAccess::set_extras(reply, std::move(extras));
   end_call(call, std::move(reply));
 }
 
@@ -457,7 +455,7 @@ void ClientSession::pump_queue() {
 // server, counted as it is sent, and those the server wrote for it.
 void ClientSession::count_bulk_out(const PendingCall& call) {
   uint64_t n = 0;
-  for (const BulkSegment& seg : call.send_bulk) n += seg.length;
+  for (const BulkSegment& seg : call.extras->send_bulk) n += seg.length;
   call.counters->calls.bulk_bytes_out += n;
   call.method_counters->bulk_bytes_out += n;
 }
@@ -582,6 +580,24 @@ void ClientSession::cancel(uint64_t request_id, Status status) {
 
 namespace slotrpc::core {
 
+// Cold path: a reply's trailers, checked and copied out (they outlive the
+// slot, and come with errors, which hold none); `payload` then starts after
+// them.
+Status ClientSession::take_trailers(std::span<const std::byte>& payload,
+                                    std::unique_ptr<::slotrpc::detail::ReplyExtras>& extras) {
+  auto len = check_metadata_block(payload);
+  if (!len.ok()) return len.status();
+  const MetadataView view(payload.first(len.value()));
+  extras = std::make_unique<::slotrpc::detail::ReplyExtras>();
+  extras->trailers.reserve(view.size());
+  for (size_t i = 0; i < view.size(); ++i) {
+    auto [k, v] = view.at(i);
+    extras->trailers.emplace_back(std::string(k), std::string(v));
+  }
+  payload = payload.subspan(len.value());
+  return {};
+}
+
 Status ClientSession::write_metadata(PendingCall* call, SlotBuilder& b, size_t block_bytes,
                                      size_t* bytes) {
   if ((peer_features_ & kFeatureMetadata) == 0) {
@@ -589,7 +605,7 @@ Status ClientSession::write_metadata(PendingCall* call, SlotBuilder& b, size_t b
                   fmt::format("the server at {} does not take call metadata (it predates the feature)",
                               peer_));
   }
-  auto n = metadata_block_bytes(call->metadata, "call metadata");
+  auto n = metadata_block_bytes(call->extras->metadata, "call metadata");
   if (!n.ok()) return n.status();
   const size_t flatbuffer_len = b.is_finished() ? b.GetSize() : 0;
   if (flatbuffer_len + block_bytes + n.value() > b.payload_capacity()) {
@@ -610,7 +626,7 @@ Status ClientSession::write_metadata(PendingCall* call, SlotBuilder& b, size_t b
   } else {
     at = reinterpret_cast<std::byte*>(b.GetBufferPointer()) - block_bytes - n.value();
   }
-  encode_metadata(call->metadata, at, n.value());
+  encode_metadata(call->extras->metadata, at, n.value());
   *bytes = n.value();
   return {};
 }

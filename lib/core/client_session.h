@@ -52,6 +52,12 @@ class ReplyOwner {
 namespace slotrpc::core {
 
 struct PendingCall {
+  // Recycled per thread (client_session.cc): a call's allocation is a pop
+  // from the thread's free list when a call ended on that thread before,
+  // as the next call issued from a completion finds.
+  static void* operator new(size_t size);
+  static void operator delete(void* p, size_t size) noexcept;
+
   uint32_t method_id = 0;
   // CallOptions::method_name (a static string) or null.  Statuses this
   // client makes up for the call name the method by it (named_status).
@@ -73,18 +79,33 @@ struct PendingCall {
   std::shared_ptr<OutStream> out;
   std::optional<Clock::time_point> deadline;
   uint64_t request_id = 0;
-  // CallOptions::metadata: encoded after the header when sent (empty: no
-  // block, no cost).
-  Metadata metadata;
-  // Bulk attachments (unary calls; lib/core/bulk/call_exposure.h): the
+  // What few calls carry, out of line so that a call with neither
+  // constructs, tests and frees one null pointer for all of it: call
+  // metadata (CallOptions::metadata, encoded after the header when sent)
+  // and bulk attachments (unary calls; lib/core/bulk/call_exposure.h): the
   // segments from CallOptions, their exposure once the call is sent, and
   // the call's outcome while its revokes complete (the caller learns it
   // only once the peer can reach none of the memory).
-  std::vector<BulkSegment> send_bulk;
-  std::vector<BulkSegment> receive_bulk;
-  std::unique_ptr<bulk::CallExposure> exposure;
-  uint32_t revokes_pending = 0;
-  RawReply held;
+  struct Extras {
+    Metadata metadata;
+    std::vector<BulkSegment> send_bulk;
+    std::vector<BulkSegment> receive_bulk;
+    std::unique_ptr<bulk::CallExposure> exposure;
+    uint32_t revokes_pending = 0;
+    RawReply held;
+  };
+  std::unique_ptr<Extras> extras;
+  // CallOptions' metadata and segments; Extras only when there are some.
+  void take_options(Metadata metadata, std::vector<BulkSegment> send, std::vector<BulkSegment> receive) {
+    if (metadata.empty() && send.empty() && receive.empty()) return;
+    if (!extras) extras = std::make_unique<Extras>();
+    extras->metadata = std::move(metadata);
+    extras->send_bulk = std::move(send);
+    extras->receive_bulk = std::move(receive);
+  }
+  bool has_bulk() const { return extras && (!extras->send_bulk.empty() || !extras->receive_bulk.empty()); }
+  bool has_metadata() const { return extras && !extras->metadata.empty(); }
+  bulk::CallExposure* exposure() const { return extras ? extras->exposure.get() : nullptr; }
   // Metrics, set by ClientSession::submit on the loop: the loop's client
   // counters and this method's entry there, and when the call was submitted.
   core::SideCounters* counters = nullptr;
@@ -265,6 +286,8 @@ class ClientSession final : public SessionBase,
   // Writes the call's metadata block between the header and the bulk block
   // (or the FlatBuffer); `*bytes` is its size.
   Status write_metadata(PendingCall* call, SlotBuilder& b, size_t block_bytes, size_t* bytes);
+  static Status take_trailers(std::span<const std::byte>& payload,
+                              std::unique_ptr<::slotrpc::detail::ReplyExtras>& extras);
   void on_bulk_done(uint64_t token);
   void flush();
   void enqueue(PendingCall* call);

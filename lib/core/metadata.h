@@ -15,8 +15,10 @@
 // Keys are 1..255 bytes of lower-case letters, digits, '-', '_' and '.'
 // (HTTP/2 header names, as gRPC metadata); values are any bytes.  Entries
 // are read in place in the receive slot, never copied on the server.
-// Encoding and checking never allocate: a call without metadata never gets
-// here at all (one empty() test per call).
+// Encoding and checking never allocate.  A call without metadata never gets
+// here: its PendingCall has no extras (one null test, shared with bulk
+// segments), a reply without trailers constructs nothing for them, and the
+// server reads the flag with the bulk flag in one test.
 #pragma once
 
 #include <cstddef>

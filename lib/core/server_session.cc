@@ -179,20 +179,27 @@ void ServerSession::on_message(const transport::Completion& c) {
   s.request_id = h.request_id;
   s.payload_len = h.payload_len;
   s.payload_offset = 0;
-  s.meta_len = 0;
-  if (!s.trailers.empty()) s.trailers.clear();
+  s.meta_len = 0;  // s.trailers: emptied by the last reply that had some (build_final)
   s.bulk = false;
   s.timeout_us = h.timeout_us;
   s.received = loop_.received_at();
-  s.method = methods_.find(h.method_id);
-  s.counters = nullptr;
-  if (s.method != nullptr) {
-    auto it = counters.methods.find(h.method_id);
-    if (it != counters.methods.end()) {
-      s.counters = &it->second;
-      ++s.counters->started;
-      s.counters->bytes_in += c.length;
+  // The method and its counters: two hash lookups, done again only when
+  // the method differs from the last call's (the table is frozen, and
+  // counter entries are never erased, so the pointers stay valid).
+  if (h.method_id != last_method_.id || last_method_.side != &counters || last_method_.counters == nullptr) {
+    const MethodDescriptor* m = methods_.find(h.method_id);
+    core::MethodCounters* mc = nullptr;
+    if (m != nullptr) {
+      auto it = counters.methods.find(h.method_id);
+      if (it != counters.methods.end()) mc = &it->second;
     }
+    last_method_ = {h.method_id, &counters, m, mc};
+  }
+  s.method = last_method_.method;
+  s.counters = last_method_.counters;
+  if (s.counters != nullptr) {
+    ++s.counters->started;
+    s.counters->bytes_in += c.length;
   }
 
   if (s.method == nullptr) {
@@ -217,18 +224,20 @@ void ServerSession::on_message(const transport::Completion& c) {
                                                  s.method->full_name, name(s.method->kind),
                                                  name(called))));
   }
-  if (h.metadata()) {
-    // Checked whole before the handler runs (it reads the block in place);
-    // a malformed one fails this call only.
-    auto len = check_metadata_block({bytes + kHeaderSize, h.payload_len});
-    if (!len.ok()) return send_reply(h.slot, len.status());
-    s.meta_len = static_cast<uint32_t>(len.value());
-    s.payload_offset = s.meta_len;
-    s.payload_len = h.payload_len - s.meta_len;
-  }
-  if (h.bulk()) {
-    if (Status st = begin_bulk(h.slot, bytes + kHeaderSize + s.payload_offset, s.payload_len); !st.ok())
-      return send_reply(h.slot, std::move(st));
+  if ((h.flags & (kFlagMetadata | kFlagBulk)) != 0) [[unlikely]] {
+    if (h.metadata()) {
+      // Checked whole before the handler runs (it reads the block in
+      // place); a malformed one fails this call only.
+      auto len = check_metadata_block({bytes + kHeaderSize, h.payload_len});
+      if (!len.ok()) return send_reply(h.slot, Status(len.status()));
+      s.meta_len = static_cast<uint32_t>(len.value());
+      s.payload_offset = s.meta_len;
+      s.payload_len = h.payload_len - s.meta_len;
+    }
+    if (h.bulk()) {
+      if (Status st = begin_bulk(h.slot, bytes + kHeaderSize + s.payload_offset, s.payload_len); !st.ok())
+        return send_reply(h.slot, std::move(st));
+    }
   }
   if (s.method->verify != nullptr &&
       !s.method->verify(reinterpret_cast<const uint8_t*>(bytes + kHeaderSize + s.payload_offset),
@@ -391,7 +400,39 @@ void ServerSession::run_handler(void* self_ptr, uint64_t slot_index) {
   self->send_reply(slot, std::move(status));
 }
 
-void ServerSession::send_reply(uint16_t slot, Status status) {
+void ServerSession::send_reply(uint16_t slot, Status&& status) {
+  Slot& s = slots_[slot];
+  SlotBuilder& b = *builders_[slot];
+  Header h;
+  h.request_id = s.request_id;
+  h.slot = slot;
+  h.generation = s.generation;
+  std::byte* msg;
+  if (status.ok() && !s.streaming && !s.client_stream && !s.bulk && s.trailers.empty()) [[likely]] {
+    // A unary call's reply, finished in its send slot (run_handler made an
+    // OK without Finish() an INTERNAL): the header goes right before it.
+    h.flags = static_cast<uint8_t>(Kind::kReply);
+    h.payload_len = b.GetSize();
+    msg = b.message_begin();
+  } else {
+    msg = build_final(slot, status, h);
+  }
+  encode_header(h, msg);
+  owner_counters().server.calls.bytes_out += kHeaderSize + h.payload_len;
+  if (s.counters != nullptr) s.counters->bytes_out += kHeaderSize + h.payload_len;
+  count_finished(s, status.code());  // drops s.counters
+  s.state = SlotState::kIdle;
+  s.method = nullptr;
+  s.streaming = false;
+  s.client_stream = false;
+  link_->arm(slot);  // the client may write this slot again once it has the reply
+  outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), slot,
+                           s.generation, /*packable=*/true);
+  loop_.request_flush(this);
+  if (outbox_.flush_due()) flush();
+}
+
+std::byte* ServerSession::build_final(uint16_t slot, Status& status, Header& h) {
   // A handler's code outside 0..16 was made INTERNAL by run_handler(); the
   // other callers pass codes of their own.
   if (!client_all_codes_ && !is_first_version_status(status.code())) {
@@ -401,10 +442,6 @@ void ServerSession::send_reply(uint16_t slot, Status status) {
   }
   Slot& s = slots_[slot];
   SlotBuilder& b = *builders_[slot];
-  Header h;
-  h.request_id = s.request_id;
-  h.slot = slot;
-  h.generation = s.generation;
   if (s.streaming) release_grants(slot);
   // Every client message the handler did not read is acknowledged before
   // the final message, so the client has its slots back in order.
@@ -471,19 +508,10 @@ void ServerSession::send_reply(uint16_t slot, Status status) {
     h.flags |= kFlagMetadata;
     encode_metadata(s.trailers, msg + kHeaderSize, tblock);
   }
-  encode_header(h, msg);
-  owner_counters().server.calls.bytes_out += kHeaderSize + h.payload_len;
-  if (s.counters != nullptr) s.counters->bytes_out += kHeaderSize + h.payload_len;
-  count_finished(s, status.code());  // drops s.counters
-  s.state = SlotState::kIdle;
-  s.method = nullptr;
-  s.streaming = false;
-  s.client_stream = false;
-  link_->arm(slot);  // the client may write this slot again once it has the reply
-  outbox_.add_slot_message(msg, static_cast<uint32_t>(kHeaderSize + h.payload_len), slot,
-                           s.generation, /*packable=*/true);
-  loop_.request_flush(this);
-  if (outbox_.flush_due()) flush();
+  // Sent or dropped: the slot's next call starts without them, and the
+  // unary path's one test (send_reply) finds them empty.
+  if (!s.trailers.empty()) s.trailers.clear();
+  return msg;
 }
 
 // Cold path (a call with bulk segments ends): what its handler moved.

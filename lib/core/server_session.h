@@ -162,7 +162,12 @@ class ServerSession final : public SessionBase {
   void on_message(const transport::Completion& c);
   void on_pack(const transport::Completion& c, const Header& h);
   void on_control(const transport::Completion& c);
-  void send_reply(uint16_t slot, Status status);
+  // `status` by reference: a Status move is an out-of-line std::string
+  // move, and the handler's status comes here once per call.
+  void send_reply(uint16_t slot, Status&& status);
+  // send_reply's path for the rest: errors, stream ends, bulk blocks and
+  // trailers.
+  std::byte* build_final(uint16_t slot, Status& status, Header& h);
   void send_control(Kind kind, uint16_t slot, uint32_t generation, uint64_t request_id,
                     uint32_t aux = 0);
   void on_client_message(const transport::Completion& c, const Header& h);
@@ -193,6 +198,13 @@ class ServerSession final : public SessionBase {
   PeerInfo peer_info_;
   const CallChecks* checks_ = nullptr;
   bool client_trailers_ = false;
+  // The last request's method and its counters (on_message).
+  struct LastMethod {
+    uint32_t id = 0;
+    const core::SideCounters* side = nullptr;
+    const MethodDescriptor* method = nullptr;
+    core::MethodCounters* counters = nullptr;
+  } last_method_;
   ClosedFn on_closed_;
   SlotRing recv_ring_;
   SlotRing send_ring_;

@@ -102,10 +102,37 @@ T load_le(const std::byte* p) {
   return v;
 }
 
+// Header fields at their wire offsets: a header is encoded and decoded
+// once per message, so these are inline (a call and its spills cost more
+// than the loads and stores themselves).
 // Writes `h` into `out[0..32)`.
-void encode_header(const Header& h, std::byte* out);
+inline void encode_header(const Header& h, std::byte* out) {
+  store_le<uint16_t>(out + 0, h.magic);
+  store_le<uint8_t>(out + 2, h.version);
+  store_le<uint8_t>(out + 3, h.flags);
+  store_le<uint32_t>(out + 4, h.method_id);
+  store_le<uint64_t>(out + 8, h.request_id);
+  store_le<uint32_t>(out + 16, h.payload_len);
+  store_le<uint16_t>(out + 20, h.slot);
+  store_le<uint16_t>(out + 22, h.status);
+  store_le<uint32_t>(out + 24, h.generation);
+  store_le<uint32_t>(out + 28, h.timeout_us);
+}
 // Reads 32 bytes.  Performs no validation: see validate_header.
-Header decode_header(const std::byte* in);
+inline Header decode_header(const std::byte* in) {
+  Header h;
+  h.magic = load_le<uint16_t>(in + 0);
+  h.version = load_le<uint8_t>(in + 2);
+  h.flags = load_le<uint8_t>(in + 3);
+  h.method_id = load_le<uint32_t>(in + 4);
+  h.request_id = load_le<uint64_t>(in + 8);
+  h.payload_len = load_le<uint32_t>(in + 16);
+  h.slot = load_le<uint16_t>(in + 20);
+  h.status = load_le<uint16_t>(in + 22);
+  h.generation = load_le<uint32_t>(in + 24);
+  h.timeout_us = load_le<uint32_t>(in + 28);
+  return h;
+}
 
 // Why a received header was refused.  kOk means well-formed.
 enum class HeaderError : uint8_t {
@@ -120,13 +147,52 @@ enum class HeaderError : uint8_t {
 };
 std::string_view to_string(HeaderError e);
 
+// Whether a flags byte is a known kind with only the flag bits that kind
+// may carry: the stream flags belong to requests only, the bulk flag to
+// requests and replies, the metadata flag to requests, replies and errors.
+constexpr bool is_valid_flags(uint8_t flags) {
+  const uint8_t k = flags & kKindMask;
+  const uint8_t f = flags & ~kKindMask;
+  if (k == 0 || k > kMaxKind) return false;
+  if ((f & ~kKnownFlags) != 0) return false;
+  switch (static_cast<Kind>(k)) {
+    case Kind::kRequest: return true;
+    case Kind::kReply: return (f & ~(kFlagBulk | kFlagMetadata)) == 0;
+    case Kind::kError: return (f & ~kFlagMetadata) == 0;
+    default: return f == 0;
+  }
+}
+// The same for all 256 bytes, one bit each: a received header's flags are
+// checked with one load and a shift instead of the branches above.
+struct ValidFlagsTable {
+  uint64_t bits[4] = {};
+  constexpr ValidFlagsTable() {
+    for (unsigned f = 0; f < 256; ++f)
+      if (is_valid_flags(static_cast<uint8_t>(f))) bits[f >> 6] |= uint64_t{1} << (f & 63);
+  }
+  constexpr bool operator[](uint8_t f) const { return ((bits[f >> 6] >> (f & 63)) & 1) != 0; }
+};
+inline constexpr ValidFlagsTable kValidFlags{};
+
 // Checks what can be checked without session state: magic, version, a
 // known kind with only defined flags, payload_len against the received byte count and the slot size,
 // slot index against the ring and against the slot the transport placed the
 // bytes in.  Session-state checks (is that slot expecting this message?) are
-// done by the sessions.
-HeaderError validate_header(const Header& h, size_t received_bytes, uint32_t slot_count,
-                            uint32_t slot_size, uint16_t placed_slot);
+// done by the sessions.  Inline: it runs on every message, and the common
+// outcome is a handful of compares.
+inline HeaderError validate_header(const Header& h, size_t received_bytes, uint32_t slot_count,
+                                   uint32_t slot_size, uint16_t placed_slot) {
+  if (received_bytes < kHeaderSize) [[unlikely]] return HeaderError::kTooShort;
+  if (h.magic != kWireMagic) [[unlikely]] return HeaderError::kBadMagic;
+  if (h.version != kWireVersion) [[unlikely]] return HeaderError::kBadVersion;
+  if (!kValidFlags[h.flags]) [[unlikely]] return HeaderError::kBadKind;
+  if (uint64_t{h.payload_len} + kHeaderSize != received_bytes ||
+      uint64_t{h.payload_len} + kHeaderSize > slot_size) [[unlikely]]
+    return HeaderError::kBadLength;
+  if (h.slot >= slot_count) [[unlikely]] return HeaderError::kBadSlot;
+  if (h.slot != placed_slot) [[unlikely]] return HeaderError::kSlotMismatch;
+  return HeaderError::kOk;
+}
 
 // The immediate's encoding (transport/frame.h).
 using transport::imm_generation;

@@ -328,7 +328,6 @@ CallHandle Channel::call_stream(uint32_t method_id, RequestWriter writer, CallOp
   }
   auto* pc = new core::PendingCall;
   pc->method_id = method_id;
-  pc->metadata = std::move(options.metadata);
   pc->method_name = options.method_name;
   pc->writer = std::move(writer);
   pc->sink = std::move(on_message);
@@ -336,8 +335,9 @@ CallHandle Channel::call_stream(uint32_t method_id, RequestWriter writer, CallOp
   pc->stream = true;
   pc->window = options.stream_window != 0 ? options.stream_window : impl_->config.stream_window;
   pc->deadline = options.deadline;
-  pc->send_bulk = std::move(options.send_segments);  // refused: streams carry no bulk segments
-  pc->receive_bulk = std::move(options.receive_segments);
+  // Refused in submit: streams carry no bulk segments.
+  pc->take_options(std::move(options.metadata), std::move(options.send_segments),
+                   std::move(options.receive_segments));
   if (!refused.ok()) return refuse(pc, refused);
   return submit(pc);
 }
@@ -459,7 +459,6 @@ std::shared_ptr<detail::OutStreamState> Channel::open_stream(uint32_t method_id,
   }
   auto* pc = new core::PendingCall;
   pc->method_id = method_id;
-  pc->metadata = std::move(options.metadata);
   pc->method_name = options.method_name;
   pc->sink = std::move(on_reply);
   pc->on_end = std::move(on_end);
@@ -467,8 +466,9 @@ std::shared_ptr<detail::OutStreamState> Channel::open_stream(uint32_t method_id,
   pc->client_stream = true;
   pc->window = options.stream_window != 0 ? options.stream_window : impl_->config.stream_window;
   pc->deadline = options.deadline;
-  pc->send_bulk = std::move(options.send_segments);  // refused: streams carry no bulk segments
-  pc->receive_bulk = std::move(options.receive_segments);
+  // Refused in submit: streams carry no bulk segments.
+  pc->take_options(std::move(options.metadata), std::move(options.send_segments),
+                   std::move(options.receive_segments));
   auto out = std::make_shared<core::OutStream>(impl_->loop, pc->window);
   pc->out = out;
   if (!refused.ok()) {

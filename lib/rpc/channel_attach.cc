@@ -15,8 +15,9 @@ namespace slotrpc {
 
 bool Channel::Impl::hold_for_attachment(core::PendingCall* pc) {
   size_t biggest = 0;
-  for (const BulkSegment& s : pc->send_bulk) biggest = std::max(biggest, s.length);
-  for (const BulkSegment& s : pc->receive_bulk) biggest = std::max(biggest, s.length);
+  if (!pc->has_bulk()) return false;
+  for (const BulkSegment& s : pc->extras->send_bulk) biggest = std::max(biggest, s.length);
+  for (const BulkSegment& s : pc->extras->receive_bulk) biggest = std::max(biggest, s.length);
   if (biggest == 0) return false;
   if (attaching) {
     if (biggest < attach_threshold) return false;

@@ -5,6 +5,15 @@
 
 #include "slotrpc/channel.h"
 
+namespace slotrpc::detail {
+
+const Metadata& no_trailers() {
+  static const Metadata none;
+  return none;
+}
+
+}  // namespace slotrpc::detail
+
 namespace slotrpc::raw {
 
 Future<RawReply> call(Channel& channel, uint32_t method_id, RequestWriter writer, CallOptions options) {

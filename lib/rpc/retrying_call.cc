@@ -98,9 +98,7 @@ CallHandle Channel::call(uint32_t method_id, RequestWriter writer, CallOptions o
       pc->method_name = r->options.method_name;
       pc->writer = r->writer;
       pc->deadline = r->options.deadline;
-      pc->send_bulk = r->options.send_segments;
-      pc->receive_bulk = r->options.receive_segments;
-      pc->metadata = r->options.metadata;
+      pc->take_options(r->options.metadata, r->options.send_segments, r->options.receive_segments);
       pc->request_id = impl->last_request_id.fetch_add(1, std::memory_order_relaxed) + 1;
       r->current_id = pc->request_id;
       auto again = weak_attempt.lock();
@@ -160,9 +158,8 @@ CallHandle Channel::call(uint32_t method_id, RequestWriter writer, CallOptions o
   pc->writer = std::move(writer);
   pc->sink = std::move(sink);
   pc->deadline = options.deadline;
-  pc->send_bulk = std::move(options.send_segments);
-  pc->receive_bulk = std::move(options.receive_segments);
-  pc->metadata = std::move(options.metadata);
+  pc->take_options(std::move(options.metadata), std::move(options.send_segments),
+                   std::move(options.receive_segments));
   return submit(pc);
 }
 
