@@ -1,6 +1,7 @@
 // The library's side of Future<T>::get(): a handler's fiber waits without
-// blocking its event loop; a thread spins briefly, then sleeps on the
-// result's word (slotrpc/detail/shared_state.h).
+// blocking its event loop; a thread runs its loop's turns itself where the
+// loop lets it (reactor/caller_turns.cc says why), else spins briefly;
+// then sleeps on the result's word (slotrpc/detail/shared_state.h).
 //
 // Why a thread spins, and for how long.  A thread that sleeps at once pays,
 // per call, a futex wake on the loop that completes it and a scheduler hop
@@ -109,11 +110,41 @@ bool announce_sleeper(std::atomic<uint32_t>* word, uint32_t* seen) {
   return true;
 }
 
+
+// How long a caller runs its loop's turns before it hands the loop back
+// and sleeps: about what the loop thread itself would spin idle before it
+// sleeps (Config::spin_us), at least kMinDriveUs.
+constexpr uint32_t kMinDriveUs = 50;
+
+reactor::Reactor* drivable_target() {
+  reactor::Reactor* r = reactor::Reactor::drive_target();
+  return r != nullptr && r->caller_turns_allowed() && reactor::Reactor::current() == nullptr ? r : nullptr;
+}
+
+// Runs the caller's loop until `word` is ready or `until`; true if ready.
+bool drive(reactor::Reactor* r, std::atomic<uint32_t>* word, WaitClock::time_point until) {
+  const auto budget = std::chrono::microseconds(std::max(r->config().spin_us, kMinDriveUs));
+  return r->drive_until_ready(word, std::min(until, WaitClock::now() + budget));
+}
+
 }  // namespace
+
+void poll_progress() {
+  if (reactor::Reactor* r = drivable_target()) r->drive_once();
+}
 
 void wait_word(std::atomic<uint32_t>* word) {
   const auto start = WaitClock::now();
-  const int64_t budget = t_spin_ns;
+  int64_t budget = t_spin_ns;
+  // Caller turns first (reactor/caller_turns.cc): the reply is delivered
+  // by this thread, with no hand-off.  Once they give up (a slow reply), the
+  // spin is spent: sleep.
+  bool drove = false;
+  if (reactor::Reactor* r = drivable_target()) {
+    if (drive(r, word, WaitClock::time_point::max())) return;
+    budget = 0;
+    drove = true;
+  }
   if (budget > 0) {
     const auto until = start + std::chrono::nanoseconds(budget);
     const auto yield_from = start + std::chrono::nanoseconds(kYieldAfterNs);
@@ -139,11 +170,13 @@ void wait_word(std::atomic<uint32_t>* word) {
     futex_wait(word, seen, nullptr);
     slept = true;
   }
-  if (slept) learn_slept((WaitClock::now() - start).count());
+  if (slept && !drove) learn_slept((WaitClock::now() - start).count());
 }
 
 bool wait_word_for(std::atomic<uint32_t>* word, int64_t timeout_ns) {
   const auto until = WaitClock::now() + std::chrono::nanoseconds(timeout_ns);
+  // Caller turns as in wait_word(), never past the deadline.
+  if (reactor::Reactor* r = drivable_target(); r != nullptr && timeout_ns > 0 && drive(r, word, until)) return true;
   uint32_t seen = 0;
   for (;;) {
     if (is_ready(word)) return true;

@@ -1,0 +1,231 @@
+// Caller turns: a thread blocked in Future::get() runs the loop's turns
+// itself while the loop's thread parks.
+//
+// Why.  On a host with as many cores as busy threads (2 vCPUs: the client
+// loop, the server loop and the waiting caller), a caller that waits for
+// the loop to hand it a result is a third runnable thread: whether it
+// spins or sleeps on a futex, every call pays a hand-off between threads
+// (a post into the loop's inbox, the loop's poll, then a wake-up or a
+// spinner that holds the core the loop needed).  A callback chain pays
+// none of it.  Here the caller becomes the loop for the time it waits, as
+// an eRPC application thread is its own loop: its call goes out from its
+// own stack (run_or_drive), it polls the reply itself and runs the reply's
+// callback, which makes its own result ready: no thread in between.
+//
+// Who runs turns is one word, turn_: the loop thread (kTurnLoop), a
+// caller (kTurnCaller), or nobody (kTurnFree: the loop thread is parked and
+// any caller may take the turn with a CAS).  A caller that wants the turn
+// counts itself in callers_; the loop thread looks at callers_ once a turn
+// (and before it sleeps in epoll, which a caller then interrupts) and
+// parks.  While it holds the turn a caller is the loop's thread for every
+// "am I on the loop" test (on_this_thread(), Loop::current()): it sets the
+// loop's thread id to its own, and gives the loop thread's back on release.
+//
+// Fibers never change threads: a handler suspended on one thread cannot
+// resume on another (its thread_locals, a lock it holds, the sanitizers'
+// stack bookkeeping).  So caller turns are only for loops that run no
+// fibers (the default client runtime's, lib/rpc/runtime.cc), a caller's
+// turn never resumes one, and a caller stops driving if one gets ready.
+//
+// The parked loop thread comes back on its own: it rechecks every
+// kParkRecheck, and takes the turn back when no caller waits and no caller
+// took a turn since its last look, or at once when handed back (a caller
+// that gave up on a slow reply, fibers to run, stop()).  So a thread that
+// calls get() in a loop keeps the loop thread parked, and a program that
+// stops calling has its loop back within two rechecks; meanwhile, what
+// other threads post waits for the next turn, a caller's or the loop
+// thread's (at most those two rechecks).  Releasing the turn costs no
+// system call unless it hands the loop back.
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+
+#include "reactor/reactor.h"
+#include "slotrpc/detail/shared_state.h"
+
+namespace slotrpc::reactor {
+
+namespace {
+
+// The loop thread's recheck while parked for callers: how late, at most,
+// it notices that callers stopped (twice this) when none tells it.  Short
+// enough that a transport event no caller polls for waits about as long as
+// an adaptive loop's wake-up; long enough that a parked loop thread wakes
+// rarely (a wake-up costs a few µs of a core the callers use).
+constexpr long kParkRecheckNs = 50'000;
+// A caller that waits for the turn, or drives turns that find nothing,
+// yields the CPU after this long, as an idle loop does (busy_yield_us).
+constexpr auto kYieldAfter = std::chrono::microseconds(5);
+
+thread_local Reactor* t_target = nullptr;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+bool word_ready(const std::atomic<uint32_t>* word) {
+  return (word->load(std::memory_order_acquire) & detail::kWordReady) != 0;
+}
+
+}  // namespace
+
+Reactor* Reactor::drive_target() { return t_target; }
+
+void Reactor::allow_caller_turns(bool allow) {
+  caller_turns_.store(allow);
+  // A caller driving now stops at its next turn and wakes the loop thread.
+}
+
+bool Reactor::try_take_turn() {
+  uint32_t expect = kTurnFree;
+  if (turn_.load(std::memory_order_relaxed) != kTurnFree ||
+      !turn_.compare_exchange_strong(expect, kTurnCaller, std::memory_order_acquire, std::memory_order_relaxed))
+    return false;
+  caller_runs_.fetch_add(1, std::memory_order_relaxed);
+  enter_thread();  // on_this_thread() and Loop::current() now name this thread
+  return true;
+}
+
+void Reactor::release_turn() {
+  // What only the loop thread may do: wake it now rather than at its next
+  // recheck.  (Tasks posted meanwhile wait for the next turn, a caller's or
+  // the loop thread's after its recheck.)
+  const bool leftover = !ready_fibers_.empty() || stop_.load(std::memory_order_relaxed) ||
+                        !caller_turns_.load(std::memory_order_relaxed);
+  thread_id_.store(home_id_);
+  leave_thread();
+  turn_.store(kTurnFree, std::memory_order_release);
+  if (leftover) hand_back();
+}
+
+void Reactor::hand_back() {
+  handback_.store(true, std::memory_order_release);
+  ::eventfd_write(event_fd_, 1);
+}
+
+bool Reactor::caller_turn(bool* worked) {
+  *worked = run_turn(/*fibers=*/false);
+  ++stats_.caller_turns;
+  return ready_fibers_.empty() && caller_turns_.load(std::memory_order_relaxed) &&
+         !stop_.load(std::memory_order_relaxed);
+}
+
+void Reactor::run_or_drive(Task task) {
+  if (on_this_thread()) {
+    task();
+    return;
+  }
+  // The loop this thread's next get() drives: this one, or none (a get()
+  // must not drive a loop other than its call's when it could help it).
+  const bool drivable = caller_turns_.load(std::memory_order_relaxed) && core::Loop::current() == nullptr;
+  if (core::Loop::current() == nullptr) t_target = drivable ? this : nullptr;
+  if (drivable) {
+    if (try_take_turn()) {
+      run_guarded("a task", task);
+      bool worked = false;
+      caller_turn(&worked);  // sends what the task queued (the turn's flush)
+      release_turn();
+      return;
+    }
+  }
+  post(std::move(task));
+}
+
+void Reactor::drive_once() {
+  if (!caller_turns_.load(std::memory_order_relaxed) || core::Loop::current() != nullptr) return;
+  if (!try_take_turn()) return;
+  bool worked = false;
+  caller_turn(&worked);
+  release_turn();
+}
+
+bool Reactor::drive_until_ready(const std::atomic<uint32_t>* word, Clock::time_point give_up) {
+  if (!caller_turns_.load(std::memory_order_relaxed) || core::Loop::current() != nullptr) return word_ready(word);
+  t_target = this;
+  // Dekker with sleep_until_work(): it sets deep_asleep_ then reads
+  // callers_; we count ourselves then read deep_asleep_.  A loop thread
+  // asleep in epoll holds the turn, so it must wake to park.
+  callers_.fetch_add(1, std::memory_order_seq_cst);
+  if (deep_asleep_.load(std::memory_order_seq_cst)) ::eventfd_write(event_fd_, 1);
+  bool done = false;
+  const Clock::time_point start = Clock::now();
+  for (uint32_t spins = 1;; ++spins) {
+    if (word_ready(word)) {
+      done = true;
+      break;
+    }
+    if (try_take_turn()) {
+      bool idle = false;
+      Clock::time_point idle_since{};
+      for (;;) {
+        bool worked = false;
+        const bool go_on = caller_turn(&worked);
+        if (word_ready(word)) {
+          done = true;
+          break;
+        }
+        if (!go_on || turn_now_ >= give_up) break;
+        // The turn's own clock read (turn_now_): none of our own.
+        if (worked) {
+          idle = false;
+        } else if (!idle) {
+          idle = true;
+          idle_since = turn_now_;
+        } else if (turn_now_ - idle_since >= kYieldAfter) {
+          ::sched_yield();
+        }
+      }
+      release_turn();
+      break;
+    }
+    // The loop thread has not parked yet, or another caller drives (its
+    // turns deliver our reply too).
+    cpu_relax();
+    if ((spins & 63) == 0) {
+      const Clock::time_point now = Clock::now();
+      if (now >= give_up) break;
+      if (now - start >= kYieldAfter) ::sched_yield();
+    }
+  }
+  // The last caller to give up hands the loop back at once: its own reply
+  // (and everything else) is the loop thread's to deliver now.
+  if (callers_.fetch_sub(1, std::memory_order_seq_cst) == 1 && !done) hand_back();
+  return done;
+}
+
+void Reactor::park_for_callers() {
+  ++stats_.parks;
+  turn_.store(kTurnFree, std::memory_order_seq_cst);
+  for (;;) {
+    const uint64_t runs = caller_runs_.load(std::memory_order_relaxed);
+    // Not "asleep" for Loop::wake(): tasks posted and doorbells rung now
+    // run in the next caller's turn, or ours after the recheck, and the
+    // thread that posts (often the caller itself, releasing a reply it
+    // read) pays no eventfd write for a loop thread that need not run.
+    if (!handback_.load(std::memory_order_acquire) && !stop_.load(std::memory_order_relaxed)) {
+      pollfd pfd{event_fd_, POLLIN, 0};
+      const timespec recheck{0, kParkRecheckNs};
+      if (::ppoll(&pfd, 1, &recheck, nullptr) > 0) {
+        eventfd_t ignored;
+        ::eventfd_read(event_fd_, &ignored);  // non-blocking (core/loop.cc)
+      }
+    }
+    const bool stopping = stop_.load(std::memory_order_relaxed);
+    const bool handback = handback_.exchange(false, std::memory_order_acq_rel);
+    const bool callers_done = callers_.load(std::memory_order_seq_cst) == 0 &&
+                              (handback || caller_runs_.load(std::memory_order_relaxed) == runs);
+    if (stopping || callers_done) {
+      uint32_t expect = kTurnFree;
+      if (turn_.compare_exchange_strong(expect, kTurnLoop, std::memory_order_acquire, std::memory_order_relaxed)) {
+        enter_thread();
+        return;
+      }
+    }
+  }
+}
+
+}  // namespace slotrpc::reactor
