@@ -57,7 +57,22 @@ constexpr long kParkRecheckNs = 50'000;
 // yields the CPU after this long, as an idle loop does (busy_yield_us).
 constexpr auto kYieldAfter = std::chrono::microseconds(5);
 
-thread_local Reactor* t_target = nullptr;
+}  // namespace
+
+// A loop as a thread that may drive it knows it: the loop clears `loop` as
+// it ends, then waits until no lease holds the token (`inside`).
+struct DriveToken {
+  std::atomic<Reactor*> loop;
+  std::atomic<uint32_t> inside{0};
+  explicit DriveToken(Reactor* r) : loop(r) {}
+};
+
+namespace {
+
+// The loop this thread last sent a call through (run_or_drive), if it
+// lends its turns.  Reassigned only when it changes: no reference count
+// traffic per call.
+thread_local std::shared_ptr<DriveToken> t_target;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -73,7 +88,26 @@ bool word_ready(const std::atomic<uint32_t>* word) {
 
 }  // namespace
 
-Reactor* Reactor::drive_target() { return t_target; }
+Reactor::DriveLease::DriveLease() {
+  if (!t_target || core::Loop::current() != nullptr) return;
+  token_ = t_target.get();
+  // Dekker with end_leases(): it clears `loop` then reads `inside`; we
+  // count ourselves in then read `loop`.
+  token_->inside.fetch_add(1, std::memory_order_seq_cst);
+  Reactor* r = token_->loop.load(std::memory_order_seq_cst);
+  if (r != nullptr && r->caller_turns_allowed()) loop_ = r;
+}
+
+Reactor::DriveLease::~DriveLease() {
+  if (token_ != nullptr) token_->inside.fetch_sub(1, std::memory_order_release);
+}
+
+void Reactor::make_token() { token_ = std::make_shared<DriveToken>(this); }
+
+void Reactor::end_leases() {
+  token_->loop.store(nullptr, std::memory_order_seq_cst);
+  while (token_->inside.load(std::memory_order_seq_cst) != 0) ::sched_yield();
+}
 
 void Reactor::allow_caller_turns(bool allow) {
   caller_turns_.store(allow);
@@ -122,7 +156,13 @@ void Reactor::run_or_drive(Task task) {
   // The loop this thread's next get() drives: this one, or none (a get()
   // must not drive a loop other than its call's when it could help it).
   const bool drivable = caller_turns_.load(std::memory_order_relaxed) && core::Loop::current() == nullptr;
-  if (core::Loop::current() == nullptr) t_target = drivable ? this : nullptr;
+  if (core::Loop::current() == nullptr) {
+    if (drivable) {
+      if (t_target != token_) t_target = token_;
+    } else if (t_target) {
+      t_target.reset();
+    }
+  }
   if (drivable) {
     if (try_take_turn()) {
       run_guarded("a task", task);
@@ -137,15 +177,23 @@ void Reactor::run_or_drive(Task task) {
 
 void Reactor::drive_once() {
   if (!caller_turns_.load(std::memory_order_relaxed) || core::Loop::current() != nullptr) return;
-  if (!try_take_turn()) return;
-  bool worked = false;
-  caller_turn(&worked);
-  release_turn();
+  if (try_take_turn()) {
+    bool worked = false;
+    caller_turn(&worked);
+    release_turn();
+    return;
+  }
+  // The loop thread has the turn: ask it to park, as a get() would, so that
+  // the next ready() finds the turn free.  Once per park (the flag is read
+  // before it is written: a poller spins here).
+  if ((callers_.load(std::memory_order_relaxed) & kPollerWants) == 0) {
+    callers_.fetch_or(kPollerWants, std::memory_order_seq_cst);
+    if (deep_asleep_.load(std::memory_order_seq_cst)) ::eventfd_write(event_fd_, 1);
+  }
 }
 
 bool Reactor::drive_until_ready(const std::atomic<uint32_t>* word, Clock::time_point give_up) {
   if (!caller_turns_.load(std::memory_order_relaxed) || core::Loop::current() != nullptr) return word_ready(word);
-  t_target = this;
   // Dekker with sleep_until_work(): it sets deep_asleep_ then reads
   // callers_; we count ourselves then read deep_asleep_.  A loop thread
   // asleep in epoll holds the turn, so it must wake to park.
@@ -193,12 +241,13 @@ bool Reactor::drive_until_ready(const std::atomic<uint32_t>* word, Clock::time_p
   }
   // The last caller to give up hands the loop back at once: its own reply
   // (and everything else) is the loop thread's to deliver now.
-  if (callers_.fetch_sub(1, std::memory_order_seq_cst) == 1 && !done) hand_back();
+  if ((callers_.fetch_sub(1, std::memory_order_seq_cst) & ~kPollerWants) == 1 && !done) hand_back();
   return done;
 }
 
 void Reactor::park_for_callers() {
   ++stats_.parks;
+  callers_.fetch_and(~kPollerWants, std::memory_order_relaxed);  // a poller's ask is answered
   turn_.store(kTurnFree, std::memory_order_seq_cst);
   for (;;) {
     const uint64_t runs = caller_runs_.load(std::memory_order_relaxed);
@@ -216,7 +265,7 @@ void Reactor::park_for_callers() {
     }
     const bool stopping = stop_.load(std::memory_order_relaxed);
     const bool handback = handback_.exchange(false, std::memory_order_acq_rel);
-    const bool callers_done = callers_.load(std::memory_order_seq_cst) == 0 &&
+    const bool callers_done = (callers_.load(std::memory_order_seq_cst) & ~kPollerWants) == 0 &&
                               (handback || caller_runs_.load(std::memory_order_relaxed) == runs);
     if (stopping || callers_done) {
       uint32_t expect = kTurnFree;

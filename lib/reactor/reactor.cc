@@ -29,10 +29,16 @@ Reactor::Reactor(const Config& config, std::string name)
   ev.data.fd = event_fd_;
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, event_fd_, &ev);
   completions_.resize(config.poll_batch);
+  make_token();
 }
 
 Reactor::~Reactor() {
+  // Threads that may drive this loop (caller_turns.cc) find it gone from
+  // here on; the loop thread takes the turn back from one that drives now,
+  // and we wait for the last to let go of the loop.
+  token_->loop.store(nullptr, std::memory_order_seq_cst);
   stop();
+  end_leases();
   // Tasks never run (posted after the loop ended) are destroyed here.
   Task t;
   while (inbox_.pop(t)) {

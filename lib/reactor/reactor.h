@@ -53,6 +53,8 @@ namespace slotrpc::reactor {
 
 using core::Clock;
 
+struct DriveToken;  // caller_turns.cc
+
 class Reactor final : public core::Loop {
  public:
   Reactor(const Config& config, std::string name);
@@ -110,8 +112,21 @@ class Reactor final : public core::Loop {
   // A plain thread: one turn, if the turn is free now; for Future::ready().
   void drive_once();
   // The loop the calling thread last sent work to through run_or_drive(),
-  // or nullptr: the loop its next get() drives.
-  static Reactor* drive_target();
+  // held for the lease's scope: the loop its next get() drives, or none
+  // (that loop is gone, lends no turns, or this thread runs a loop).  A
+  // Reactor's destructor waits for the leases on it to end.
+  class DriveLease {
+   public:
+    DriveLease();
+    ~DriveLease();
+    DriveLease(const DriveLease&) = delete;
+    DriveLease& operator=(const DriveLease&) = delete;
+    Reactor* get() const { return loop_; }
+
+   private:
+    DriveToken* token_ = nullptr;
+    Reactor* loop_ = nullptr;
+  };
 
   // Counters for tests and benchmarks (loop thread or after stop()).
   struct Stats {
@@ -145,6 +160,10 @@ class Reactor final : public core::Loop {
   void release_turn();
   // Any thread: the parked loop thread takes its turn back now.
   void hand_back();
+  // Constructor: the token leases refer to.  Destructor: no lease reaches
+  // this loop any more, and none still holds it.
+  void make_token();
+  void end_leases();
   // A caller's turn: as run_turn(), fibers excepted; false when the caller
   // must stop driving (fibers to run, caller turns withdrawn, stop).
   bool caller_turn(bool* worked);
@@ -164,11 +183,18 @@ class Reactor final : public core::Loop {
   std::thread::id home_id_{};  // the loop thread's id, given back after a caller's turn
   std::atomic<bool> stop_{false};
   std::atomic<uint32_t> turn_{kTurnIdle};
-  std::atomic<uint32_t> callers_{0};      // threads waiting to drive (drive_until_ready)
+  // Threads waiting to drive (drive_until_ready), and kPollerWants: a
+  // thread polling ready() found the turn taken (drive_once).  Nonzero:
+  // the loop thread parks.
+  static constexpr uint32_t kPollerWants = 1u << 31;
+  std::atomic<uint32_t> callers_{0};
   std::atomic<uint64_t> caller_runs_{0};  // caller turns taken: the parked loop's sign of activity
   std::atomic<bool> caller_turns_{false};
   std::atomic<bool> handback_{false};      // hand_back() since the parked loop thread last looked
   std::atomic<bool> deep_asleep_{false};  // in sleep_until_work()'s epoll_wait
+  // What a thread keeps of the loop it may drive (DriveLease): outlives
+  // the loop, which clears it and waits for the leases on it as it ends.
+  std::shared_ptr<DriveToken> token_;
   int epoll_fd_ = -1;
 
   std::vector<base::Fiber*> running_fibers_;

@@ -116,11 +116,6 @@ bool announce_sleeper(std::atomic<uint32_t>* word, uint32_t* seen) {
 // sleeps (Config::spin_us), at least kMinDriveUs.
 constexpr uint32_t kMinDriveUs = 50;
 
-reactor::Reactor* drivable_target() {
-  reactor::Reactor* r = reactor::Reactor::drive_target();
-  return r != nullptr && r->caller_turns_allowed() && reactor::Reactor::current() == nullptr ? r : nullptr;
-}
-
 // Runs the caller's loop until `word` is ready or `until`; true if ready.
 bool drive(reactor::Reactor* r, std::atomic<uint32_t>* word, WaitClock::time_point until) {
   const auto budget = std::chrono::microseconds(std::max(r->config().spin_us, kMinDriveUs));
@@ -130,7 +125,8 @@ bool drive(reactor::Reactor* r, std::atomic<uint32_t>* word, WaitClock::time_poi
 }  // namespace
 
 void poll_progress() {
-  if (reactor::Reactor* r = drivable_target()) r->drive_once();
+  reactor::Reactor::DriveLease lease;
+  if (reactor::Reactor* r = lease.get()) r->drive_once();
 }
 
 void wait_word(std::atomic<uint32_t>* word) {
@@ -140,7 +136,7 @@ void wait_word(std::atomic<uint32_t>* word) {
   // by this thread, with no hand-off.  Once they give up (a slow reply), the
   // spin is spent: sleep.
   bool drove = false;
-  if (reactor::Reactor* r = drivable_target()) {
+  if (reactor::Reactor::DriveLease lease; reactor::Reactor* r = lease.get()) {
     if (drive(r, word, WaitClock::time_point::max())) return;
     budget = 0;
     drove = true;
@@ -176,7 +172,10 @@ void wait_word(std::atomic<uint32_t>* word) {
 bool wait_word_for(std::atomic<uint32_t>* word, int64_t timeout_ns) {
   const auto until = WaitClock::now() + std::chrono::nanoseconds(timeout_ns);
   // Caller turns as in wait_word(), never past the deadline.
-  if (reactor::Reactor* r = drivable_target(); r != nullptr && timeout_ns > 0 && drive(r, word, until)) return true;
+  if (timeout_ns > 0) {
+    reactor::Reactor::DriveLease lease;
+    if (reactor::Reactor* r = lease.get(); r != nullptr && drive(r, word, until)) return true;
+  }
   uint32_t seen = 0;
   for (;;) {
     if (is_ready(word)) return true;
