@@ -111,7 +111,6 @@ bool announce_sleeper(std::atomic<uint32_t>* word, uint32_t* seen) {
   return true;
 }
 
-
 // How long a caller runs its loop's turns before it hands the loop back
 // and sleeps on the result's word: learned per thread as the loops' own
 // idle spin is (reactor/spin_budget.h), from Config::spin_us (at least
