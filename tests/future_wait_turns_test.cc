@@ -151,6 +151,41 @@ TEST_CASE("caller turns: a thread waiting in get() delivers its channel's replie
   CHECK(on_caller >= kRounds / 4);
 }
 
+TEST_CASE("caller turns: no callback of another call runs inside the call that issues one") {
+  // Call B goes out with a callback; its reply has time to arrive (a spin
+  // of 10 to 80 µs: longer, and the parked loop thread takes its loop back
+  // and delivers it); then call A is issued with a flag up around it.  Issuing A may
+  // send it from this thread's stack, but must hand out no completion
+  // there: B's callback runs in A's get() or on the loop thread, never
+  // inside A's call (whose caller may hold a lock such a callback takes).
+  TestServer srv;
+  auto ch = connect(srv.address);
+  Watchdog dog("callbacks inside a call", 20s);
+  for (uint64_t i = 0; i < 20; ++i) REQUIRE(call(*ch, kEcho, i).get().ok());
+  const auto me = std::this_thread::get_id();
+  std::atomic<bool> issuing{false};
+  std::atomic<int> inside{0};
+  for (int i = 0; i < 2000; ++i) {
+    std::atomic<bool> done{false};
+    ch->unary<Ping, Pong>(
+        kEcho, [i](flatbuffers::FlatBufferBuilder& fbb) { return slotrpc::test::CreatePing(fbb, i); }, {},
+        [&](slotrpc::Reply<Pong>&&) {
+          if (issuing.load() && std::this_thread::get_id() == me) inside.fetch_add(1);
+          done.store(true);
+        });
+    const auto until = Clock::now() + std::chrono::microseconds(10 << (i % 4));  // 10 to 80 µs
+    while (Clock::now() < until) {
+    }
+    issuing.store(true);
+    auto f = call(*ch, kEcho, 1000 + i);
+    issuing.store(false);
+    REQUIRE(f.get().ok());
+    while (!done.load()) std::this_thread::yield();
+    dog.step();
+  }
+  CHECK(inside.load() == 0);
+}
+
 TEST_CASE("caller turns: many threads get(), wait_for() and poll ready() on one channel") {
   // Eight threads on one channel take the loop's turn from each other and
   // from the loop thread; each reply must reach its own caller.

@@ -1,10 +1,11 @@
 // Future<T>: the result of an asynchronous call.
 //
 // get() blocks a plain thread (running the event loop's turns itself while
-// it waits, where the loop lets it, else spinning briefly; then asleep); called inside a handler (which runs on a
-// fiber of a server's event loop) it suspends only that fiber, and the loop
-// keeps serving other requests until the result arrives.  That is how a
-// handler calls another service without blocking its server.
+// it waits, where the loop lets it, else spinning briefly; then asleep);
+// called inside a handler (which runs on a fiber of a server's event loop)
+// it suspends only that fiber, and the loop keeps serving other requests
+// until the result arrives.  That is how a handler calls another service
+// without blocking its server.
 #pragma once
 
 #include <chrono>

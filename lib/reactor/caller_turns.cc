@@ -172,10 +172,13 @@ void Reactor::run_or_drive(Task task) {
   }
   if (drivable) {
     if (try_take_turn()) {
+      // The task and the flush it asks for, nothing else: no completion is
+      // handed out, so no callback of another call runs inside the call
+      // that issued this one (its caller may hold a lock such a callback
+      // takes).  The next turn, a get()'s or the loop thread's, polls.
       run_guarded("a task", task);
-      bool worked = false;
-      caller_turn(&worked);  // sends what the task queued (the turn's flush)
-      t_last_work = turn_now_;
+      flush_sessions();
+      t_last_work = {};  // work just now (drive_once reads the time)
       release_turn();
       return;
     }
@@ -190,14 +193,18 @@ void Reactor::drive_once() {
     caller_turn(&worked);
     const Clock::time_point now = turn_now_;
     release_turn();
-    if (worked) {
+    if (worked || t_last_work == Clock::time_point{}) {
       t_last_work = now;
     } else if (now - t_last_work >= kYieldAfter) {
       ::sched_yield();
     }
     return;
   }
-  if (Clock::now() - t_last_work >= kYieldAfter) ::sched_yield();
+  if (t_last_work == Clock::time_point{}) {
+    t_last_work = Clock::now();
+  } else if (Clock::now() - t_last_work >= kYieldAfter) {
+    ::sched_yield();
+  }
   // The loop thread has the turn: ask it to park, as a get() would, so that
   // the next ready() finds the turn free.  Once per park (the flag is read
   // before it is written: a poller spins here).

@@ -263,6 +263,11 @@ bool Reactor::run_turn(bool fibers) {
     worked = true;
   }
 
+  flush_sessions();
+  return worked;
+}
+
+void Reactor::flush_sessions() {
   // One post per link for everything this turn produced.
   while (!flush_list_.empty()) {
     flushing_.swap(flush_list_);
@@ -273,7 +278,6 @@ bool Reactor::run_turn(bool fibers) {
     }
     flushing_.clear();
   }
-  return worked;
 }
 
 bool Reactor::transports_ready_to_sleep() {

@@ -101,8 +101,9 @@ class Reactor final : public core::Loop {
   void allow_caller_turns(bool allow);
   bool caller_turns_allowed() const { return caller_turns_.load(std::memory_order_relaxed); }
   // Any thread.  Runs `task` on the loop: at once on the loop's thread; on
-  // the calling thread, as a turn of its own, when it can take the turn
-  // without waiting (the loop thread is parked for callers); else posted.
+  // the calling thread, with the flush it asks for, when that thread can
+  // take the turn without waiting (the loop thread is parked for callers);
+  // else posted.  Never runs other work there (no completion, no callback).
   void run_or_drive(Task task);
   // A plain thread (no loop's): runs this loop's turns until `word` has
   // kWordReady (slotrpc/detail/shared_state.h) or `give_up`; true if ready.
@@ -147,6 +148,8 @@ class Reactor final : public core::Loop {
   // True if it did any work.  A caller's turn leaves ready fibers to the
   // loop thread (`fibers` false).
   bool run_turn(bool fibers = true);
+  // The end of a turn: every session that queued messages posts them.
+  void flush_sessions();
 
   // Caller turns (caller_turns.cc).  turn_'s values: who runs turns.
   static constexpr uint32_t kTurnIdle = 0;     // not started: nobody may drive
