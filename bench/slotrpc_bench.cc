@@ -901,11 +901,11 @@ void print_table(const std::vector<Row>& rows, const std::string& mode) {
   }
   if (mode == "latency") {
     std::printf("\nlatency (one call outstanding, one channel; microseconds; ratios of p50: <1 is faster)\n");
-    std::printf("%-14s %9s %9s %9s %9s %9s %9s %9s %9s %6s\n", "system", "size_B", "p50", "p99", "p99.9", "mean",
+    std::printf("%-20s %9s %9s %9s %9s %9s %9s %9s %9s %6s\n", "system", "size_B", "p50", "p99", "p99.9", "mean",
                 "max", "vs_grpc", "vs_limit", "failed");
     for (const Row& r : rows) {
       if (r.mode != mode) continue;
-      std::printf("%-14s %9llu %9.1f %9.1f %9.1f %9.1f %9.1f %9s %9s %6llu\n", r.system.c_str(),
+      std::printf("%-20s %9llu %9.1f %9.1f %9.1f %9.1f %9.1f %9s %9s %6llu\n", r.system.c_str(),
                   (unsigned long long)r.size, r.p50, r.p99, r.p999, r.mean, r.max, ratio_text(r.ratio_grpc).c_str(),
                   ratio_text(r.ratio_limit).c_str(), (unsigned long long)r.failed);
     }
@@ -918,6 +918,24 @@ void print_table(const std::vector<Row>& rows, const std::string& mode) {
       std::printf("%-14s %7llu %8llu %11llu %12.0f %9.1f %9.1f %9s %6llu\n", r.system.c_str(),
                   (unsigned long long)r.size, (unsigned long long)r.channels, (unsigned long long)r.outstanding,
                   r.calls_per_s, r.mb_per_s, r.p50, ratio_text(r.ratio_grpc).c_str(), (unsigned long long)r.failed);
+    }
+  }
+  std::fflush(stdout);
+}
+
+// --wait with several modes: each future/poll row's p50 over the p50 of
+// the callback row of its system and size (the target: get() at most 1.5x).
+void print_wait_table(const std::vector<Row>& rows) {
+  std::printf("\nwait (latency rows by --wait mode; p50 over the callback form's at the same point)\n");
+  std::printf("%-22s %9s %9s %9s %9s\n", "system", "size_B", "p50", "callback", "ratio");
+  for (const Row& r : rows) {
+    const size_t slash = r.system.find('/');
+    if (r.mode != "latency" || slash == std::string::npos) continue;
+    const std::string base = r.system.substr(0, slash);
+    for (const Row& c : rows) {
+      if (c.mode != "latency" || c.system != base || c.size != r.size || c.p50 <= 0) continue;
+      std::printf("%-22s %9llu %9.1f %9.1f %9s\n", r.system.c_str(), (unsigned long long)r.size, r.p50, c.p50,
+                  ratio_text(r.p50 / c.p50).c_str());
     }
   }
   std::fflush(stdout);
@@ -1057,11 +1075,13 @@ int main(int argc, char** argv) {
   app.add_option("--throughput-size", throughput_size, "Throughput payload bytes")->capture_default_str();
   app.add_option("--slot-size", slot_size, "slotrpc slot size of the latency channels (bytes, multiple of 64)")
       ->check(CLI::Range(4096u, 64u << 20))->capture_default_str();
-  std::string wait_mode = "callback";
-  app.add_option("--wait", wait_mode,
-                 "How slotrpc's calls wait: callback (a chain of reply callbacks on the loop) or future "
-                 "(Future::get() on the benchmark's thread) or poll (spin on Future::ready(), then get())")
-      ->check(CLI::IsMember({"callback", "future", "poll"}))->capture_default_str();
+  std::vector<std::string> wait_modes = {"callback"};
+  app.add_option("--wait", wait_modes,
+                 "How slotrpc's latency calls wait: callback (a chain of reply callbacks on the loop) or future "
+                 "(Future::get() on the benchmark's thread) or poll (spin on Future::ready(), then get()); "
+                 "several: each latency point once per mode in turn on one channel (rows system/future, "
+                 "system/poll) and a table of their p50 over the callback form's")
+      ->delimiter(',')->check(CLI::IsMember({"callback", "future", "poll"}))->capture_default_str();
   app.add_option("--address", host, "IPv4 address the servers listen on and clients connect to")->capture_default_str();
   app.add_option("--json", json_path, "Write every figure to this JSON file");
   app.add_option("--tls-cert", tls.cert, "Systems tls, bulk-tls: the server's certificate chain (PEM)");
@@ -1079,8 +1099,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  g_wait_future = wait_mode == "future" || wait_mode == "poll";
-  g_wait_poll = wait_mode == "poll";
+  auto set_wait = [](const std::string& mode) {
+    g_wait_future = mode == "future" || mode == "poll";
+    g_wait_poll = mode == "poll";
+  };
+  set_wait(wait_modes.front());
 
   if (!serve.empty()) {
     // Block the termination signals before any thread starts, so only
@@ -1299,8 +1322,15 @@ int main(int argc, char** argv) {
         continue;
       }
       for (uint64_t size : sizes) {
-        const Point pt = measure(*d, "latency " + name + " " + size_text(size), size, warmup, calls, 1, 1);
-        record(to_row("latency", name, size, 1, 1, pt));
+        // --wait with several modes: each in turn at this point, on the
+        // same channel and server, so their ratio holds on a drifting host.
+        for (size_t w = 0; w < (is_slotrpc ? wait_modes.size() : 1); ++w) {
+          const std::string row_name =
+              name + (is_slotrpc && wait_modes.size() > 1 && wait_modes[w] != "callback" ? "/" + wait_modes[w] : "");
+          set_wait(wait_modes[w]);
+          const Point pt = measure(*d, "latency " + row_name + " " + size_text(size), size, warmup, calls, 1, 1);
+          record(to_row("latency", row_name, size, 1, 1, pt));
+        }
       }
     }
     if (do_throughput && sys != "socket") {
@@ -1321,6 +1351,7 @@ int main(int argc, char** argv) {
   add_ratios(rows);
   std::printf("machine: %s\n", machine_line().c_str());
   print_table(rows, "latency");
+  if (wait_modes.size() > 1) print_wait_table(rows);
   print_table(rows, "throughput");
   print_table(rows, "bulk");
   print_table(rows, "bulk-read");

@@ -1,10 +1,11 @@
 // Future<T>: the result of an asynchronous call.
 //
-// get() blocks a plain thread (spinning first for about as long as its
-// recent calls took, then asleep); called inside a handler (which runs on a
-// fiber of a server's event loop) it suspends only that fiber, and the loop
-// keeps serving other requests until the result arrives.  That is how a
-// handler calls another service without blocking its server.
+// get() blocks a plain thread (running the event loop's turns itself while
+// it waits, where the loop lets it, else spinning briefly; then asleep);
+// called inside a handler (which runs on a fiber of a server's event loop)
+// it suspends only that fiber, and the loop keeps serving other requests
+// until the result arrives.  That is how a handler calls another service
+// without blocking its server.
 #pragma once
 
 #include <chrono>
@@ -32,8 +33,11 @@ class Future {
   explicit Future(std::shared_ptr<detail::SharedState<T>> state) : state_(std::move(state)) {}
 
   bool valid() const { return state_ != nullptr; }
-  // A plain acquire load: cheap to poll, and never delays the result.
-  bool ready() const { return state_->ready(); }
+  // An acquire load when ready.  When not, on a plain thread whose last
+  // call went through a loop that lets callers run its turns, one turn of
+  // that loop first: a thread that polls ready() delivers its own reply, as
+  // get() does.
+  bool ready() const { return state_->poll(); }
   // Waits (thread or fiber), then moves the result out; valid() is false after.
   T get() {
     state_->wait();

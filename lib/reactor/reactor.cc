@@ -29,10 +29,16 @@ Reactor::Reactor(const Config& config, std::string name)
   ev.data.fd = event_fd_;
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, event_fd_, &ev);
   completions_.resize(config.poll_batch);
+  make_token();
 }
 
 Reactor::~Reactor() {
+  // Threads that may drive this loop (caller_turns.cc) find it gone from
+  // here on; the loop thread takes the turn back from one that drives now,
+  // and we wait for the last to let go of the loop.
+  token_->loop.store(nullptr, std::memory_order_seq_cst);
   stop();
+  end_leases();
   // Tasks never run (posted after the loop ended) are destroyed here.
   Task t;
   while (inbox_.pop(t)) {
@@ -96,6 +102,7 @@ void Reactor::place_thread() {
 }
 
 void Reactor::start() {
+  turn_.store(kTurnLoop);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -113,6 +120,7 @@ bool Reactor::run_one_turn() {
 
 void Reactor::loop() {
   enter_thread();
+  home_id_ = std::this_thread::get_id();
   pthread_setname_np(pthread_self(), name_.substr(0, 15).c_str());
   place_thread();
   // The idle clock uses each turn's own clock read (turn_now_): one read a
@@ -125,6 +133,13 @@ void Reactor::loop() {
   Clock::time_point idle_since = Clock::now();
   bool idle_started = true;
   while (!stop_.load(std::memory_order_relaxed)) {
+    // Callers waiting to run turns themselves (caller_turns.cc): one load
+    // a turn, and 0 unless a thread waits in Future::get().
+    if (callers_.load(std::memory_order_relaxed) != 0) {
+      park_for_callers();
+      idle_since = Clock::now();
+      continue;
+    }
     if (run_turn()) {
       idle_started = false;
       continue;
@@ -168,10 +183,11 @@ void Reactor::loop() {
   // Run what was posted before stop (e.g. session shutdowns), boundedly.
   for (int i = 0; i < 100 && run_turn(); ++i) {
   }
+  turn_.store(kTurnStopped);  // no caller takes a turn from here on
   leave_thread();
 }
 
-bool Reactor::run_turn() {
+bool Reactor::run_turn(bool fibers) {
   bool worked = false;
   ++stats_.turns;
 
@@ -240,13 +256,18 @@ bool Reactor::run_turn() {
   }
 
   // Fibers woken during this turn (their awaited result arrived).
-  while (!ready_fibers_.empty()) {
+  while (fibers && !ready_fibers_.empty()) {
     running_fibers_.swap(ready_fibers_);
     for (base::Fiber* f : running_fibers_) fibers_.resume(f);
     running_fibers_.clear();
     worked = true;
   }
 
+  flush_sessions();
+  return worked;
+}
+
+void Reactor::flush_sessions() {
   // One post per link for everything this turn produced.
   while (!flush_list_.empty()) {
     flushing_.swap(flush_list_);
@@ -257,7 +278,6 @@ bool Reactor::run_turn() {
     }
     flushing_.clear();
   }
-  return worked;
 }
 
 bool Reactor::transports_ready_to_sleep() {
@@ -268,10 +288,14 @@ bool Reactor::transports_ready_to_sleep() {
 
 void Reactor::sleep_until_work() {
   sleeping_.store(true, std::memory_order_relaxed);
+  // A caller that wants the turn looks at deep_asleep_ after it counted
+  // itself in callers_, and we at callers_ after this store.
+  deep_asleep_.store(true, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (!inbox_.empty() || doorbells_.load(std::memory_order_relaxed) != nullptr ||
+  if (callers_.load(std::memory_order_relaxed) != 0 || !inbox_.empty() || doorbells_.load(std::memory_order_relaxed) != nullptr ||
       !ready_fibers_.empty() || !transports_ready_to_sleep() || stop_.load(std::memory_order_relaxed)) {
     sleeping_.store(false, std::memory_order_relaxed);
+    deep_asleep_.store(false, std::memory_order_relaxed);
     return;
   }
   int timeout_ms = -1;
@@ -284,6 +308,7 @@ void Reactor::sleep_until_work() {
   ++stats_.sleeps;
   const int n = ::epoll_wait(epoll_fd_, events, 4, timeout_ms);
   sleeping_.store(false, std::memory_order_relaxed);
+  deep_asleep_.store(false, std::memory_order_relaxed);
   for (int i = 0; i < n; ++i) {
     if (events[i].data.fd == event_fd_) {
       eventfd_t ignored;

@@ -24,6 +24,13 @@
 // many channels and servers on it, so its config is the runtime's.
 // Other threads wake a sleeping reactor through an eventfd, written only
 // when the reactor has announced that it sleeps.
+//
+// Caller turns (lib/reactor/caller_turns.cc): a plain thread that waits
+// for a reply (Future::get()) may run the loop's turns itself while the
+// loop's thread parks, so that a blocking call costs no hand-off between
+// threads.  Who runs turns is one word (turn_): the loop thread, a caller,
+// or nobody (the loop thread parked for callers).  Only on loops that
+// allow it (allow_caller_turns(): loops that run no handler fibers).
 #pragma once
 
 #include <atomic>
@@ -45,6 +52,8 @@
 namespace slotrpc::reactor {
 
 using core::Clock;
+
+struct DriveToken;  // caller_turns.cc
 
 class Reactor final : public core::Loop {
  public:
@@ -85,6 +94,41 @@ class Reactor final : public core::Loop {
   // Any thread.  This loop's extension; `make` creates it on the first call.
   Extension& extension(const std::function<std::unique_ptr<Extension>()>& make);
 
+  // Caller turns.  Any thread: lets (or stops letting) other threads run
+  // this loop's turns while they wait.  Only for loops that never run a
+  // fiber (a handler suspended on one thread must not resume on another);
+  // spinning poll modes only.
+  void allow_caller_turns(bool allow);
+  bool caller_turns_allowed() const { return caller_turns_.load(std::memory_order_relaxed); }
+  // Any thread.  Runs `task` on the loop: at once on the loop's thread; on
+  // the calling thread, with the flush it asks for, when that thread can
+  // take the turn without waiting (the loop thread is parked for callers);
+  // else posted.  Never runs other work there (no completion, no callback).
+  void run_or_drive(Task task);
+  // A plain thread (no loop's): runs this loop's turns until `word` has
+  // kWordReady (slotrpc/detail/shared_state.h) or `give_up`; true if ready.
+  // Waits for the turn while another thread has it.  False at once when
+  // caller turns are not allowed.
+  bool drive_until_ready(const std::atomic<uint32_t>* word, Clock::time_point give_up);
+  // A plain thread: one turn, if the turn is free now; for Future::ready().
+  void drive_once();
+  // The loop the calling thread last sent work to through run_or_drive(),
+  // held for the lease's scope: the loop its next get() drives, or none
+  // (that loop is gone, lends no turns, or this thread runs a loop).  A
+  // Reactor's destructor waits for the leases on it to end.
+  class DriveLease {
+   public:
+    DriveLease();
+    ~DriveLease();
+    DriveLease(const DriveLease&) = delete;
+    DriveLease& operator=(const DriveLease&) = delete;
+    Reactor* get() const { return loop_; }
+
+   private:
+    DriveToken* token_ = nullptr;
+    Reactor* loop_ = nullptr;
+  };
+
   // Counters for tests and benchmarks (loop thread or after stop()).
   struct Stats {
     uint64_t turns = 0;
@@ -92,6 +136,8 @@ class Reactor final : public core::Loop {
     uint64_t completions = 0;
     uint64_t yields = 0;  // sched_yield() of a spinning loop after busy_yield_us idle
     uint64_t spin_us = 0;  // adaptive mode: the current idle spin (SpinBudget)
+    uint64_t caller_turns = 0;  // turns run by callers (caller_turns.cc)
+    uint64_t parks = 0;         // times the loop thread parked for callers
   };
   const Stats& stats() const { return stats_; }
 
@@ -99,7 +145,34 @@ class Reactor final : public core::Loop {
   void loop();
   // The loop thread, as it starts: runs it on Config::loop_cpus.
   void place_thread();
-  bool run_turn();  // true if it did any work
+  // True if it did any work.  A caller's turn leaves ready fibers to the
+  // loop thread (`fibers` false).
+  bool run_turn(bool fibers = true);
+  // The end of a turn: every session that queued messages posts them.
+  void flush_sessions();
+
+  // Caller turns (caller_turns.cc).  turn_'s values: who runs turns.
+  static constexpr uint32_t kTurnIdle = 0;     // not started: nobody may drive
+  static constexpr uint32_t kTurnLoop = 1;     // the loop thread
+  static constexpr uint32_t kTurnFree = 2;     // the loop thread is parked for callers
+  static constexpr uint32_t kTurnCaller = 3;   // a caller
+  static constexpr uint32_t kTurnStopped = 4;  // the loop ended
+  // Takes the turn for the calling thread if it is free; it is then the
+  // loop's thread until release_turn().
+  bool try_take_turn();
+  void release_turn();
+  // Any thread: the parked loop thread takes its turn back now.
+  void hand_back();
+  // Constructor: the token leases refer to.  Destructor: no lease reaches
+  // this loop any more, and none still holds it.
+  void make_token();
+  void end_leases();
+  // A caller's turn: as run_turn(), fibers excepted; false when the caller
+  // must stop driving (fibers to run, caller turns withdrawn, stop).
+  bool caller_turn(bool* worked);
+  // The loop thread: gives its turn to the callers waiting, and parks until
+  // they are done (callers_ back to 0 and no caller turn for a while).
+  void park_for_callers();
   void sleep_until_work();
   // Asks every transport's prepare_sleep(); false if one has work pending.
   bool transports_ready_to_sleep();
@@ -110,7 +183,21 @@ class Reactor final : public core::Loop {
   };
 
   std::thread thread_;
+  std::thread::id home_id_{};  // the loop thread's id, given back after a caller's turn
   std::atomic<bool> stop_{false};
+  std::atomic<uint32_t> turn_{kTurnIdle};
+  // Threads waiting to drive (drive_until_ready), and kPollerWants: a
+  // thread polling ready() found the turn taken (drive_once).  Nonzero:
+  // the loop thread parks.
+  static constexpr uint32_t kPollerWants = 1u << 31;
+  std::atomic<uint32_t> callers_{0};
+  std::atomic<uint64_t> caller_runs_{0};  // caller turns taken: the parked loop's sign of activity
+  std::atomic<bool> caller_turns_{false};
+  std::atomic<bool> handback_{false};      // hand_back() since the parked loop thread last looked
+  std::atomic<bool> deep_asleep_{false};  // in sleep_until_work()'s epoll_wait
+  // What a thread keeps of the loop it may drive (DriveLease): outlives
+  // the loop, which clears it and waits for the leases on it as it ends.
+  std::shared_ptr<DriveToken> token_;
   int epoll_fd_ = -1;
 
   std::vector<base::Fiber*> running_fibers_;

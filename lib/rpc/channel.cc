@@ -271,8 +271,10 @@ CallHandle Channel::submit(core::PendingCall* pc) {
   // A closed session fails the call fast with its own status, from a task
   // posted to the loop (never on this stack: the caller may be a completion
   // callback issuing its next call).
+  // run_or_drive: a plain thread sends the call from its own stack when
+  // the loop is parked for it (reactor/caller_turns.cc).
   if (!impl_->loop->on_this_thread()) impl_->handoffs.fetch_add(1, std::memory_order_relaxed);
-  impl_->loop->run_or_post([impl = impl_.get(), pc] {
+  impl_->loop->run_or_drive([impl = impl_.get(), pc] {
     if (impl->session) {
       if ((!impl->attach_token.empty() || impl->attaching) && impl->hold_for_attachment(pc)) return;
       impl->session->submit(pc);

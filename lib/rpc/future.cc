@@ -1,6 +1,7 @@
 // The library's side of Future<T>::get(): a handler's fiber waits without
-// blocking its event loop; a thread spins briefly, then sleeps on the
-// result's word (slotrpc/detail/shared_state.h).
+// blocking its event loop; a thread runs its loop's turns itself where the
+// loop lets it (reactor/caller_turns.cc says why), else spins briefly;
+// then sleeps on the result's word (slotrpc/detail/shared_state.h).
 //
 // Why a thread spins, and for how long.  A thread that sleeps at once pays,
 // per call, a futex wake on the loop that completes it and a scheduler hop
@@ -28,6 +29,7 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <optional>
 
 #include "reactor/reactor.h"
 #include "slotrpc/future.h"
@@ -109,11 +111,48 @@ bool announce_sleeper(std::atomic<uint32_t>* word, uint32_t* seen) {
   return true;
 }
 
+// How long a caller runs its loop's turns before it hands the loop back
+// and sleeps on the result's word: learned per thread as the loops' own
+// idle spin is (reactor/spin_budget.h), from Config::spin_us (at least
+// kMinDriveUs) up to spin_max_us: a wait that gave up and then slept less
+// than the budget doubles it, one that slept spin_max_us or more halves
+// it.  A fixed spin_us gave up on every reply later than 200 µs on a
+// loaded host, and each give-up hands the loop back to its thread, which
+// the next call then has to park again (TCP, load 19: get() p50 2x the
+// callback form's, against 1x for a ready() poller that never gives up).
+constexpr uint32_t kMinDriveUs = 50;
+thread_local std::optional<reactor::SpinBudget> t_drive;
+
+reactor::SpinBudget& drive_budget(const reactor::Reactor& r) {
+  if (!t_drive) {
+    const uint32_t base = std::max(r.config().spin_us, kMinDriveUs);
+    t_drive.emplace(base, std::max(base, r.config().spin_max_us));
+  }
+  return *t_drive;
+}
+
 }  // namespace
+
+void poll_progress() {
+  reactor::Reactor::DriveLease lease;
+  if (reactor::Reactor* r = lease.get()) r->drive_once();
+}
 
 void wait_word(std::atomic<uint32_t>* word) {
   const auto start = WaitClock::now();
-  const int64_t budget = t_spin_ns;
+  int64_t budget = t_spin_ns;
+  // Caller turns first (reactor/caller_turns.cc): the reply is delivered
+  // by this thread, with no hand-off.  Once they give up (a slow reply), the
+  // spin is spent: sleep.
+  // The lease ends before any sleep: a loop being destroyed waits for it.
+  bool drove = false;
+  WaitClock::time_point gave_up{};
+  if (reactor::Reactor::DriveLease lease; reactor::Reactor* r = lease.get()) {
+    if (r->drive_until_ready(word, start + drive_budget(*r).budget())) return;
+    budget = 0;
+    drove = true;
+    gave_up = WaitClock::now();
+  }
   if (budget > 0) {
     const auto until = start + std::chrono::nanoseconds(budget);
     const auto yield_from = start + std::chrono::nanoseconds(kYieldAfterNs);
@@ -139,11 +178,19 @@ void wait_word(std::atomic<uint32_t>* word) {
     futex_wait(word, seen, nullptr);
     slept = true;
   }
-  if (slept) learn_slept((WaitClock::now() - start).count());
+  if (drove && t_drive) t_drive->slept(WaitClock::now() - gave_up);
+  if (slept && !drove) learn_slept((WaitClock::now() - start).count());
 }
 
 bool wait_word_for(std::atomic<uint32_t>* word, int64_t timeout_ns) {
   const auto until = WaitClock::now() + std::chrono::nanoseconds(timeout_ns);
+  // Caller turns as in wait_word(), never past the deadline.
+  if (timeout_ns > 0) {
+    reactor::Reactor::DriveLease lease;
+    if (reactor::Reactor* r = lease.get();
+        r != nullptr && r->drive_until_ready(word, std::min(until, WaitClock::now() + drive_budget(*r).budget())))
+      return true;
+  }
   uint32_t seen = 0;
   for (;;) {
     if (is_ready(word)) return true;

@@ -95,7 +95,16 @@ Result<std::shared_ptr<RuntimeCore>> RuntimeCore::make(const Config& validated, 
   } catch (const std::exception& e) {
     return Status(StatusCode::kResourceExhausted, fmt::format("slotrpc runtime: {}", e.what()));
   }
-  for (auto& loop : core->loops) loop->start();
+  // Caller turns (reactor/caller_turns.cc) until a server starts on these
+  // loops (Server::start takes them away: handler fibers must never change
+  // threads).  Not where a loop sleeps at once (blocking, or adaptive with
+  // spin_us 0): its user asked for no spinning, and a caller's turns spin.
+  const bool spins = validated.poll_mode == PollMode::kBusy ||
+                     (validated.poll_mode == PollMode::kAdaptive && validated.spin_us != 0);
+  for (auto& loop : core->loops) {
+    loop->allow_caller_turns(spins);
+    loop->start();
+  }
   return core;
 }
 

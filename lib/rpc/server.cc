@@ -170,6 +170,9 @@ Status Server::start(const std::string& listen_address) {
                         differs);
     }
   }
+  // Handlers run on fibers, which never change threads: no caller runs
+  // these loops' turns (reactor/caller_turns.cc).
+  for (auto& loop : impl_->runtime->loops) loop->allow_caller_turns(false);
   base::apply_log_level(impl_->config.log_level);
   impl_->tls_context.reset();
   if (impl_->config.tls) {

@@ -38,9 +38,14 @@ SLOTRPC_API void wake_fiber(const FiberWaiter& waiter);
 // only then does the producer pay for a wake-up system call.
 inline constexpr uint32_t kWordReady = 1;
 inline constexpr uint32_t kWordSleeper = 2;
-// Thread (not fiber): returns once `word` has kReady.  Spins first, for a
-// time learned from this thread's recent waits, then sleeps.
+// Thread (not fiber): returns once `word` has kReady.  Runs the turns of
+// the event loop its last call went through while that loop lets it
+// (lib/reactor/caller_turns.cc), else spins for a time learned from this
+// thread's recent waits; then sleeps.
 SLOTRPC_API void wait_word(std::atomic<uint32_t>* word);
+// Thread: a not-ready Future::ready() runs one turn of that loop, when it
+// can without waiting, so that polling ready() makes progress.
+SLOTRPC_API void poll_progress();
 // Thread: as wait_word(), for at most `timeout_ns` (no spin); true if ready.
 SLOTRPC_API bool wait_word_for(std::atomic<uint32_t>* word, int64_t timeout_ns);
 // Producer: wakes every thread asleep on `word` (after it set kReady and
@@ -89,6 +94,12 @@ struct SharedState {
   }
   // Thread only.
   bool wait_for_ns(int64_t timeout_ns) { return ready() || wait_word_for(&word, timeout_ns); }
+  // Thread: ready(), and if not, one turn of the caller's loop first.
+  bool poll() {
+    if (ready()) return true;
+    poll_progress();
+    return ready();
+  }
 };
 
 }  // namespace detail
