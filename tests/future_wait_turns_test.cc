@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "progress_watchdog.h"
 #include "test_messages_generated.h"
 
 namespace {
@@ -38,42 +39,7 @@ using slotrpc::test::Pong;
 constexpr uint32_t kEcho = slotrpc::method_id("slotrpc.test.Turns.Echo");
 constexpr uint32_t kRelay = slotrpc::method_id("slotrpc.test.Turns.Relay");
 
-// Ends the process, naming what hung, unless step() is called within the
-// limit.
-class Watchdog {
- public:
-  Watchdog(const char* what, std::chrono::seconds limit) : what_(what), limit_(limit) {
-    thread_ = std::thread([this] {
-      uint64_t last = progress_.load();
-      auto since = Clock::now();
-      while (!stop_.load()) {
-        std::this_thread::sleep_for(10ms);
-        const uint64_t now = progress_.load();
-        if (now != last) {
-          last = now;
-          since = Clock::now();
-        } else if (Clock::now() - since > limit_) {
-          std::fprintf(stderr, "FAIL: %s: no progress for %lld s at step %llu\n", what_,
-                       static_cast<long long>(limit_.count()), static_cast<unsigned long long>(now));
-          std::fflush(stderr);
-          std::_Exit(1);
-        }
-      }
-    });
-  }
-  ~Watchdog() {
-    stop_.store(true);
-    thread_.join();
-  }
-  void step() { progress_.fetch_add(1, std::memory_order_relaxed); }
-
- private:
-  const char* what_;
-  std::chrono::seconds limit_;
-  std::atomic<uint64_t> progress_{0};
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
+using Watchdog = slotrpc::test::ProgressWatchdog;
 
 std::unique_ptr<Channel> connect(const std::string& address) {
   auto ch = Channel::connect(address);

@@ -40,6 +40,7 @@
 #include <sched.h>
 #include <sys/eventfd.h>
 
+#include "base/cpu_relax.h"
 #include "reactor/reactor.h"
 #include "slotrpc/detail/shared_state.h"
 
@@ -80,14 +81,6 @@ thread_local Clock::time_point t_last_work{};
 // lends its turns.  Reassigned only when it changes: no reference count
 // traffic per call.
 thread_local std::shared_ptr<DriveToken> t_target;
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
 
 bool word_ready(const std::atomic<uint32_t>* word) {
   return (word->load(std::memory_order_acquire) & detail::kWordReady) != 0;
@@ -254,7 +247,7 @@ bool Reactor::drive_until_ready(const std::atomic<uint32_t>* word, Clock::time_p
     }
     // The loop thread has not parked yet, or another caller drives (its
     // turns deliver our reply too).
-    cpu_relax();
+    base::cpu_relax();
     if ((spins & 63) == 0) {
       const Clock::time_point now = Clock::now();
       if (now >= give_up) break;

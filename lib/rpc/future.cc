@@ -31,6 +31,7 @@
 #include <climits>
 #include <optional>
 
+#include "base/cpu_relax.h"
 #include "reactor/reactor.h"
 #include "slotrpc/future.h"
 
@@ -77,14 +78,6 @@ void learn_slept(int64_t waited_ns) {
   } else {
     t_spin_ns = t_spin_ns / 2 < kMinSpinNs ? 0 : t_spin_ns / 2;
   }
-}
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
 }
 
 bool is_ready(const std::atomic<uint32_t>* word) {
@@ -160,7 +153,7 @@ void wait_word(std::atomic<uint32_t>* word) {
     // tens): the spin overshoots its budget by well under a microsecond.
     for (uint32_t i = 1;; ++i) {
       if (is_ready(word)) return;  // the spin paid off: keep it
-      cpu_relax();
+      base::cpu_relax();
       if ((i & 63) == 0) {
         const auto now = WaitClock::now();
         if (now >= until) break;
