@@ -161,7 +161,7 @@ class CallHandle;
 template <class T>
 class Future;
 namespace detail {
-class OutStreamState;
+struct OutStreamState;
 }
 
 // The untyped entry points of a Channel (slotrpc/channel.h).  Each behaves

@@ -50,7 +50,7 @@ struct FreeCalls {
   ~FreeCalls() {
     while (head != nullptr) {
       void* next = *static_cast<void**>(head);
-      ::operator delete(head, sizeof(PendingCall));
+      ::operator delete(head);  // unsized: clang builds (the fuzz targets) lack -fsized-deallocation
       head = next;
     }
     count = UINT32_MAX;  // calls freed later on this thread (its exit) go to the allocator
@@ -79,7 +79,7 @@ void PendingCall::operator delete(void* p, size_t size) noexcept {
     ++f.count;
     return;
   }
-  ::operator delete(p, size);
+  ::operator delete(p);
 }
 
 ClientSession::ClientSession(core::Loop& loop, std::unique_ptr<transport::Link> link,

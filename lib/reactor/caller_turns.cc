@@ -104,8 +104,10 @@ Reactor::DriveLease::~DriveLease() {
 
 void Reactor::make_token() { token_ = std::make_shared<DriveToken>(this); }
 
+void Reactor::close_token() { token_->loop.store(nullptr, std::memory_order_seq_cst); }
+
 void Reactor::end_leases() {
-  token_->loop.store(nullptr, std::memory_order_seq_cst);
+  close_token();
   while (token_->inside.load(std::memory_order_seq_cst) != 0) ::sched_yield();
 }
 

@@ -36,7 +36,7 @@ Reactor::~Reactor() {
   // Threads that may drive this loop (caller_turns.cc) find it gone from
   // here on; the loop thread takes the turn back from one that drives now,
   // and we wait for the last to let go of the loop.
-  token_->loop.store(nullptr, std::memory_order_seq_cst);
+  close_token();
   stop();
   end_leases();
   // Tasks never run (posted after the loop ended) are destroyed here.

@@ -163,9 +163,10 @@ class Reactor final : public core::Loop {
   void release_turn();
   // Any thread: the parked loop thread takes its turn back now.
   void hand_back();
-  // Constructor: the token leases refer to.  Destructor: no lease reaches
-  // this loop any more, and none still holds it.
+  // Constructor: the token leases refer to.  Destructor: no new lease
+  // reaches this loop (close_token), then none still holds it (end_leases).
   void make_token();
+  void close_token();
   void end_leases();
   // A caller's turn: as run_turn(), fibers excepted; false when the caller
   // must stop driving (fibers to run, caller turns withdrawn, stop).
